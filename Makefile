@@ -1,0 +1,39 @@
+# Each target does all of its own set-up: Debian packages, the virtualenv, the Go build (cached).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test unit setup deps build fleet-up fleet-down clean
+
+demo: setup build
+	$(VENV)/bin/gpucanary fleet up
+	$(VENV)/bin/gpucanary fleet status
+
+test: setup build
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+setup: deps $(VENV)/.installed
+
+deps:
+	bash ci/install-deps.sh
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+build:
+	bash ci/build.sh >/dev/null
+
+fleet-up: setup build
+	$(VENV)/bin/gpucanary fleet up
+
+fleet-down: setup
+	$(VENV)/bin/gpucanary fleet down
+
+clean: fleet-down
+	rm -rf $(VENV) reports

@@ -1,0 +1,139 @@
+"""The `gpucanary` command: one error boundary, subcommands from a table, exit codes in one enum."""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import os
+import sys
+from typing import Callable
+
+from pytest_gpucanary.errors import ConfigError, GpucanaryError
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    GATE_FAILED = 1
+    INTERRUPTED = 2
+    INTERNAL = 3
+    USAGE = 4
+    NOTHING_RAN = 5
+    ENVIRONMENT = 6
+
+
+EXIT_CODES_HELP = ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}" for code in ExitCode)
+
+
+def _add_fleet(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("fleet", help="Run the local GPU fleet (real control plane, KWOK GPU nodes)")
+    actions = parser.add_subparsers(dest="fleet_action", required=True)
+    up = actions.add_parser("up", help="Build (if needed) and start the fleet; idempotent")
+    up.add_argument("--gpu-nodes", type=int, default=None,
+                    help="Number of simulated GPU nodes (env GPUCANARY_FLEET_GPU_NODES, default 4)")
+    actions.add_parser("status", help="Print the kubeconfig path and the state of each component")
+    actions.add_parser("down", help="Stop every fleet process and free its ports")
+    parser.set_defaults(handler=_cmd_fleet)
+
+
+def _cmd_fleet(args: argparse.Namespace) -> ExitCode:
+    from pytest_gpucanary.fleet import Fleet
+
+    fleet = Fleet.from_env()
+    if args.fleet_action == "up":
+        if args.gpu_nodes is not None:
+            fleet = fleet.with_gpu_nodes(args.gpu_nodes)
+        fleet.up(progress=_progress)
+        print(fleet.kubeconfig)
+    elif args.fleet_action == "status":
+        status = fleet.status()
+        print(f"kubeconfig: {fleet.kubeconfig}")
+        for name, state in status.items():
+            print(f"{name:<24} {state}")
+        if "nodes" not in status:
+            return ExitCode.ENVIRONMENT
+        print(f"\n{'NODE':<14} {'READY':<6} {'GPUS':<5} PRODUCT")
+        for row in fleet.nodes():
+            print(f"{row['name']:<14} {row['ready']:<6} {row['gpus']:<5} {row['product']}")
+    else:
+        fleet.down(progress=_progress)
+    return ExitCode.OK
+
+
+def _add_plan_sweep(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("plan-sweep", help="Plan a checkpoint-aware upgrade sweep",
+                            description="Plan a wave-by-wave upgrade that keeps old-version capacity for "
+                                        "checkpoint restores, and cost it against a drain and a wait.")
+    parser.add_argument("--inventory", metavar="PATH",
+                        help="YAML inventory of nodes and workloads (schema in fixtures/sweep/inventory.yaml)")
+    parser.add_argument("--change", action="append", default=[], metavar="COMPONENT=VERSION",
+                        help="Target version of driver, cuda, engine or model; repeatable; replaces the "
+                             "inventory's change")
+    parser.add_argument("--max-parallel", metavar="N", help="Nodes upgraded at once, 0 for no limit (default 1)")
+    parser.add_argument("--max-unavailable", metavar="N|P%",
+                        help="Nodes unavailable at once, a count or a percentage rounded up (default 25%%)")
+    parser.add_argument("--hold-back-gpus", metavar="N",
+                        help="GPUs per old version set kept on the old versions until the end (default 0)")
+    parser.add_argument("--json", action="store_true", help="Print the plan and the strategy costs as JSON")
+    parser.add_argument("--html", metavar="PATH", help="Also write an offline HTML page of the plan")
+    parser.set_defaults(handler=_cmd_plan_sweep)
+
+
+def _cmd_plan_sweep(args: argparse.Namespace) -> ExitCode:
+    from pytest_gpucanary import sweep_report
+    from pytest_gpucanary.sweep import Infeasible, NoSweepPlanError
+    from pytest_gpucanary.sweep_compare import compare_strategies
+    from pytest_gpucanary.sweep_inventory import apply_overrides, load_inventory
+    from pytest_gpucanary.sweep_plan import plan_or_infeasible
+
+    if not args.inventory:
+        raise ConfigError("plan-sweep needs --inventory PATH", hint="see fixtures/sweep/inventory.yaml")
+    inventory = apply_overrides(load_inventory(args.inventory), change=args.change, max_parallel=args.max_parallel,
+                                max_unavailable=args.max_unavailable, hold_back_gpus=args.hold_back_gpus)
+    outcome = plan_or_infeasible(inventory.fleet, inventory.change, inventory.limits)
+    costs = compare_strategies(inventory.fleet, inventory.change, inventory.limits, outcome=outcome)
+    if args.html:
+        sweep_report.write_html(args.html, outcome, costs)
+    print(sweep_report.render_json(outcome, costs) if args.json else sweep_report.render_table(outcome, costs))
+    if isinstance(outcome, Infeasible):
+        print(f"gpucanary: {NoSweepPlanError(outcome)}", file=sys.stderr)
+        return ExitCode.GATE_FAILED
+    return ExitCode.OK
+
+
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_plan_sweep)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpucanary",
+        description="Canary a GPU Operator driver upgrade policy on a disposable node pool.",
+        epilog=f"Exit codes: {EXIT_CODES_HELP}.",
+    )
+    parser.add_argument("--traceback", action="store_true", help="Show the traceback of expected errors too")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        print("gpucanary: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except GpucanaryError as err:
+        if args.traceback or os.environ.get("GPUCANARY_TRACEBACK"):
+            raise
+        print(f"gpucanary: error: {err}", file=sys.stderr)
+        return ExitCode.USAGE if isinstance(err, ConfigError) else ExitCode.ENVIRONMENT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

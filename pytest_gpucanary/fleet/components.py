@@ -1,0 +1,76 @@
+"""The fleet's processes: command lines and health endpoints, all on 127.0.0.1."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_gpucanary.fleet.layout import HOST, FleetLayout
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: tuple[str, ...]
+    health_url: str
+    port: int
+    tls: bool = False          # health endpoint speaks HTTPS with the fleet's client cert
+
+
+def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, in start order."""
+    pki, kubeconfig = layout.pki, str(layout.kubeconfig)
+    etcd, peer = layout.port("etcd"), layout.port("etcd-peer")
+    api, kcm = layout.port("kube-apiserver"), layout.port("kube-controller-manager")
+    sched, kwok = layout.port("kube-scheduler"), layout.port("kwok")
+    allow_paths = "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
+    return [
+        Component("etcd", (
+            str(bin_dir / "etcd"), "--name=fleet", f"--data-dir={layout.data / 'etcd'}",
+            f"--listen-client-urls=http://{HOST}:{etcd}", f"--advertise-client-urls=http://{HOST}:{etcd}",
+            f"--listen-peer-urls=http://{HOST}:{peer}", f"--initial-advertise-peer-urls=http://{HOST}:{peer}",
+            f"--initial-cluster=fleet=http://{HOST}:{peer}", "--listen-metrics-urls=",
+            "--auto-compaction-retention=1", "--quota-backend-bytes=8589934592",
+            "--unsafe-no-fsync=true",  # a disposable test store; fsync only slows CI disks
+        ), f"http://{HOST}:{etcd}/health", etcd),
+        Component("kube-apiserver", (
+            str(bin_dir / "kube-apiserver"), f"--etcd-servers=http://{HOST}:{etcd}", "--etcd-prefix=/registry",
+            f"--bind-address={HOST}", f"--advertise-address={HOST}", f"--secure-port={api}",
+            f"--tls-cert-file={pki / 'admin.crt'}", f"--tls-private-key-file={pki / 'admin.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}", f"--service-account-key-file={pki / 'admin.key'}",
+            f"--service-account-signing-key-file={pki / 'admin.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.96.0.0/12", "--allow-privileged=true",
+            "--endpoint-reconciler-type=none", "--authorization-mode=Node,RBAC",
+            "--kubelet-preferred-address-types=Hostname",  # kwok nodes answer as localhost only
+        ), f"https://{HOST}:{api}/readyz", api, tls=True),
+        Component("kube-controller-manager", (
+            str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}", allow_paths,
+            f"--bind-address={HOST}", f"--secure-port={kcm}", "--leader-elect=false",
+            f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'admin.key'}",
+            "--kube-api-qps=200", "--kube-api-burst=400",
+            # kwok nodes renew a Lease; these keep node-lifecycle from tainting them during slow CI moments
+            "--node-monitor-period=5s", "--node-monitor-grace-period=60s",
+        ), f"https://{HOST}:{kcm}/healthz", kcm),
+        Component("kube-scheduler", (
+            str(bin_dir / "kube-scheduler"), f"--kubeconfig={kubeconfig}", allow_paths,
+            f"--bind-address={HOST}", f"--secure-port={sched}", "--leader-elect=false",
+            "--kube-api-qps=200", "--kube-api-burst=400",
+        ), f"https://{HOST}:{sched}/healthz", sched),
+        Component("kwok", (
+            str(bin_dir / "kwok"), f"--kubeconfig={kubeconfig}", f"--config={layout.root / 'kwok.yaml'}",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--tls-cert-file={pki / 'admin.crt'}", f"--tls-private-key-file={pki / 'admin.key'}",
+            "--node-ip=", "--node-name=localhost", f"--node-port={kwok}", f"--server-address={HOST}:{kwok}",
+            "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16",
+        ), f"https://{HOST}:{kwok}/healthz", kwok),
+    ]
+
+
+def prometheus(layout: FleetLayout, binary: str) -> Component:
+    port = layout.port("prometheus")
+    return Component("prometheus", (
+        binary, f"--config.file={layout.root / 'prometheus.yml'}",
+        f"--storage.tsdb.path={layout.data / 'prometheus'}", f"--web.listen-address={HOST}:{port}",
+        "--storage.tsdb.retention.time=1d", "--web.enable-lifecycle",
+    ), f"http://{HOST}:{port}/-/ready", port)

@@ -1,0 +1,102 @@
+"""Where the local fleet keeps its state, and which loopback ports it uses.
+
+The fleet directory holds everything a running fleet owns (PKI, kubeconfig, etcd data, logs, pid
+files). Every process's command line names a path inside it, which is how `down` finds orphans.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pytest_gpucanary.errors import ConfigError
+
+HOST = "127.0.0.1"
+DEFAULT_PORT_BASE = 26400
+DEFAULT_GPU_NODES = 4
+
+# Offsets from the port base; the fixed layout makes a port clash easy to name in an error.
+PORT_OFFSETS = {
+    "etcd": 79,
+    "etcd-peer": 80,
+    "kube-apiserver": 43,
+    "kube-controller-manager": 57,
+    "kube-scheduler": 59,
+    "kwok": 50,
+    "prometheus": 90,
+    "gpu-operator-metrics": 81,
+    "gpu-operator-health": 82,
+}
+
+
+def _default_dir() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "gpucanary" / "fleet"
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+@dataclass(frozen=True)
+class FleetLayout:
+    root: Path
+    port_base: int = DEFAULT_PORT_BASE
+    gpu_nodes: int = DEFAULT_GPU_NODES
+
+    @classmethod
+    def from_env(cls) -> FleetLayout:
+        root = Path(os.environ.get("GPUCANARY_FLEET_DIR") or _default_dir())
+        layout = cls(
+            root=root.expanduser().resolve(),
+            port_base=_int_env("GPUCANARY_FLEET_PORT_BASE", DEFAULT_PORT_BASE),
+            gpu_nodes=_int_env("GPUCANARY_FLEET_GPU_NODES", DEFAULT_GPU_NODES),
+        )
+        return layout.with_gpu_nodes(layout.gpu_nodes)
+
+    def with_gpu_nodes(self, count: int) -> FleetLayout:
+        if not 1 <= count <= 64:
+            raise ConfigError(f"GPU node count {count} is out of range", hint="use 1 to 64")
+        return replace(self, gpu_nodes=count)
+
+    def port(self, component: str) -> int:
+        return self.port_base + PORT_OFFSETS[component]
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "fleet.json"
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://{HOST}:{self.port('kube-apiserver')}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://{HOST}:{self.port('prometheus')}"

@@ -1,0 +1,74 @@
+"""Render what the fleet feeds its components: kwok's configuration, the nodes, Prometheus' config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from pytest_gpucanary.fleet.layout import HOST, FleetLayout
+from pytest_gpucanary.paths import FIXTURES
+
+FLEET_FIXTURES = FIXTURES / "fleet"
+
+# kwok's own Stages (copied from its module by ci/build.sh), except pod-complete, which we replace.
+KWOK_STAGES = (
+    "stage/node/fast/node-initialize.yaml",
+    "stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "stage/pod/general/pod-create.yaml",
+    "stage/pod/general/pod-init-container-running.yaml",
+    "stage/pod/general/pod-init-container-completed.yaml",
+    "stage/pod/general/pod-ready.yaml",
+    "stage/pod/general/pod-delete.yaml",
+)
+
+
+def gpu_node_name(index: int) -> str:
+    return f"gpu-node-{index}"
+
+
+CPU_NODE_NAME = "cpu-node-0"
+
+
+def kwok_config(bin_dir: Path) -> str:
+    docs = [{
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {"podPlayStageParallelism": 8, "nodePlayStageParallelism": 4, "nodeLeaseParallelism": 4,
+                    "podsOnNodeSyncParallelism": 4},
+    }]
+    text = yaml.safe_dump_all(docs)
+    for stage in KWOK_STAGES:
+        text += "---\n" + (bin_dir / "kwok-manifests" / stage).read_text()
+    return text + "---\n" + (FLEET_FIXTURES / "stage-pod-complete.yaml").read_text()
+
+
+def node(template: str, name: str) -> dict:
+    manifest = yaml.safe_load((FLEET_FIXTURES / template).read_text())
+    manifest["metadata"]["name"] = name
+    manifest["metadata"]["labels"]["kubernetes.io/hostname"] = name
+    return manifest
+
+
+def fleet_nodes(layout: FleetLayout) -> list[dict]:
+    gpu = [node("gpu-node.yaml", gpu_node_name(i)) for i in range(layout.gpu_nodes)]
+    return gpu + [node("cpu-node.yaml", CPU_NODE_NAME)]
+
+
+def prometheus_config(layout: FleetLayout) -> str:
+    pki = layout.pki
+    client_tls = {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "admin.crt"),
+                  "key_file": str(pki / "admin.key"), "insecure_skip_verify": True}
+    config = {
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "scrape_configs": [
+            {"job_name": "apiserver", "scheme": "https", "tls_config": client_tls,
+             "static_configs": [{"targets": [f"{HOST}:{layout.port('kube-apiserver')}"]}]},
+            {"job_name": "kwok-metrics", "scheme": "https", "tls_config": client_tls,
+             "http_sd_configs": [{"url": f"https://{HOST}:{layout.port('kwok')}/discovery/prometheus",
+                                  "tls_config": client_tls}]},
+            {"job_name": "gpu-operator",
+             "static_configs": [{"targets": [f"{HOST}:{layout.port('gpu-operator-metrics')}"]}]},
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)

@@ -1,0 +1,135 @@
+"""Start, watch and stop fleet processes; each runs in its own session so it outlives the CLI.
+
+A pid file alone can lie after a reboot or pid reuse, so a process counts as ours only while its
+command line still names the fleet directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.fleet.components import Component
+from pytest_gpucanary.fleet.layout import HOST, FleetLayout
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def owned_pids(layout: FleetLayout) -> list[int]:
+    """Every live process whose command line names this fleet's directory (orphans included)."""
+    marker = str(layout.root) + "/"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and marker in _cmdline(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids
+
+
+def pid_of(layout: FleetLayout, name: str) -> int | None:
+    try:
+        pid = int((layout.run / f"{name}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if str(layout.root) in _cmdline(pid) else None
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((HOST, port)) == 0
+
+
+def start(layout: FleetLayout, component: Component) -> subprocess.Popen:
+    if port_in_use(component.port):
+        raise EnvError(f"port {HOST}:{component.port} for {component.name} is already in use",
+                       hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    layout.run.mkdir(parents=True, exist_ok=True)
+    with open(layout.logs / f"{component.name}.log", "wb") as log:
+        proc = subprocess.Popen(component.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=layout.root, start_new_session=True)
+    (layout.run / f"{component.name}.pid").write_text(str(proc.pid))
+    return proc
+
+
+def _ssl_context(layout: FleetLayout) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
+    context.load_cert_chain(str(layout.pki / "admin.crt"), str(layout.pki / "admin.key"))
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # components serve self-signed certs of their own too
+    return context
+
+
+def healthy(layout: FleetLayout, component: Component) -> bool:
+    context = _ssl_context(layout) if component.health_url.startswith("https") else None
+    try:
+        with urllib.request.urlopen(component.health_url, timeout=2, context=context) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_healthy(layout: FleetLayout, component: Component, proc: subprocess.Popen, *, timeout_s: float) -> None:
+    # proc.poll(), not pid_of(): /proc/<pid>/cmdline reads empty while the binary is still being exec'd
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EnvError(f"{component.name} exited during start-up: {_last_log_line(layout, component.name)}",
+                           hint=f"see {layout.logs / (component.name + '.log')}")
+        if healthy(layout, component):
+            return
+        time.sleep(0.2)
+    raise EnvError(f"{component.name} was not healthy after {timeout_s:.0f} s at {component.health_url}",
+                   hint=f"see {layout.logs / (component.name + '.log')}")
+
+
+def _last_log_line(layout: FleetLayout, name: str) -> str:
+    try:
+        lines = (layout.logs / f"{name}.log").read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1][:300] if lines else "no output"
+
+
+def stop_all(layout: FleetLayout, *, grace_s: float = 10.0) -> list[int]:
+    """SIGTERM every owned process group, then SIGKILL what is left; returns the pids it stopped."""
+    pids = owned_pids(layout)
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL)
+    for path in layout.run.glob("*.pid") if layout.run.exists() else ():
+        path.unlink(missing_ok=True)
+    return pids
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(") ", 1)[1][:1] != "Z"  # a zombie has exited; only its parent's wait is left

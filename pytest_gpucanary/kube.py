@@ -1,0 +1,161 @@
+"""The only module that imports `kubernetes`: clients, CRUD on plain dicts, eviction, errors.
+
+Objects cross this boundary as plain dicts; API failures become our own errors, raised `from` the
+client's, with trimmed messages and never a raw response body.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.dynamic import DynamicClient
+from urllib3.exceptions import HTTPError
+
+from pytest_gpucanary.errors import EnvError, GpucanaryError
+
+OWNER_LABEL = "app.kubernetes.io/managed-by"
+RUN_ID_LABEL = "gpucanary.io/run-id"
+
+
+class KubeError(GpucanaryError):
+    """An API call failed."""
+
+    status = 0
+
+
+class NotFound(KubeError):
+    status = 404
+
+
+class Conflict(KubeError):
+    status = 409
+
+
+class Gone(KubeError):
+    status = 410
+
+
+class Throttled(KubeError):
+    """429: a PodDisruptionBudget refused an eviction, or the server asked us to slow down."""
+
+    status = 429
+
+
+class Unavailable(KubeError):
+    """The apiserver could not be reached or answered 5xx."""
+
+
+_BY_STATUS = {cls.status: cls for cls in (NotFound, Conflict, Gone, Throttled)}
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body).get("message", exc.reason))[:256]
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason)[:256]
+
+
+def _translate(exc: Exception, what: str) -> KubeError:
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        cls = _BY_STATUS.get(status, Unavailable if status >= 500 else KubeError)
+        error = cls(f"{what}: {status} {_message(exc)}")
+    else:
+        error = Unavailable(f"{what}: cannot reach the apiserver ({type(exc).__name__})")
+    return error
+
+
+def owned_labels(run_id: str) -> dict[str, str]:
+    return {OWNER_LABEL: "gpucanary", RUN_ID_LABEL: run_id}
+
+
+@dataclass
+class Kube:
+    """A connection to one cluster, named by kubeconfig path and context."""
+
+    dynamic: DynamicClient
+
+    @classmethod
+    def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None) -> Kube:
+        try:
+            api = kube_config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None,
+                                                    context=context)
+        except (ConfigException, OSError, TypeError) as exc:
+            raise EnvError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {str(exc)[:200]}",
+                           hint="pass --gpucanary-kubeconfig and --gpucanary-context") from exc
+        try:
+            return cls(DynamicClient(api))
+        except (ApiException, HTTPError, OSError) as exc:
+            raise _translate(exc, f"connecting to {api.configuration.host}") from exc
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ApiException, HTTPError, OSError) as exc:
+            raise _translate(exc, what) from exc
+
+    def create(self, manifest: dict) -> dict:
+        resource = self._resource(manifest["apiVersion"], manifest["kind"])
+        meta = manifest["metadata"]
+        what = f"create {manifest['kind']} {meta.get('namespace', '')}/{meta.get('name', meta.get('generateName'))}"
+        return self._call(what, resource.create, body=manifest, namespace=meta.get("namespace")).to_dict()
+
+    def get(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict:
+        resource = self._resource(api_version, kind)
+        return self._call(f"get {kind} {name}", resource.get, name=name, namespace=namespace).to_dict()
+
+    def list(self, api_version: str, kind: str, *, namespace: str | None = None, label_selector: str | None = None,
+             field_selector: str | None = None) -> list[dict]:
+        resource = self._resource(api_version, kind)
+        result = self._call(f"list {kind}", resource.get, namespace=namespace, label_selector=label_selector,
+                            field_selector=field_selector)
+        return result.to_dict()["items"]
+
+    def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:
+        resource = self._resource(api_version, kind)
+        self._call(f"delete {kind} {name}", resource.delete, name=name, namespace=namespace,
+                   body={"propagationPolicy": "Background"})
+
+    def evict(self, name: str, *, namespace: str, grace_s: int | None = None) -> None:
+        """Evict a pod through the Eviction API; raises Throttled when a PDB refuses it."""
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        if grace_s is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+        self._call(f"evict pod {namespace}/{name}", self.dynamic.request, "post", path, body=body)
+
+    def wait_for(self, api_version: str, kind: str, name: str, predicate: Any, *, namespace: str | None = None,
+                 timeout_s: float = 60.0) -> dict:
+        """Watch one object until `predicate(obj)` holds; returns it. Raises TimeoutError with its last state."""
+        resource = self._resource(api_version, kind)
+        deadline = time.monotonic() + timeout_s
+        last: dict | None = None
+        while (remaining := deadline - time.monotonic()) > 0:
+            listing = self._call(f"list {kind}", resource.get, namespace=namespace,
+                                 field_selector=f"metadata.name={name}").to_dict()
+            for item in listing["items"]:
+                last = item
+                if predicate(item):
+                    return item
+            stream = self._call(f"watch {kind}", resource.watch, namespace=namespace,
+                                field_selector=f"metadata.name={name}",
+                                resource_version=listing["metadata"]["resourceVersion"],
+                                timeout=max(1, int(remaining)))
+            for event in stream:
+                last = event["object"].to_dict()
+                if event["type"] != "DELETED" and predicate(last):
+                    return last
+        raise TimeoutError(f"{kind} {name} did not reach the expected state in {timeout_s:.0f} s; "
+                           f"last seen: {json.dumps((last or {}).get('status'))[:300]}")
