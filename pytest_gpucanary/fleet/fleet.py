@@ -185,7 +185,10 @@ class Fleet:
         stopped = processes.stop_all(self.layout)
         progress(f"fleet: stopped {len(stopped)} processes")
         bin_dir = self.bin_dir()
-        busy = [p.port for p in self._components(bin_dir) if processes.port_in_use(p.port)] if bin_dir else []
+        ports = [p.port for p in self._components(bin_dir)] if bin_dir else []
+        deadline = time.monotonic() + 5
+        while (busy := [port for port in ports if processes.port_in_use(port)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
         if busy:
             raise EnvError(f"ports still listening after fleet down: {busy}", hint="find the owner with `ss -ltnp`")
         shutil.rmtree(self.layout.data, ignore_errors=True)
