@@ -68,11 +68,14 @@ def _add_plan_sweep(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--change", action="append", default=[], metavar="COMPONENT=VERSION",
                         help="Target version of driver, cuda, engine or model; repeatable; replaces the "
                              "inventory's change")
-    parser.add_argument("--max-parallel", metavar="N", help="Nodes upgraded at once, 0 for no limit (default 1)")
+    parser.add_argument("--max-parallel", metavar="N",
+                        help="Nodes upgraded at once, 0 for no limit (default: the inventory's, else 1)")
     parser.add_argument("--max-unavailable", metavar="N|P%",
-                        help="Nodes unavailable at once, a count or a percentage rounded up (default 25%%)")
+                        help="Nodes unavailable at once, a count or a percentage rounded up "
+                             "(default: the inventory's, else 25%%)")
     parser.add_argument("--hold-back-gpus", metavar="N",
-                        help="GPUs per old version set kept on the old versions until the end (default 0)")
+                        help="GPUs per old version set kept on the old versions until the end "
+                             "(default: the inventory's, else 0)")
     parser.add_argument("--json", action="store_true", help="Print the plan and the strategy costs as JSON")
     parser.add_argument("--html", metavar="PATH", help="Also write an offline HTML page of the plan")
     parser.set_defaults(handler=_cmd_plan_sweep)
