@@ -51,9 +51,9 @@ def _cmd_fleet(args: argparse.Namespace) -> ExitCode:
             print(f"{name:<24} {state}")
         if "nodes" not in status:
             return ExitCode.ENVIRONMENT
-        print(f"\n{'NODE':<14} {'READY':<6} {'GPUS':<5} PRODUCT")
+        print(f"\n{'NODE':<14} {'READY':<6} {'GPUS':<5} {'PRODUCT':<24} UPGRADE STATE")
         for row in fleet.nodes():
-            print(f"{row['name']:<14} {row['ready']:<6} {row['gpus']:<5} {row['product']}")
+            print(f"{row['name']:<14} {row['ready']:<6} {row['gpus']:<5} {row['product']:<24} {row['upgrade']}")
     else:
         fleet.down(progress=_progress)
     return ExitCode.OK

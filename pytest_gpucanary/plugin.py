@@ -7,6 +7,8 @@ from typing import Iterator
 
 import pytest
 
+pytest_plugins = ["pytest_gpucanary.sweep_fixtures"]
+
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     from pytest_gpucanary import hookspecs

@@ -1,42 +1,61 @@
-"""Find the fleet's binaries: GPUCANARY_BIN_DIR, else the repo's cached Go build (built on first use)."""
+"""Find the fleet's binaries: an explicit directory from the environment, else the repo's cached Go
+builds (built on first use by ci/build.sh and ci/build-operator.sh)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from pytest_gpucanary.errors import EnvError
 
-REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "ci" / "build.sh"
+CI_DIR = Path(__file__).resolve().parents[2] / "ci"
 
 
-def find_bin_dir(progress: Callable[[str], None]) -> Path:
-    explicit = os.environ.get("GPUCANARY_BIN_DIR")
+@dataclass(frozen=True)
+class Build:
+    env_var: str
+    script: str
+    required: tuple[str, ...]
+
+
+CONTROL_PLANE = Build("GPUCANARY_BIN_DIR", "build.sh",
+                      ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"))
+GPU_OPERATOR = Build("GPUCANARY_OPERATOR_BIN_DIR", "build-operator.sh", ("gpu-operator", "paths.env"))
+
+
+def find_bin_dir(build: Build, progress: Callable[[str], None]) -> Path:
+    explicit = os.environ.get(build.env_var)
+    script = CI_DIR / build.script
     if explicit:
         bin_dir = Path(explicit)
-    elif BUILD_SCRIPT.exists():
-        bin_dir = _build(progress)
+    elif script.exists():
+        bin_dir = _build(script, progress)
     else:
-        raise EnvError("no fleet binaries found", hint="set GPUCANARY_BIN_DIR to a directory with "
-                       + ", ".join(REQUIRED))
-    missing = [name for name in REQUIRED if not os.access(bin_dir / name, os.X_OK)]
+        raise EnvError(f"no {build.required[0]} binaries found",
+                       hint=f"set {build.env_var} to a directory with " + ", ".join(build.required))
+    missing = [name for name in build.required if not (bin_dir / name).exists()]
     if missing:
         raise EnvError(f"missing binary {bin_dir / missing[0]}",
-                       hint=f"run {BUILD_SCRIPT} or point GPUCANARY_BIN_DIR at a complete build")
+                       hint=f"run {script} or point {build.env_var} at a complete build")
     return bin_dir
 
 
-def _build(progress: Callable[[str], None]) -> Path:
+def read_paths_env(bin_dir: Path) -> dict[str, str]:
+    """KEY=VALUE lines that ci/build-operator.sh writes beside the operator binary."""
+    pairs = (line.split("=", 1) for line in (bin_dir / "paths.env").read_text().splitlines() if "=" in line)
+    return {key: value for key, value in pairs}
+
+
+def _build(script: Path, progress: Callable[[str], None]) -> Path:
     if shutil.which("go") is None:
-        raise EnvError("Go is not installed, so the control plane cannot be built",
-                       hint="install Go >= 1.26 or set GPUCANARY_BIN_DIR")
-    progress(f"fleet: ensuring control plane binaries ({BUILD_SCRIPT.name}; a cold build takes minutes)")
-    proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+        raise EnvError("Go is not installed, so the fleet cannot be built",
+                       hint="install Go >= 1.26 or set GPUCANARY_BIN_DIR and GPUCANARY_OPERATOR_BIN_DIR")
+    progress(f"fleet: ensuring binaries ({script.name}; a cold build takes minutes)")
+    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None and proc.stdout is not None
     tail: list[str] = []
     for line in proc.stderr:
@@ -45,6 +64,6 @@ def _build(progress: Callable[[str], None]) -> Path:
             progress(f"fleet: {line.rstrip()}")
     out = proc.stdout.read().strip()
     if proc.wait() != 0 or not out:
-        raise EnvError(f"building the control plane failed: {tail[-1] if tail else 'no output'}",
-                       hint=f"run bash {BUILD_SCRIPT} to see the whole log")
+        raise EnvError(f"{script.name} failed: {tail[-1] if tail else 'no output'}",
+                       hint=f"run bash {script} to see the whole log")
     return Path(out.splitlines()[-1])

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 
+OPERATOR_NAMESPACE = "gpu-operator"
+
 
 @dataclass(frozen=True)
 class Component:
@@ -14,7 +16,7 @@ class Component:
     argv: tuple[str, ...]
     health_url: str
     port: int
-    tls: bool = False          # health endpoint speaks HTTPS with the fleet's client cert
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
@@ -43,7 +45,7 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
             "--service-cluster-ip-range=10.96.0.0/12", "--allow-privileged=true",
             "--endpoint-reconciler-type=none", "--authorization-mode=Node,RBAC",
             "--kubelet-preferred-address-types=Hostname",  # kwok nodes answer as localhost only
-        ), f"https://{HOST}:{api}/readyz", api, tls=True),
+        ), f"https://{HOST}:{api}/readyz", api),
         Component("kube-controller-manager", (
             str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}", allow_paths,
             f"--bind-address={HOST}", f"--secure-port={kcm}", "--leader-elect=false",
@@ -74,3 +76,24 @@ def prometheus(layout: FleetLayout, binary: str) -> Component:
         f"--storage.tsdb.path={layout.data / 'prometheus'}", f"--web.listen-address={HOST}:{port}",
         "--storage.tsdb.retention.time=1d", "--web.enable-lifecycle",
     ), f"http://{HOST}:{port}/-/ready", port)
+
+
+# The operator reads its manifests from /opt/gpu-operator and the host OS from /host-etc/os-release,
+# as it would inside its container image. A private mount namespace gives it those paths without
+# touching the machine: the fleet's own copies are bind-mounted over /opt and /host-etc.
+_OPERATOR_MOUNTS = """set -e
+mount --bind "$OPT" /opt
+mount --bind "$HOST_ETC" /host-etc
+exec "$@"
+"""
+
+
+def gpu_operator(layout: FleetLayout, bin_dir: Path) -> Component:
+    metrics, health = layout.port("gpu-operator-metrics"), layout.port("gpu-operator-health")
+    script = f'OPT="{layout.root / "opt"}" HOST_ETC="{layout.root / "host-etc"}"\n' + _OPERATOR_MOUNTS
+    return Component("gpu-operator", (
+        "unshare", "--mount", "--propagation", "private", "sh", "-c", script, "gpu-operator",
+        str(bin_dir / "gpu-operator"), f"--kubeconfig={layout.kubeconfig}", "--leader-elect=false",
+        f"--metrics-bind-address={HOST}:{metrics}", f"--health-probe-bind-address={HOST}:{health}",
+        "--zap-log-level=info",
+    ), f"http://{HOST}:{health}/readyz", health, env=(("OPERATOR_NAMESPACE", OPERATOR_NAMESPACE),))

@@ -1,4 +1,5 @@
-"""The local GPU fleet: a real control plane on 127.0.0.1 with KWOK GPU nodes and Prometheus.
+"""The local GPU fleet: a real control plane on 127.0.0.1 with KWOK GPU nodes, the real NVIDIA GPU
+Operator controller and Prometheus.
 
 Owns the processes it starts and the fleet directory; never touches any other cluster.
 """
@@ -6,6 +7,7 @@ Owns the processes it starts and the fleet directory; never touches any other cl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -16,18 +18,25 @@ from typing import Callable
 import yaml
 
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.fleet import components, manifests, processes
-from pytest_gpucanary.fleet.binaries import find_bin_dir
+from pytest_gpucanary.fleet import components, manifests, operator, processes
+from pytest_gpucanary.fleet.binaries import CONTROL_PLANE, GPU_OPERATOR, find_bin_dir, read_paths_env
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
 
 Progress = Callable[[str], None]
 START_TIMEOUT_S = {"etcd": 30, "kube-apiserver": 120, "prometheus": 60}
 NODES_READY_TIMEOUT_S = 120
+HOST_ETC_MOUNTPOINT = Path("/host-etc")
 
 
 def _quiet(line: str) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class Binaries:
+    control_plane: Path
+    operator: Path
 
 
 @dataclass(frozen=True)
@@ -49,52 +58,84 @@ class Fleet:
     def prometheus_url(self) -> str:
         return self.layout.prometheus_url
 
-    def _components(self, bin_dir: Path) -> list[components.Component]:
-        prometheus = shutil.which("prometheus") or "prometheus"
-        return components.control_plane(self.layout, bin_dir) + [components.prometheus(self.layout, prometheus)]
+    @property
+    def operator_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.layout.port('gpu-operator-metrics')}/metrics"
 
-    def bin_dir(self) -> Path | None:
-        """The binary directory the running (or last started) fleet uses."""
+    def _components(self, binaries: Binaries) -> list[components.Component]:
+        prometheus = shutil.which("prometheus") or "prometheus"
+        return (components.control_plane(self.layout, binaries.control_plane)
+                + [components.prometheus(self.layout, prometheus), self._operator(binaries)])
+
+    def _operator(self, binaries: Binaries) -> components.Component:
+        return components.gpu_operator(self.layout, binaries.operator)
+
+    def binaries(self) -> Binaries | None:
+        """The binaries the running (or last started) fleet uses."""
         try:
-            return Path(json.loads(self.layout.state_file.read_text())["bin_dir"])
+            state = json.loads(self.layout.state_file.read_text())
+            return Binaries(Path(state["bin_dir"]), Path(state["operator_bin_dir"]))
         except (OSError, ValueError, KeyError):
             return None
 
+    def bin_dir(self) -> Path | None:
+        binaries = self.binaries()
+        return binaries.control_plane if binaries else None
+
     def is_up(self) -> bool:
-        bin_dir = self.bin_dir()
-        return bin_dir is not None and all(
+        binaries = self.binaries()
+        return binaries is not None and all(
             processes.pid_of(self.layout, c.name) and processes.healthy(self.layout, c)
-            for c in self._components(bin_dir))
+            for c in self._components(binaries))
 
     def up(self, *, progress: Progress = _quiet) -> None:
         """Start everything that is not running; a running healthy fleet only gets its nodes ensured."""
         started = time.monotonic()
         if self.is_up():
             progress(f"fleet: already up ({self.layout.root})")
-            self._ensure_nodes(self.bin_dir(), progress)
+            self._ensure_nodes(progress)
             return
         self._refuse_leftovers()
-        bin_dir = find_bin_dir(progress)
-        if shutil.which("prometheus") is None:
-            raise EnvError("prometheus is not installed", hint="apt-get install prometheus")
-        parts = self._components(bin_dir)
-        for part in parts:
-            if processes.port_in_use(part.port):
-                raise EnvError(f"port 127.0.0.1:{part.port} for {part.name} is already in use",
-                               hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
-        self._prepare(bin_dir)
+        binaries = Binaries(find_bin_dir(CONTROL_PLANE, progress), find_bin_dir(GPU_OPERATOR, progress))
+        self._check_host(binaries)
+        self._prepare(binaries)
         try:
-            for part in parts:
-                progress(f"fleet: starting {part.name} on 127.0.0.1:{part.port}")
-                proc = processes.start(self.layout, part)
-                processes.wait_healthy(self.layout, part, proc, timeout_s=START_TIMEOUT_S.get(part.name, 60))
-            self._ensure_nodes(bin_dir, progress)
+            self._start_all(binaries, progress)
         except BaseException:
             processes.stop_all(self.layout)
             raise
         elapsed_s = time.monotonic() - started
-        self._save_state(bin_dir, startup_s=elapsed_s)
+        self._save_state(binaries, startup_s=elapsed_s)
         progress(f"fleet: up in {elapsed_s:.1f} s; kubeconfig {self.kubeconfig}")
+
+    def _check_host(self, binaries: Binaries) -> None:
+        if shutil.which("prometheus") is None:
+            raise EnvError("prometheus is not installed", hint="apt-get install prometheus")
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            raise EnvError("the GPU Operator needs /opt/gpu-operator and /host-etc, which the fleet mounts in a "
+                           "private mount namespace", hint="run the fleet as root with util-linux's unshare")
+        for part in self._components(binaries):
+            if processes.port_in_use(part.port):
+                raise EnvError(f"port 127.0.0.1:{part.port} for {part.name} is already in use",
+                               hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
+
+    def _start_all(self, binaries: Binaries, progress: Progress) -> None:
+        *others, operator_part = self._components(binaries)
+        for part in others:
+            self._start(part, progress)
+        self._ensure_nodes(progress, binaries.control_plane)
+        paths = read_paths_env(binaries.operator)
+        progress("fleet: installing the GPU Operator CRDs")
+        operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
+        self._start(operator_part, progress)
+        operator.apply_policies(self._kubectl_for(binaries.control_plane))
+        progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
+        operator.wait_ready(self._kubectl_for(binaries.control_plane), self.gpu_node_names(), progress)
+
+    def _start(self, part: components.Component, progress: Progress) -> None:
+        progress(f"fleet: starting {part.name} on 127.0.0.1:{part.port}")
+        proc = processes.start(self.layout, part)
+        processes.wait_healthy(self.layout, part, proc, timeout_s=START_TIMEOUT_S.get(part.name, 60))
 
     def _refuse_leftovers(self) -> None:
         leftovers = processes.owned_pids(self.layout)
@@ -102,21 +143,37 @@ class Fleet:
             raise EnvError(f"a previous fleet in {self.layout.root} is half-started ({len(leftovers)} processes "
                            "still running, not all healthy)", hint="run `gpucanary fleet down` first")
 
-    def _prepare(self, bin_dir: Path) -> None:
+    def _prepare(self, binaries: Binaries) -> None:
         layout = self.layout
         layout.root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(layout.data, ignore_errors=True)
         layout.data.mkdir(parents=True)
         ensure_pki(layout.pki)
         write_kubeconfig(layout.kubeconfig, server=layout.apiserver_url, pki=layout.pki)
-        (layout.root / "kwok.yaml").write_text(manifests.kwok_config(bin_dir))
+        (layout.root / "kwok.yaml").write_text(manifests.kwok_config(binaries.control_plane))
         (layout.root / "prometheus.yml").write_text(manifests.prometheus_config(layout))
-        self._save_state(bin_dir, startup_s=None)
+        self._prepare_operator_files(read_paths_env(binaries.operator))
+        self._save_state(binaries, startup_s=None)
 
-    def _save_state(self, bin_dir: Path, *, startup_s: float | None) -> None:
-        state = {"bin_dir": str(bin_dir), "gpu_nodes": self.layout.gpu_nodes, "startup_s": startup_s,
-                 "kubeconfig": str(self.kubeconfig), "prometheus_url": self.prometheus_url}
+    def _prepare_operator_files(self, paths: dict[str, str]) -> None:
+        """Unedited copies of the operator's manifests and a host os-release, as its image would have."""
+        opt = self.layout.root / "opt" / "gpu-operator"
+        shutil.rmtree(opt.parent, ignore_errors=True)
+        shutil.copytree(paths["GPU_OPERATOR_ASSETS_DIR"], opt)
+        shutil.copytree(paths["GPU_OPERATOR_MANIFESTS_DIR"], opt / "manifests")
+        host_etc = self.layout.root / "host-etc"
+        host_etc.mkdir(exist_ok=True)
+        shutil.copy(manifests.FLEET_FIXTURES / "host-etc" / "os-release", host_etc / "os-release")
+        HOST_ETC_MOUNTPOINT.mkdir(exist_ok=True)  # an empty mount point; the fleet's copy is mounted on it
+
+    def _save_state(self, binaries: Binaries, *, startup_s: float | None) -> None:
+        state = {"bin_dir": str(binaries.control_plane), "operator_bin_dir": str(binaries.operator),
+                 "gpu_nodes": self.layout.gpu_nodes, "startup_s": startup_s, "kubeconfig": str(self.kubeconfig),
+                 "prometheus_url": self.prometheus_url}
         self.layout.state_file.write_text(json.dumps(state, indent=2) + "\n")
+
+    def _kubectl_for(self, bin_dir: Path) -> Callable[..., str]:
+        return lambda *args, **kwargs: self.kubectl(*args, bin_dir=bin_dir, **kwargs)
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout_s: float = 60,
                 bin_dir: Path | None = None) -> str:
@@ -127,7 +184,10 @@ class Fleet:
             raise EnvError(f"kubectl {' '.join(args[:2])} failed: {result.stderr.strip()[:300]}")
         return result.stdout
 
-    def _ensure_nodes(self, bin_dir: Path | None, progress: Progress) -> None:
+    def gpu_node_names(self) -> list[str]:
+        return [manifests.gpu_node_name(i) for i in range(self.layout.gpu_nodes)]
+
+    def _ensure_nodes(self, progress: Progress, bin_dir: Path | None = None) -> None:
         nodes = manifests.fleet_nodes(self.layout)
         progress(f"fleet: ensuring {self.layout.gpu_nodes} GPU nodes and 1 CPU node")
         self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f", "-",
@@ -150,11 +210,11 @@ class Fleet:
                 time.sleep(0.5)
 
     def status(self) -> dict[str, str]:
-        bin_dir = self.bin_dir()
-        if bin_dir is None:
+        binaries = self.binaries()
+        if binaries is None:
             return {"fleet": "stopped"}
         states = {}
-        for part in self._components(bin_dir):
+        for part in self._components(binaries):
             pid = processes.pid_of(self.layout, part.name)
             if pid is None:
                 states[part.name] = "stopped"
@@ -166,13 +226,15 @@ class Fleet:
         return states
 
     def nodes(self) -> list[dict[str, str]]:
-        """One row per node: name, Ready, allocatable GPUs, GPU product (empty on CPU nodes)."""
+        """One row per node: name, Ready, allocatable GPUs, GPU product, upgrade state."""
         rows = []
         for node in json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]:
+            labels = node["metadata"].get("labels", {})
             ready = next((c["status"] for c in node["status"].get("conditions", []) if c["type"] == "Ready"), "Unknown")
             rows.append({"name": node["metadata"]["name"], "ready": ready,
                          "gpus": node["status"].get("allocatable", {}).get("nvidia.com/gpu", "0"),
-                         "product": node["metadata"]["labels"].get("nvidia.com/gpu.product", "")})
+                         "product": labels.get("nvidia.com/gpu.product", ""),
+                         "upgrade": labels.get("nvidia.com/gpu-driver-upgrade-state", "")})
         return rows
 
     def _node_summary(self) -> str:
@@ -184,8 +246,8 @@ class Fleet:
     def down(self, *, progress: Progress = _quiet) -> None:
         stopped = processes.stop_all(self.layout)
         progress(f"fleet: stopped {len(stopped)} processes")
-        bin_dir = self.bin_dir()
-        ports = [p.port for p in self._components(bin_dir)] if bin_dir else []
+        binaries = self.binaries()
+        ports = [p.port for p in self._components(binaries)] if binaries else []
         deadline = time.monotonic() + 5
         while (busy := [port for port in ports if processes.port_in_use(port)]) and time.monotonic() < deadline:
             time.sleep(0.1)

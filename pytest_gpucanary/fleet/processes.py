@@ -60,7 +60,7 @@ def start(layout: FleetLayout, component: Component) -> subprocess.Popen:
     layout.run.mkdir(parents=True, exist_ok=True)
     with open(layout.logs / f"{component.name}.log", "wb") as log:
         proc = subprocess.Popen(component.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=layout.root, start_new_session=True)
+                                cwd=layout.root, start_new_session=True, env={**os.environ, **dict(component.env)})
     (layout.run / f"{component.name}.pid").write_text(str(proc.pid))
     return proc
 

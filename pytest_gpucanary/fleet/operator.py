@@ -1,0 +1,77 @@
+"""Install the real GPU Operator into the fleet: its CRDs, namespace, ClusterPolicy and NVIDIADriver,
+then wait until the driver, device-plugin and validator pods are Ready on every GPU node."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
+from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
+
+Kubectl = Callable[..., str]
+CRDS = ("nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml")
+# The DaemonSets a GPU node needs before the fleet counts as up, by their pods' app label.
+READY_APPS = ("nvidia-driver", "nvidia-device-plugin-daemonset", "nvidia-operator-validator")
+READY_TIMEOUT_S = 240
+
+
+def install_crds(kubectl: Kubectl, crd_dir: Path) -> None:
+    for name in CRDS:
+        kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet",
+                "-f", str(crd_dir / name))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s",
+            *(f"crd/{name.removesuffix('.yaml').split('_', 1)[1]}.nvidia.com" for name in CRDS))
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE, "labels": {
+        "pod-security.kubernetes.io/enforce": "privileged"}}}
+    kubectl("apply", "--server-side", "--field-manager=gpucanary-fleet", "-f", "-", stdin=json.dumps(namespace))
+
+
+def apply_policies(kubectl: Kubectl) -> None:
+    for name in ("clusterpolicy.yaml", "nvidiadriver.yaml"):
+        kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet",
+                "-f", str(FLEET_FIXTURES / name))
+
+
+def wait_ready(kubectl: Kubectl, gpu_nodes: list[str], progress: Callable[[str], None]) -> None:
+    """Bounded wait (setup only) until the operator's pods are Ready on every GPU node."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    missing: list[str] = ["ClusterPolicy"]
+    last_report = 0.0
+    while time.monotonic() < deadline:
+        missing = _not_ready(kubectl, gpu_nodes)
+        if not missing:
+            return
+        if time.monotonic() - last_report > 15:
+            progress(f"fleet: waiting for the GPU Operator: {', '.join(missing[:3])}")
+            last_report = time.monotonic()
+        time.sleep(2)
+    raise EnvError(f"the GPU Operator was not ready after {READY_TIMEOUT_S} s: {', '.join(missing[:5])}",
+                   hint="see the gpu-operator log in the fleet's logs directory")
+
+
+def _not_ready(kubectl: Kubectl, gpu_nodes: list[str]) -> list[str]:
+    policy = json.loads(kubectl("get", "clusterpolicy", "cluster-policy", "-o", "json"))
+    missing = [] if policy.get("status", {}).get("state") == "ready" else ["ClusterPolicy not ready"]
+    pods = json.loads(kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "json"))["items"]
+    ready = {(_app(p), p["spec"].get("nodeName")) for p in pods if _is_ready(p)}
+    for app in READY_APPS:
+        missing += [f"{app} on {node}" for node in gpu_nodes if (app, node) not in ready]
+    return missing
+
+
+def _app(pod: dict) -> str:
+    labels = pod["metadata"].get("labels", {})
+    if labels.get("app.kubernetes.io/component") == "nvidia-driver":
+        return "nvidia-driver"
+    return labels.get("app", "")
+
+
+def _is_ready(pod: dict) -> bool:
+    status = pod.get("status", {})
+    statuses = status.get("containerStatuses") or []
+    return (status.get("phase") == "Running" and bool(statuses) and all(s.get("ready") for s in statuses)
+            and not pod["metadata"].get("deletionTimestamp"))
