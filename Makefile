@@ -28,6 +28,7 @@ $(VENV)/.installed: pyproject.toml
 
 build:
 	bash ci/build.sh >/dev/null
+	bash ci/build-operator.sh >/dev/null
 
 fleet-up: setup build
 	$(VENV)/bin/gpucanary fleet up

@@ -7,10 +7,11 @@ client's, with trimmed messages and never a raw response body.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
@@ -127,6 +128,12 @@ class Kube:
         self._call(f"delete {kind} {name}", resource.delete, name=name, namespace=namespace,
                    body={"propagationPolicy": "Background"})
 
+    def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None) -> dict:
+        """JSON merge patch (RFC 7386): works for built-in kinds and CRDs alike."""
+        resource = self._resource(api_version, kind)
+        return self._call(f"patch {kind} {name}", resource.patch, body=body, name=name, namespace=namespace,
+                          content_type="application/merge-patch+json").to_dict()
+
     def evict(self, name: str, *, namespace: str, grace_s: int | None = None) -> None:
         """Evict a pod through the Eviction API; raises Throttled when a PDB refuses it."""
         body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
@@ -159,3 +166,55 @@ class Kube:
                     return last
         raise TimeoutError(f"{kind} {name} did not reach the expected state in {timeout_s:.0f} s; "
                            f"last seen: {json.dumps((last or {}).get('status'))[:300]}")
+
+    def watch(self, api_version: str, kind: str, *, stop: threading.Event, namespace: str | None = None,
+              label_selector: str | None = None, field_selector: str | None = None,
+              server_timeout_s: int = 60) -> Iterator[WatchEvent]:
+        """List, then watch from the list's version; re-watch from the newest version when the server
+        ends a stream, and relist (yielding a RELISTED event) when that version has expired (410).
+
+        Ends only when `stop` is set, checked at every event and stream end (at least every
+        `server_timeout_s`). A connection lost mid-stream also relists, so nothing is silently skipped.
+        """
+        resource = self._resource(api_version, kind)
+        while not stop.is_set():
+            listing = self._call(f"list {kind}", resource.get, namespace=namespace, label_selector=label_selector,
+                                 field_selector=field_selector).to_dict()
+            version = listing["metadata"]["resourceVersion"]
+            yield WatchEvent("RELISTED", {"items": listing["items"]}, time.monotonic_ns(), time.time_ns())
+            try:
+                while not stop.is_set():
+                    stream = self._call(f"watch {kind}", resource.watch, namespace=namespace,
+                                        label_selector=label_selector, field_selector=field_selector,
+                                        resource_version=version, timeout=server_timeout_s,
+                                        allow_watch_bookmarks=True)
+                    for raw in self._guard(f"watch {kind}", stream):  # an ERROR event arrives as ApiException
+                        received = (time.monotonic_ns(), time.time_ns())
+                        obj = raw["raw_object"]
+                        version = obj.get("metadata", {}).get("resourceVersion", version)
+                        if raw["type"] != "BOOKMARK":
+                            yield WatchEvent(raw["type"], obj, *received)
+                        if stop.is_set():
+                            return
+            except Gone:
+                continue
+
+    def _guard(self, what: str, stream: Iterator[dict]) -> Iterator[dict]:
+        try:
+            yield from stream
+        except (ApiException, HTTPError, OSError) as exc:
+            error = _translate(exc, what)
+            if isinstance(error, (Gone, Unavailable)) or error.status == 0:
+                raise Gone(str(error)) from exc  # resume from a fresh list
+            raise error from exc
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One watch event, with the client's receive time on both clocks (ns)."""
+
+    type: str            # ADDED, MODIFIED, DELETED, or RELISTED (object = {"items": [...]})
+    object: dict
+    received_mono_ns: int
+    received_wall_ns: int
+

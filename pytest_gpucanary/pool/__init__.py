@@ -1,0 +1,1 @@
+"""Disposable node pools the canary upgrades: a PoolProvider protocol and its providers."""

@@ -1,0 +1,165 @@
+"""Flight recorder: append-only JSONL timeline of what the watches saw.
+
+Each record is flushed as it arrives, so a crash loses at most the line being written. Consumes
+`Kube.watch()` events (list, then watch with resume); never polls the API. A watch that fails is
+recorded as a WATCH_ERROR and restarted after a short backoff, so a gap is visible, not silent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from pytest_gpucanary.errors import GpucanaryError
+from pytest_gpucanary.kube import Kube, WatchEvent
+
+T = TypeVar("T")
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    api_version: str
+    kind: str
+    namespace: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
+
+
+@dataclass(frozen=True)
+class Record:
+    stream: str
+    type: str                 # ADDED, MODIFIED, DELETED, LISTED (from a relist), RELISTED, WATCH_ERROR
+    kind: str
+    namespace: str | None
+    name: str | None
+    received_mono_ns: int     # client receive time, monotonic clock
+    received_wall_ns: int     # client receive time, wall clock (Unix ns)
+    object: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> Record:
+        return cls(**json.loads(line))
+
+
+def load(path: Path) -> list[Record]:
+    """Read a timeline back; a torn last line (a crash mid-write) is skipped."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(Record.from_json(line))
+        except (ValueError, TypeError):
+            continue
+    return records
+
+
+def trim(kind: str, obj: dict) -> dict:
+    """Keep what the ladder reads; managedFields and pod specs are most of an object's bytes."""
+    meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
+    meta.get("annotations", {}).pop("kubectl.kubernetes.io/last-applied-configuration", None)
+    trimmed = {**obj, "metadata": meta}
+    if kind == "Pod":
+        spec = obj.get("spec", {})
+        trimmed["spec"] = {
+            "nodeName": spec.get("nodeName"),
+            "gpus": sum(int(v) for c in spec.get("containers", []) for key, v in
+                        {**c.get("resources", {}).get("requests", {}), **c.get("resources", {}).get("limits", {})}.items()
+                        if key.startswith(("nvidia.com/gpu", "nvidia.com/mig-"))),
+            "emptyDirs": [v["name"] for v in spec.get("volumes", []) or [] if "emptyDir" in v],
+        }
+    if kind == "Node":
+        trimmed["status"] = {k: v for k, v in obj.get("status", {}).items() if k not in ("images", "nodeInfo")}
+    return trimmed
+
+
+class Recorder:
+    """Runs one watch thread per stream and appends every event to `path`."""
+
+    def __init__(self, kube: Kube, path: Path, streams: list[StreamSpec]) -> None:
+        self.kube = kube
+        self.path = path
+        self.streams = streams
+        self.records: list[Record] = []
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._file: Any = None
+
+    def start(self) -> Recorder:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)
+        for spec in self.streams:
+            thread = threading.Thread(target=self._run, args=(spec,), name=f"recorder-{spec.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self, *, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        for thread in self._threads:
+            thread.join(timeout_s / max(1, len(self._threads)))
+        if self._file:
+            self._file.close()
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _append(self, record: Record) -> None:
+        with self._changed:
+            self._file.write(record.to_json() + "\n")
+            self.records.append(record)
+            self._changed.notify_all()
+
+    def _run(self, spec: StreamSpec) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                for event in self.kube.watch(spec.api_version, spec.kind, stop=self._stop, namespace=spec.namespace,
+                                             label_selector=spec.label_selector, field_selector=spec.field_selector):
+                    failures = 0
+                    for record in _records(spec, event):
+                        self._append(record)
+            except GpucanaryError as err:
+                self._append(Record(spec.name, "WATCH_ERROR", spec.kind, spec.namespace, None, time.monotonic_ns(),
+                                    time.time_ns(), {"message": str(err)}))
+                self._stop.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
+                failures += 1
+
+    def wait_for(self, predicate: Callable[[list[Record]], T | None], *, timeout_s: float,
+                 what: str = "condition") -> T:
+        """Block until `predicate(records)` returns something other than None; wakes on every record."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while (result := predicate(self.records)) is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stop.is_set():
+                    raise TimeoutError(f"{what} not seen within {timeout_s:.0f} s")
+                self._changed.wait(min(remaining, 5.0))
+            return result
+
+
+def _records(spec: StreamSpec, event: WatchEvent) -> list[Record]:
+    def record(kind_type: str, obj: dict) -> Record:
+        meta = obj.get("metadata", {})
+        return Record(spec.name, kind_type, spec.kind, meta.get("namespace"), meta.get("name"),
+                      event.received_mono_ns, event.received_wall_ns, trim(spec.kind, obj))
+
+    if event.type == "RELISTED":
+        items = event.object["items"]
+        marker = Record(spec.name, "RELISTED", spec.kind, spec.namespace, None, event.received_mono_ns,
+                        event.received_wall_ns, {"count": len(items)})
+        return [marker] + [record("LISTED", item) for item in items]
+    return [record(event.type, event.object)]
