@@ -103,7 +103,33 @@ def _cmd_plan_sweep(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_plan_sweep)
+def _add_lint(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("lint", help="Validate an upgrade policy and predict its blast radius",
+                            description="Validate a ClusterPolicy, NVIDIADriver or gpu-operator Helm values file "
+                                        "and print one finding per line: severity code path: message. "
+                                        "Exit 1 if any finding is an error.")
+    parser.add_argument("policy", metavar="POLICY", help="Policy YAML: ClusterPolicy, NVIDIADriver or Helm values")
+    parser.add_argument("--against", metavar="OLD_POLICY",
+                        help="Also print the knobs changed since OLD_POLICY and the findings each change adds (+) "
+                             "or removes (-)")
+    parser.add_argument("--json", action="store_true", help="Print the findings (and changes) as JSON")
+    parser.set_defaults(handler=_cmd_lint)
+
+
+def _cmd_lint(args: argparse.Namespace) -> ExitCode:
+    from pytest_gpucanary import policy_lint
+    from pytest_gpucanary.policy import load_policy
+
+    policy = load_policy(args.policy)
+    changes = policy_lint.diff_policies(load_policy(args.against), policy) if args.against else None
+    findings = policy_lint.lint_policy(policy)
+    output = (policy_lint.render_json if args.json else policy_lint.render_lines)(findings, changes)
+    if output:
+        print(output)
+    return ExitCode.GATE_FAILED if policy_lint.has_errors(findings) else ExitCode.OK
+
+
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_plan_sweep, _add_lint)
 
 
 def _progress(line: str) -> None:
