@@ -103,6 +103,54 @@ def _cmd_plan_sweep(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "run", help="Run the shipped canary gate (pytest canaries/ with the given --gpucanary-* options)",
+        description="Runs pytest on the shipped gate. Every argument is passed to pytest, e.g. "
+                    "--gpucanary-policy PATH --gpucanary-driver-version VERSION --junitxml report.xml; "
+                    "see `pytest --help` for all --gpucanary-* options.")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="Arguments for pytest")
+    parser.set_defaults(handler=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> ExitCode:
+    import pytest
+
+    from pytest_gpucanary.paths import REPO_ROOT
+    from pytest_gpucanary.plugin import ERROR_KEY
+
+    class Capture:
+        error = ""
+
+        def pytest_unconfigure(self, config: pytest.Config) -> None:
+            Capture.error = config.stash.get(ERROR_KEY, "")
+
+    code = pytest.main([str(REPO_ROOT / "canaries"), "-p", "no:locust", *args.pytest_args], plugins=[Capture()])
+    if code == pytest.ExitCode.TESTS_FAILED and Capture.error:
+        return ExitCode.ENVIRONMENT
+    return {0: ExitCode.OK, 1: ExitCode.GATE_FAILED, 2: ExitCode.INTERRUPTED, 3: ExitCode.INTERNAL,
+            4: ExitCode.USAGE, 5: ExitCode.NOTHING_RAN}.get(int(code), ExitCode.INTERNAL)
+
+
+def _add_cleanup(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("cleanup", help="Remove or restore everything canary runs left in a cluster")
+    parser.add_argument("--kubeconfig", help="Kubeconfig of the cluster (default: the local fleet)")
+    parser.add_argument("--context", help="Context in the kubeconfig")
+    parser.add_argument("--run-id", help="Only what this run left (default: every run)")
+    parser.set_defaults(handler=_cmd_cleanup)
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> ExitCode:
+    from pytest_gpucanary.cleanup import cleanup
+    from pytest_gpucanary.fleet import Fleet
+    from pytest_gpucanary.kube import Kube
+
+    kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context)
+    count = cleanup(kube, run_id=args.run_id, report=_progress)
+    _progress(f"cleanup: {count} objects deleted or restored")
+    return ExitCode.OK
+
+
 def _add_lint(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("lint", help="Validate an upgrade policy and predict its blast radius",
                             description="Validate a ClusterPolicy, NVIDIADriver or gpu-operator Helm values file "
@@ -129,7 +177,7 @@ def _cmd_lint(args: argparse.Namespace) -> ExitCode:
     return ExitCode.GATE_FAILED if policy_lint.has_errors(findings) else ExitCode.OK
 
 
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_plan_sweep, _add_lint)
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_run, _add_cleanup, _add_plan_sweep, _add_lint)
 
 
 def _progress(line: str) -> None:

@@ -18,6 +18,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from urllib3.exceptions import HTTPError
 
 from pytest_gpucanary.errors import EnvError, GpucanaryError
@@ -98,7 +99,10 @@ class Kube:
             raise _translate(exc, f"connecting to {api.configuration.host}") from exc
 
     def _resource(self, api_version: str, kind: str) -> Any:
-        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        try:
+            return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError as exc:
+            raise NotFound(f"the cluster serves no {kind} in {api_version}") from exc
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -1,13 +1,24 @@
-"""pytest wiring only: options, markers and fixtures. Heavy modules are imported lazily."""
+"""pytest wiring only: options, markers, fixtures, JUnit properties, terminal summary.
+
+Imports the standard library, pytest and config; everything that talks to a cluster is imported
+lazily inside fixtures, so `pytest --help` never loads `kubernetes`.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
+from pytest_gpucanary.config import KNOBS, Knob, Settings, env_source
+
 pytest_plugins = ["pytest_gpucanary.sweep_fixtures"]
+
+SETTINGS_KEY = pytest.StashKey["Settings"]()
+OUTCOME_KEY = pytest.StashKey[Any]()
+ERROR_KEY = pytest.StashKey[str]()
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -18,10 +29,14 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpucanary", "GPU driver upgrade canary")
+    for knob in KNOBS:
+        kwargs: dict[str, Any] = {"action": "store_true"} if knob.type is bool else {"metavar": knob.name.upper()}
+        group.addoption(knob.flag, dest=f"gpucanary_{knob.name}", default=None, help=f"{knob.help} (env {knob.env})",
+                        **kwargs)
+        parser.addini(f"gpucanary_{knob.name}", knob.help, default=None)
     group.addoption("--gpucanary-fleet-keep", action="store_true", default=None,
                     help="Leave the local fleet running after the session (env GPUCANARY_FLEET_KEEP)")
-    parser.addini("gpucanary_fleet_keep", "Leave the local fleet running after the session", type="bool",
-                  default=None)
+    parser.addini("gpucanary_fleet_keep", "Leave the local fleet running after the session", default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,31 +44,62 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: runs against the local GPU fleet")
 
 
-def _keep_fleet(config: pytest.Config) -> bool:
-    import os
+def _cli(config: pytest.Config):
+    return lambda knob: config.getoption(f"gpucanary_{knob.name}")
 
-    for value in (config.getoption("gpucanary_fleet_keep"), config.getini("gpucanary_fleet_keep")):
-        if value is not None:
-            return bool(value)
-    return os.environ.get("GPUCANARY_FLEET_KEEP", "").lower() in ("1", "true", "yes")
+
+def _ini(config: pytest.Config):
+    def source(knob: Knob) -> Any:
+        value = config.getini(f"gpucanary_{knob.name}")
+        return value if value not in ("", None, []) else None
+    return source
+
+
+def settings_from(config: pytest.Config) -> Settings:
+    if SETTINGS_KEY not in config.stash:
+        from pytest_gpucanary.errors import ConfigError
+
+        try:
+            config.stash[SETTINGS_KEY] = Settings.resolve(_cli(config), _ini(config), env_source(os.environ))
+        except ConfigError as err:
+            raise pytest.UsageError(f"gpucanary: {err}") from None
+    return config.stash[SETTINGS_KEY]
+
+
+def _keep_fleet(config: pytest.Config) -> bool:
+    knob = Knob("fleet_keep", bool, False, "")
+    from pytest_gpucanary.config import convert
+
+    raw = next((v for v in (_cli(config)(knob), _ini(config)(knob), env_source(os.environ)(knob)) if v is not None),
+               False)
+    return bool(convert(knob, raw))
 
 
 @pytest.fixture(scope="session")
-def gpucanary_fleet(request: pytest.FixtureRequest) -> Iterator[object]:
+def gpucanary_settings(request: pytest.FixtureRequest) -> Settings:
+    """The resolved --gpucanary-* settings (command line > ini > environment > default)."""
+    return settings_from(request.config)
+
+
+def _progress_writer(config: pytest.Config):
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def write(line: str) -> None:
+        if reporter is not None and config.get_verbosity() >= 0:
+            reporter.write_line(line)
+        elif reporter is None:
+            print(line, file=sys.stderr)
+    return write
+
+
+@pytest.fixture(scope="session")
+def gpucanary_fleet(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A ready local GPU fleet, started once per run (left running if it was up before)."""
     from pytest_gpucanary.errors import GpucanaryError
     from pytest_gpucanary.fleet import Fleet
     from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
 
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-
-    def progress(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(line)
-        else:
-            print(line, file=sys.stderr)
-
-    manager = FleetClusterManager(Fleet.from_env(), progress=progress)
+    manager = FleetClusterManager(Fleet.from_env(), progress=_progress_writer(request.config))
     try:
         manager.create()
     except GpucanaryError as err:
@@ -61,3 +107,79 @@ def gpucanary_fleet(request: pytest.FixtureRequest) -> Iterator[object]:
     yield manager
     if not _keep_fleet(request.config):
         manager.delete()
+
+
+@pytest.fixture(scope="session")
+def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings) -> Any:
+    """A client of the target cluster: --gpucanary-kubeconfig, else the local fleet."""
+    from pytest_gpucanary.errors import GpucanaryError
+    from pytest_gpucanary.kube import Kube
+
+    kubeconfig = gpucanary_settings.kubeconfig
+    if kubeconfig is None:
+        kubeconfig = request.getfixturevalue("gpucanary_fleet").fleet.kubeconfig
+    try:
+        return Kube.connect(kubeconfig, context=gpucanary_settings.context)
+    except GpucanaryError as err:
+        request.config.stash[ERROR_KEY] = str(err)
+        pytest.fail(str(err), pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_gpucanary_make_pool(config: pytest.Config, settings: Settings) -> Any:
+    from pytest_gpucanary.pool import provider_for
+
+    return provider_for(settings, local_fleet=settings.kubeconfig is None)
+
+
+@pytest.fixture(scope="session")
+def gpucanary_run(request: pytest.FixtureRequest, gpucanary_settings: Settings, gpucanary_kube: Any) -> Any:
+    """The canary run, executed once per session: pool, policy, workloads, upgrade, ladder, receipt."""
+    from pytest_gpucanary.errors import ConfigError, GpucanaryError
+    from pytest_gpucanary.progress import ProgressLine
+    from pytest_gpucanary.run import CanaryRun
+
+    config = request.config
+    if OUTCOME_KEY in config.stash:
+        return config.stash[OUTCOME_KEY]
+    if ERROR_KEY in config.stash:
+        pytest.fail(config.stash[ERROR_KEY], pytrace=False)
+    provider = config.hook.pytest_gpucanary_make_pool(config=config, settings=gpucanary_settings)
+    try:
+        outcome = CanaryRun(gpucanary_settings, gpucanary_kube, provider,
+                            progress=ProgressLine(_progress_writer(config))).execute()
+    except ConfigError as err:
+        config.stash[ERROR_KEY] = f"gpucanary: {err}"
+        raise pytest.UsageError(f"gpucanary: {err}") from None
+    except GpucanaryError as err:
+        config.stash[ERROR_KEY] = f"gpucanary: {err}"
+        pytest.fail(config.stash[ERROR_KEY], pytrace=False)
+    config.stash[OUTCOME_KEY] = outcome
+    return outcome
+
+
+@pytest.fixture(autouse=True)
+def _gpucanary_junit_properties(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("gpucanary")
+    if marker is None or "gpucanary_run" not in request.fixturenames:
+        return
+    outcome = request.getfixturevalue("gpucanary_run")
+    for key, value in (("gpucanary_run_id", outcome.run_id), ("gpucanary_pool", ",".join(outcome.pool.nodes)),
+                       ("gpucanary_driver_from", outcome.pool.driver_from), ("gpucanary_driver_to", outcome.driver_to),
+                       ("gpucanary_stage", marker.args[0] if marker.args else "")):
+        request.node.user_properties.append((key, value))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    outcome = config.stash.get(OUTCOME_KEY, None)
+    if outcome is None or outcome.result is None:
+        return
+    result = outcome.result
+    terminalreporter.section("gpucanary launch receipt")
+    for verdict in result.verdicts:
+        terminalreporter.write_line(f"{verdict.outcome.value:>12}  {verdict.summary}")
+    failed = result.first_failed.value if result.first_failed else "none"
+    terminalreporter.write_line(f"gate {'PASSED' if result.gate_passed else 'FAILED'}; first failed stage: {failed}; "
+                                f"receipt: {outcome.receipt.get('html', outcome.report_dir)}")
+
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,3 +98,11 @@ def gpu_operator(layout: FleetLayout, bin_dir: Path) -> Component:
         f"--metrics-bind-address={HOST}:{metrics}", f"--health-probe-bind-address={HOST}:{health}",
         "--zap-log-level=info",
     ), f"http://{HOST}:{health}/readyz", health, env=(("OPERATOR_NAMESPACE", OPERATOR_NAMESPACE),))
+
+
+def node_agent(layout: FleetLayout) -> Component:
+    port = layout.port("node-agent")
+    return Component("node-agent", (
+        sys.executable, "-m", "pytest_gpucanary.fleet.node_agent", f"--kubeconfig={layout.kubeconfig}",
+        f"--namespace={OPERATOR_NAMESPACE}", f"--health-port={port}",
+    ), f"http://{HOST}:{port}/healthz", port)

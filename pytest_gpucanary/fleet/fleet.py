@@ -65,7 +65,8 @@ class Fleet:
     def _components(self, binaries: Binaries) -> list[components.Component]:
         prometheus = shutil.which("prometheus") or "prometheus"
         return (components.control_plane(self.layout, binaries.control_plane)
-                + [components.prometheus(self.layout, prometheus), self._operator(binaries)])
+                + [components.prometheus(self.layout, prometheus), self._operator(binaries),
+                   components.node_agent(self.layout)])
 
     def _operator(self, binaries: Binaries) -> components.Component:
         return components.gpu_operator(self.layout, binaries.operator)
@@ -120,7 +121,7 @@ class Fleet:
                                hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
 
     def _start_all(self, binaries: Binaries, progress: Progress) -> None:
-        *others, operator_part = self._components(binaries)
+        *others, operator_part, agent = self._components(binaries)
         for part in others:
             self._start(part, progress)
         self._ensure_nodes(progress, binaries.control_plane)
@@ -128,6 +129,7 @@ class Fleet:
         progress("fleet: installing the GPU Operator CRDs")
         operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
         self._start(operator_part, progress)
+        self._start(agent, progress)
         operator.apply_policies(self._kubectl_for(binaries.control_plane))
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kubectl_for(binaries.control_plane), self.gpu_node_names(), progress)

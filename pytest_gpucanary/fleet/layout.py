@@ -27,6 +27,7 @@ PORT_OFFSETS = {
     "prometheus": 90,
     "gpu-operator-metrics": 81,
     "gpu-operator-health": 82,
+    "node-agent": 83,
 }
 
 

@@ -40,7 +40,41 @@ def kwok_config(bin_dir: Path) -> str:
     text = yaml.safe_dump_all(docs)
     for stage in KWOK_STAGES:
         text += "---\n" + (bin_dir / "kwok-manifests" / stage).read_text()
-    return text + "---\n" + (FLEET_FIXTURES / "stage-pod-complete.yaml").read_text()
+    text += "---\n" + (FLEET_FIXTURES / "stage-pod-complete.yaml").read_text()
+    return text + "---\n" + yaml.safe_dump(dcgm_metric(), sort_keys=False)
+
+
+def _label(key: str) -> str:
+    """CEL: a node label, or "" on nodes without it (the CPU node has no GPU labels)."""
+    return f'"{key}" in node.metadata.labels ? node.metadata.labels["{key}"] : ""'
+
+
+def _annotation_number(key: str) -> str:
+    return f'"{key}" in node.metadata.annotations ? double(node.metadata.annotations["{key}"]) : 0.0'
+
+
+def dcgm_metric(gpus_per_node: int = 8) -> dict:
+    """DCGM exporter-style series per GPU, served by kwok for every node at /metrics/nodes/<node>/metrics/dcgm.
+
+    DCGM_FI_DRIVER_VERSION is a label, as in dcgm-exporter's DCP metrics; it follows the node's
+    GFD driver label, which the fleet's node agent keeps at the version of the Ready driver pod.
+    Utilisation and the last XID come from node annotations, so a test can inject an XID error.
+    """
+    metrics = []
+    for name, help_text, value in (
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", _annotation_number("gpucanary.io/simulated-gpu-util")),
+            ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
+             _annotation_number("gpucanary.io/simulated-xid"))):
+        for gpu in range(gpus_per_node):
+            metrics.append({"name": name, "help": help_text, "kind": "gauge", "dimension": "node", "labels": [
+                {"name": "gpu", "value": f'"{gpu}"'},
+                {"name": "UUID", "value": f'"GPU-" + node.metadata.name + "-{gpu}"'},
+                {"name": "Hostname", "value": "node.metadata.name"},
+                {"name": "modelName", "value": _label("nvidia.com/gpu.product")},
+                {"name": "DCGM_FI_DRIVER_VERSION", "value": _label("nvidia.com/cuda.driver-version.full")},
+            ], "value": value})
+    return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Metric", "metadata": {"name": "dcgm"},
+            "spec": {"path": "/metrics/nodes/{nodeName}/metrics/dcgm", "metrics": metrics}}
 
 
 def node(template: str, name: str) -> dict:
@@ -66,6 +100,7 @@ def prometheus_config(layout: FleetLayout) -> str:
              "static_configs": [{"targets": [f"{HOST}:{layout.port('kube-apiserver')}"]}]},
             {"job_name": "kwok-metrics", "scheme": "https", "tls_config": client_tls,
              "http_sd_configs": [{"url": f"https://{HOST}:{layout.port('kwok')}/discovery/prometheus",
+                                  "refresh_interval": "5s",  # nodes come and go with pools
                                   "tls_config": client_tls}]},
             {"job_name": "gpu-operator",
              "static_configs": [{"targets": [f"{HOST}:{layout.port('gpu-operator-metrics')}"]}]},

@@ -104,7 +104,7 @@ def _last_log_line(layout: FleetLayout, name: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-STOP_ORDER = ("gpu-operator", "prometheus", "kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+STOP_ORDER = ("node-agent", "gpu-operator", "prometheus", "kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
               "etcd")
 
 

@@ -1,0 +1,118 @@
+"""Carve existing GPU nodes out of a real cluster for the canary, and give them back exactly.
+
+Before anything changes, each node is checked: it must be a GPU node with an operator driver pod,
+and run no pods the canary did not put there (unless allowed). Its labels, taints and
+schedulability are then saved in an annotation on the node itself, so `gpucanary cleanup` can
+restore them even after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, ClusterInfo, driver_version_of
+from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
+from pytest_gpucanary.pool import Pool
+
+SAVED_STATE_ANNOTATION = "gpucanary.io/saved-node-state"
+
+
+@dataclass
+class ExistingNodeProvider:
+    node: str | None = None
+    selector: str | None = None
+    size: int = 1
+    allow_foreign_pods: bool = False
+    name: str = "existing"
+    carved: list[str] = field(default_factory=list)
+
+    def _candidates(self, kube: Kube) -> list[dict]:
+        if self.node:
+            try:
+                return [kube.get("v1", "Node", self.node)]
+            except NotFound:
+                raise ConfigError(f"node {self.node!r} does not exist in the cluster",
+                                  hint="check --gpucanary-pool-node") from None
+        if not self.selector:
+            raise ConfigError("the existing-node pool needs a node",
+                              hint="pass --gpucanary-pool-node NAME or --gpucanary-pool-selector SELECTOR")
+        nodes = sorted(kube.list("v1", "Node", label_selector=self.selector), key=lambda n: n["metadata"]["name"])
+        if len(nodes) < self.size:
+            raise ConfigError(f"pool selector {self.selector!r} matched {len(nodes)} nodes, {self.size} needed",
+                              hint="free a node or use --gpucanary-pool-provider=kwok on the local fleet")
+        return nodes[:self.size]
+
+    def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
+        nodes = self._candidates(kube)
+        versions = [self._check(kube, cluster, node) for node in nodes]
+        names = tuple(n["metadata"]["name"] for n in nodes)
+        driver = self._pool_driver(kube, names) if cluster.nvidiadriver_mode else None
+        for node in nodes:  # every check passed: only now change anything
+            self._mark(kube, node, run_id)
+        return Pool(names, driver, versions[0])
+
+    def _check(self, kube: Kube, cluster: ClusterInfo, node: dict) -> str:
+        name = node["metadata"]["name"]
+        if node["metadata"].get("labels", {}).get("nvidia.com/gpu.present") != "true":
+            raise ConfigError(f"node {name} is not a GPU node (no nvidia.com/gpu.present=true label)",
+                              hint="pick a node the GPU Operator manages")
+        on_node = kube.list("v1", "Pod", field_selector=f"spec.nodeName={name}")
+        drivers = [p for p in on_node if p["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+                   == "nvidia-driver" or p["metadata"].get("labels", {}).get("app") == "nvidia-driver-daemonset"]
+        if not drivers:
+            raise ConfigError(f"node {name} has no GPU Operator driver pod", hint="pick a node the operator drives")
+        foreign = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node if not _expected(p)]
+        if foreign and not self.allow_foreign_pods:
+            raise ConfigError(f"node {name} runs {len(foreign)} pods the canary did not put there ({foreign[0]}...)",
+                              hint="drain it first or pass --gpucanary-allow-foreign-pods")
+        if RUN_ID_LABEL in node["metadata"].get("labels", {}):
+            raise ConfigError(f"node {name} is already in canary run {node['metadata']['labels'][RUN_ID_LABEL]}",
+                              hint="wait for it or run `gpucanary cleanup`")
+        return driver_version_of(drivers[0])
+
+    def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> str:
+        for driver in kube.list("nvidia.com/v1alpha1", "NVIDIADriver"):
+            selector = driver.get("spec", {}).get("nodeSelector") or {"nvidia.com/gpu.present": "true"}
+            label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+            selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=label_selector)}
+            if set(names) & selected:
+                if selected != set(names):
+                    raise ConfigError(f"NVIDIADriver {driver['metadata']['name']} drives {len(selected)} nodes, "
+                                      f"not only the pool {list(names)}",
+                                      hint="give the canary pool an NVIDIADriver whose nodeSelector picks only it")
+                return driver["metadata"]["name"]
+        raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
+
+    def _mark(self, kube: Kube, node: dict, run_id: str) -> None:
+        meta, spec = node["metadata"], node.get("spec", {})
+        saved = {"run_id": run_id, "labels": meta.get("labels", {}), "taints": spec.get("taints", []),
+                 "unschedulable": bool(spec.get("unschedulable"))}
+        kube.patch("v1", "Node", meta["name"], {"metadata": {
+            "labels": {RUN_ID_LABEL: run_id}, "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}})
+        self.carved.append(meta["name"])
+
+    def release(self, kube: Kube) -> None:
+        for name in list(self.carved):
+            restore_node(kube, name)
+            self.carved.remove(name)
+
+
+def restore_node(kube: Kube, name: str) -> None:
+    """Put back the labels, taints and schedulability saved on the node; drop the saved copy."""
+    node = kube.get("v1", "Node", name)
+    raw = node["metadata"].get("annotations", {}).get(SAVED_STATE_ANNOTATION)
+    if raw is None:
+        return
+    saved = json.loads(raw)
+    labels = {key: None for key in node["metadata"].get("labels", {}) if key not in saved["labels"]}
+    kube.patch("v1", "Node", name, {
+        "metadata": {"labels": {**labels, **saved["labels"]}, "annotations": {SAVED_STATE_ANNOTATION: None}},
+        "spec": {"taints": saved["taints"] or None, "unschedulable": saved["unschedulable"] or None}})
+
+
+def _expected(pod: dict) -> bool:
+    """DaemonSet pods belong on every node; the canary's own pods carry its run id."""
+    owners = pod["metadata"].get("ownerReferences", [])
+    return any(o.get("kind") == "DaemonSet" for o in owners) or RUN_ID_LABEL in pod["metadata"].get("labels", {})

@@ -1,0 +1,105 @@
+"""Apply the policy under test and the target driver version to the pool only, and restore both.
+
+Where the operator reads the policy depends on its mode and version:
+- NVIDIADriver mode, operator v26.7+: the pool's NVIDIADriver carries its own upgradePolicy;
+- NVIDIADriver mode, older operators: the ClusterPolicy's upgradePolicy (cluster-wide), while the
+  version moves on the pool's NVIDIADriver only;
+- ClusterPolicy mode: the ClusterPolicy's version and policy, with every other GPU node held back by
+  the operator's skip label.
+Every prior value is saved in an annotation on the object it came from, so `gpucanary cleanup` can
+restore it after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pytest_gpucanary.cluster import ClusterInfo
+from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.pool import Pool
+
+SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"
+SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
+SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"
+CLUSTER_POLICY = ("nvidia.com/v1", "ClusterPolicy")
+NVIDIADRIVER = ("nvidia.com/v1alpha1", "NVIDIADriver")
+
+
+@dataclass
+class AppliedUpgrade:
+    """What `apply` changed, in the order to undo it."""
+
+    saved: list[tuple[tuple[str, str], str]] = field(default_factory=list)   # (api kind, name) with a saved spec
+    skipped_nodes: list[str] = field(default_factory=list)
+
+
+def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: dict, prior: dict,
+                    applied: AppliedUpgrade, run_id: str) -> None:
+    annotations = kube.get(*kind, name)["metadata"].get("annotations", {})
+    if SAVED_SPEC_ANNOTATION not in annotations:  # a second apply keeps the first, true original
+        saved = json.dumps({"run_id": run_id, "spec": prior})
+        kube.patch(*kind, name, {"metadata": {"annotations": {SAVED_SPEC_ANNOTATION: saved}}})
+    applied.saved.append((kind, name))
+    kube.patch(*kind, name, {"spec": spec_patch})
+
+
+def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *, driver_to: str,
+          run_id: str) -> AppliedUpgrade:
+    applied = AppliedUpgrade()
+    if cluster.nvidiadriver_mode:
+        assert pool.driver is not None, "an NVIDIADriver-mode pool always names its NVIDIADriver"
+        driver_spec = kube.get(*NVIDIADRIVER, pool.driver)["spec"]
+        patch: dict = {"version": driver_to}
+        if cluster.per_driver_policy:
+            patch["upgradePolicy"] = upgrade_policy
+        else:
+            _apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy}, applied, run_id)
+        prior = {key: driver_spec.get(key) for key in patch}
+        _save_and_patch(kube, NVIDIADRIVER, pool.driver, patch, prior, applied, run_id)
+        return applied
+    for node in cluster.gpu_nodes:
+        if node not in pool.nodes:
+            _hold_back(kube, node, applied, run_id)
+    _apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy, "version": driver_to}, applied, run_id)
+    return applied
+
+
+def _apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, applied: AppliedUpgrade,
+                          run_id: str) -> None:
+    driver_spec = kube.get(*CLUSTER_POLICY, cluster.cluster_policy)["spec"]["driver"]
+    prior = {"driver": {key: driver_spec.get(key) for key in driver_patch}}
+    _save_and_patch(kube, CLUSTER_POLICY, cluster.cluster_policy, {"driver": driver_patch}, prior, applied, run_id)
+
+
+def _hold_back(kube: Kube, node: str, applied: AppliedUpgrade, run_id: str) -> None:
+    labels = kube.get("v1", "Node", node)["metadata"].get("labels", {})
+    if labels.get(SKIP_LABEL) == "true":
+        return  # someone else holds it back already; leave their label alone
+    kube.patch("v1", "Node", node, {"metadata": {"labels": {SKIP_LABEL: "true"},
+                                                 "annotations": {SKIP_SET_ANNOTATION: run_id}}})
+    applied.skipped_nodes.append(node)
+
+
+def restore(kube: Kube, applied: AppliedUpgrade) -> None:
+    for kind, name in reversed(applied.saved):
+        restore_saved_spec(kube, kind, name)
+    for node in applied.skipped_nodes:
+        release_hold(kube, node)
+    applied.saved.clear()
+    applied.skipped_nodes.clear()
+
+
+def restore_saved_spec(kube: Kube, kind: tuple[str, str], name: str) -> None:
+    try:
+        annotations = kube.get(*kind, name)["metadata"].get("annotations", {})
+    except NotFound:
+        return  # the object went away (e.g. a kwok pool's own NVIDIADriver)
+    if SAVED_SPEC_ANNOTATION in annotations:
+        prior = json.loads(annotations[SAVED_SPEC_ANNOTATION])["spec"]
+        kube.patch(*kind, name, {"spec": prior, "metadata": {"annotations": {SAVED_SPEC_ANNOTATION: None}}})
+
+
+def release_hold(kube: Kube, node: str) -> None:
+    kube.patch("v1", "Node", node, {"metadata": {"labels": {SKIP_LABEL: None},
+                                                 "annotations": {SKIP_SET_ANNOTATION: None}}})

@@ -1,0 +1,97 @@
+"""Render the canary's workloads from fixtures/ (or the user's files): the GPU job, the non-GPU
+service and the customer start probes, each stamped with the run's labels and placed on the pool.
+Pure: returns manifests; creating them is the run's job.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.kube import owned_labels
+from pytest_gpucanary.paths import FIXTURES
+
+WORKLOADS = FIXTURES / "workloads"
+RUN_DURATION_ANNOTATION = "gpucanary.io/run-duration"
+PROBE_SCOPE_LABEL = "gpucanary.io/probe-scope"
+ROLE_LABEL = "gpucanary.io/role"
+
+
+def load_manifests(path: Path) -> list[dict]:
+    try:
+        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    except OSError as err:
+        raise ConfigError(f"cannot read workload manifest {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"workload manifest {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not docs or not all(isinstance(d, dict) and "kind" in d for d in docs):
+        raise ConfigError(f"workload manifest {path} has no Kubernetes objects")
+    return docs
+
+
+@dataclass(frozen=True)
+class Placement:
+    namespace: str
+    run_id: str
+    node: str
+
+
+def _stamp(obj: dict, placement: Placement, role: str) -> dict:
+    obj = copy.deepcopy(obj)
+    meta = obj.setdefault("metadata", {})
+    meta["namespace"] = placement.namespace
+    meta.setdefault("labels", {}).update({**owned_labels(placement.run_id), ROLE_LABEL: role})
+    return obj
+
+
+def _pod_spec(obj: dict) -> tuple[dict, dict]:
+    """(pod metadata, pod spec) of a Pod or of a workload's pod template."""
+    if obj["kind"] == "Pod":
+        return obj["metadata"], obj["spec"]
+    template = obj["spec"]["template"]
+    return template.setdefault("metadata", {}), template["spec"]
+
+
+def _pin(obj: dict, placement: Placement, role: str) -> dict:
+    obj = _stamp(obj, placement, role)
+    meta, spec = _pod_spec(obj)
+    meta.setdefault("labels", {}).update({**owned_labels(placement.run_id), ROLE_LABEL: role})
+    spec.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = placement.node
+    return obj
+
+
+def gpu_job(path: Path | None, placement: Placement, *, duration_s: float) -> dict:
+    [job] = [d for d in load_manifests(path or WORKLOADS / "gpu-job.yaml") if d["kind"] == "Job"] or [None]
+    if job is None:
+        raise ConfigError(f"{path} holds no Job", hint="the GPU workload must be a batch/v1 Job")
+    job = _pin(job, placement, "gpu-job")
+    meta, _ = _pod_spec(job)
+    meta.setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = f"{int(duration_s)}s"
+    return job
+
+
+def service(path: Path | None, placement: Placement) -> list[dict]:
+    docs = load_manifests(path or WORKLOADS / "service.yaml")
+    if not any(d["kind"] == "Deployment" for d in docs):
+        raise ConfigError(f"{path} holds no Deployment", hint="the service must be a Deployment (+ Service, PDB)")
+    return [_pin(d, placement, "service") if d["kind"] == "Deployment" else _stamp(d, placement, "service")
+            for d in docs]
+
+
+def probe(path: Path | None, placement: Placement, *, scope: str, seq: int) -> dict:
+    [pod] = [d for d in load_manifests(path or WORKLOADS / "probe.yaml") if d["kind"] == "Pod"] or [None]
+    if pod is None:
+        raise ConfigError(f"{path} holds no Pod", hint="a probe is a bare Pod")
+    if scope == "pool":
+        pod = _pin(pod, placement, "probe")
+    else:
+        pod = _stamp(pod, placement, "probe")
+        limits = pod["spec"]["containers"][0].setdefault("resources", {}).setdefault("limits", {})
+        limits["nvidia.com/gpu"] = "1"
+    pod["metadata"]["name"] = f"probe-{scope}-{seq:04d}"
+    pod["metadata"]["labels"][PROBE_SCOPE_LABEL] = scope
+    return pod
