@@ -6,10 +6,12 @@ receive times (wall clock, ns) unless a field says it is the server's (RFC 3339,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Iterable, Mapping
 
-from pytest_gpucanary.recorder import Record
+if TYPE_CHECKING:  # recorder imports kube (and so kubernetes); pure consumers must not pull it in
+    from pytest_gpucanary.recorder import Record
 
 UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
 UPGRADE_EVENT_REASON = "GPUDriverUpgrade"
@@ -107,3 +109,151 @@ def pods_gone(records: Iterable[Record], node: str) -> list[PodGone]:
             gone[uid] = PodGone(meta.get("namespace", ""), meta.get("name", ""), node, int(spec.get("gpus", 0)),
                                 "", record.received_wall_ns)
     return [PodGone(**{**g.__dict__, "disruption_reason": reasons.get(uid, "")}) for uid, g in gone.items()]
+
+
+SKIP_TYPES = ("RELISTED", "WATCH_ERROR")
+
+
+class UpgradePhase(str, Enum):
+    """Coarse upgrade phases, as the load generator's stats are cut."""
+
+    BEFORE = "before"
+    DRAIN = "drain"          # cordon, wait for jobs, pod deletion, drain
+    RESTART = "restart"      # driver pod restart, validation, uncordon
+    AFTER = "after"          # upgrade-done or upgrade-failed
+
+
+PHASE_OF_STATE = {
+    "": UpgradePhase.BEFORE, "upgrade-required": UpgradePhase.BEFORE,
+    "cordon-required": UpgradePhase.DRAIN, "wait-for-jobs-required": UpgradePhase.DRAIN,
+    "pod-deletion-required": UpgradePhase.DRAIN, "drain-required": UpgradePhase.DRAIN,
+    "pod-restart-required": UpgradePhase.RESTART, "validation-required": UpgradePhase.RESTART,
+    "uncordon-required": UpgradePhase.RESTART,
+    "upgrade-done": UpgradePhase.AFTER, "upgrade-failed": UpgradePhase.AFTER,
+}
+
+
+@dataclass(frozen=True)
+class PodSeen:
+    """The last recorded state of one pod (by uid), with when it was first seen and first seen going away."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    phase: str
+    labels: Mapping[str, str] = field(hash=False)
+    owner_kinds: tuple[str, ...]
+    gpus: int
+    containers: int               # container statuses reported (regular containers only)
+    ready_containers: int
+    images: tuple[str, ...]       # from status.containerStatuses (the recorder trims pod specs)
+    disruption_reason: str        # DisruptionTarget reason; "" if none was seen
+    first_seen_wall_ns: int
+    removed_wall_ns: int | None   # deletionTimestamp seen or DELETED, client receive time
+    received_wall_ns: int         # the last record of this pod
+
+    @property
+    def ready(self) -> bool:
+        return self.containers > 0 and self.ready_containers == self.containers
+
+
+@dataclass(frozen=True)
+class NodeSeen:
+    name: str
+    labels: Mapping[str, str] = field(hash=False)
+    unschedulable: bool
+    allocatable: Mapping[str, str] = field(hash=False)
+    received_wall_ns: int
+
+
+@dataclass(frozen=True)
+class PhaseWindow:
+    phase: UpgradePhase
+    start_wall_ns: int
+    end_wall_ns: int
+
+
+def recording_span(records: Iterable[Record]) -> tuple[int, int] | None:
+    """First and last client receive time (wall ns) in the timeline; None when it is empty."""
+    times = [r.received_wall_ns for r in records]
+    return (min(times), max(times)) if times else None
+
+
+def upgrade_cycle(records: Iterable[Record], node: str, *, since_wall_ns: int) -> list[Transition]:
+    """The node's upgrade-state transitions from its first entry into upgrade-required at or after
+    `since_wall_ns` (client receive time), or from the upgrade-required it was already in then; empty
+    when it has not been upgrade-required since."""
+    every = label_transitions(records, node, UPGRADE_STATE_LABEL)
+    before = [t for t in every if t.received_wall_ns < since_wall_ns][-1:]
+    transitions = before + [t for t in every if t.received_wall_ns >= since_wall_ns]
+    starts = [i for i, t in enumerate(transitions) if t.state == "upgrade-required"]
+    return transitions[starts[0]:] if starts else []
+
+
+def phase_windows(records: Iterable[Record], node: str, *, since_wall_ns: int) -> list[PhaseWindow]:
+    """Consecutive upgrade phases of one node's cycle, from the start to the end of the recording."""
+    records = list(records)
+    span = recording_span(records)
+    cycle = upgrade_cycle(records, node, since_wall_ns=since_wall_ns)
+    if span is None or not cycle:
+        return []
+    windows = [PhaseWindow(UpgradePhase.BEFORE, min(span[0], cycle[0].received_wall_ns), cycle[0].received_wall_ns)]
+    for t in cycle:
+        last = windows[-1]
+        phase = PHASE_OF_STATE.get(t.state, last.phase)   # requestor-mode states: stay in the phase
+        if phase is not last.phase:
+            windows[-1] = PhaseWindow(last.phase, last.start_wall_ns, t.received_wall_ns)
+            windows.append(PhaseWindow(phase, t.received_wall_ns, t.received_wall_ns))
+    last = windows[-1]
+    windows[-1] = PhaseWindow(last.phase, last.start_wall_ns, max(span[1], last.start_wall_ns))
+    return [w for w in windows if w.end_wall_ns > w.start_wall_ns or w is windows[-1]]
+
+
+def latest_node(records: Iterable[Record], node: str, *, until_wall_ns: int | None = None) -> NodeSeen | None:
+    """The node as last recorded at or before `until_wall_ns` (the whole timeline when None)."""
+    seen = None
+    for record in records:
+        if record.kind != "Node" or record.name != node or record.type in SKIP_TYPES + ("DELETED",):
+            continue
+        if until_wall_ns is not None and record.received_wall_ns > until_wall_ns:
+            continue
+        obj = record.object
+        seen = NodeSeen(node, obj.get("metadata", {}).get("labels", {}) or {},
+                        bool(obj.get("spec", {}).get("unschedulable")),
+                        obj.get("status", {}).get("allocatable", {}) or {}, record.received_wall_ns)
+    return seen
+
+
+def latest_pods(records: Iterable[Record], *, until_wall_ns: int | None = None) -> list[PodSeen]:
+    """Every pod recorded up to `until_wall_ns`, in its last recorded state, in the order first seen."""
+    pods: dict[str, PodSeen] = {}
+    for record in records:
+        if record.kind != "Pod" or record.type in SKIP_TYPES:
+            continue
+        if until_wall_ns is not None and record.received_wall_ns > until_wall_ns:
+            continue
+        uid = record.object.get("metadata", {}).get("uid", "")
+        pods[uid] = _pod_seen(record, pods.get(uid))
+    return list(pods.values())
+
+
+def _pod_seen(record: Record, before: PodSeen | None) -> PodSeen:
+    pod = record.object
+    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {}) or {}
+    statuses = status.get("containerStatuses", []) or []
+    reason = next((c.get("reason", "") for c in status.get("conditions", []) or []
+                   if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), "")
+    removed = record.received_wall_ns if record.type == "DELETED" or meta.get("deletionTimestamp") else None
+    return PodSeen(
+        namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
+        node=spec.get("nodeName") or (before.node if before else None), phase=status.get("phase", ""),
+        labels=meta.get("labels", {}) or {},
+        owner_kinds=tuple(o.get("kind", "") for o in meta.get("ownerReferences", []) or []),
+        gpus=int(spec.get("gpus", 0) or 0), containers=len(statuses),
+        ready_containers=sum(bool(c.get("ready")) for c in statuses),
+        images=tuple(c.get("image", "") for c in statuses if c.get("image")),
+        disruption_reason=reason or (before.disruption_reason if before else ""),
+        first_seen_wall_ns=before.first_seen_wall_ns if before else record.received_wall_ns,
+        removed_wall_ns=(before.removed_wall_ns if before and before.removed_wall_ns else removed),
+        received_wall_ns=record.received_wall_ns)

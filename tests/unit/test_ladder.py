@@ -1,0 +1,377 @@
+"""The ladder on canned timelines shaped like what the recorder captures during real upgrades, then invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_gpucanary import recorder
+from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.ladder import (
+    MetricCheck, Outcome, PhaseStats, ProbeResult, RunEvidence, Stage, StageVerdict, Thresholds, WorkloadRef,
+    check_network, check_rollout, check_scheduler, decide, evaluate, evictions, parse_selector, summarize,
+)
+from pytest_gpucanary.recorder import Record
+from pytest_gpucanary.timeline import UPGRADE_STATE_LABEL, UpgradePhase, phase_windows
+
+T0 = 1_767_000_000 * 10**9          # upgrade start, wall clock ns
+OLD, NEW = "580.82.07", "580.95.05"
+NODE = "canary-0"
+DRAIN_FALLBACK_MESSAGE = "Pod deletion failed but drain is enabled in spec. Will attempt a node drain"
+HAPPY = ["upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",
+         "pod-restart-required", "validation-required", "uncordon-required", "upgrade-done"]
+
+
+def at(offset_s: float) -> int:
+    return T0 + int(offset_s * 1e9)
+
+
+def node(offset_s: float, state: str, *, name: str = NODE, gpus: str = "8", kind_type: str = "MODIFIED") -> Record:
+    obj = {"metadata": {"name": name, "labels": {UPGRADE_STATE_LABEL: state} if state else {}},
+           "spec": {"unschedulable": state not in ("", "upgrade-done", "upgrade-required")},
+           "status": {"allocatable": {"cpu": "110", "nvidia.com/gpu": gpus}}}
+    return Record("nodes", kind_type, "Node", None, name, at(offset_s), at(offset_s), obj)
+
+
+def pod(offset_s: float, namespace: str, name: str, *, labels: dict, node_name: str | None = NODE, gpus: int = 0,
+        phase: str = "Running", ready: bool = True, image: str = "api", owner: str = "ReplicaSet",
+        removing: bool = False, disruption: str = "", kind_type: str = "MODIFIED") -> Record:
+    meta = {"namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}", "labels": labels,
+            "ownerReferences": [{"kind": owner, "name": "owner"}]}
+    if removing:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    conditions = [{"type": "DisruptionTarget", "status": "True", "reason": disruption}] if disruption else []
+    statuses = [{"name": "main", "image": image, "ready": ready}] if phase in ("Running", "Succeeded") else []
+    obj = {"metadata": meta, "spec": {"nodeName": node_name, "gpus": gpus, "emptyDirs": []},
+           "status": {"phase": phase, "conditions": conditions, "containerStatuses": statuses}}
+    return Record("pods", kind_type, "Pod", namespace, name, at(offset_s), at(offset_s), obj)
+
+
+def event(offset_s: float, message: str, *, name: str = NODE, warning: bool = False) -> Record:
+    obj = {"metadata": {"namespace": "default", "name": f"{name}.{offset_s}", "uid": f"ev-{name}-{offset_s}"},
+           "involvedObject": {"kind": "Node", "name": name}, "reason": "GPUDriverUpgrade",
+           "type": "Warning" if warning else "Normal",
+           "message": message, "source": {"component": "nvidia-gpu-operator"}, "count": 1}
+    return Record("node-events", "ADDED", "Event", "default", obj["metadata"]["name"], at(offset_s),
+                  at(offset_s), obj)
+
+
+def states(schedule: list[tuple[float, str]], *, name: str = NODE) -> list[Record]:
+    records = [node(-60, "upgrade-done", name=name, kind_type="LISTED")]
+    for offset_s, state in schedule:
+        gpus = "0" if state in ("pod-restart-required", "validation-required") else "8"  # device plugin paused
+        records += [node(offset_s, state, name=name, gpus=gpus),
+                    event(offset_s + 0.2, f"Successfully updated node state label to {state}", name=name)]
+    return records
+
+
+def operands(*, name: str = NODE, restart_s: float = 30, driver_tag: str = f"{NEW}-ubuntu22.04") -> list[Record]:
+    """The operator's own DaemonSet pods: restarted during the upgrade, never counted as evictions."""
+    driver = {"app.kubernetes.io/component": "nvidia-driver"}
+    validator = {"app": "nvidia-operator-validator"}
+    ds = dict(owner="DaemonSet", node_name=name)
+    old_image = f"nvcr.io/nvidia/driver:{OLD}-ubuntu22.04"
+    return [pod(-50, "gpu-operator", f"driver-{name}-old", labels=driver, image=old_image, **ds),
+            pod(-50, "gpu-operator", f"validator-{name}-old", labels=validator, image="gpu-operator-validator", **ds),
+            pod(restart_s, "gpu-operator", f"driver-{name}-old", labels=driver, removing=True, **ds),
+            pod(restart_s + 1, "gpu-operator", f"validator-{name}-old", labels=validator, removing=True, **ds),
+            pod(restart_s + 30, "gpu-operator", f"driver-{name}-new", labels=driver,
+                image=f"nvcr.io/nvidia/driver:{driver_tag}", **ds),
+            pod(restart_s + 70, "gpu-operator", f"validator-{name}-new", labels=validator,
+                image="gpu-operator-validator", **ds)]
+
+
+def workloads(*, evicted_at_s: float = 20, sched_api_evicted_at_s: float | None = None) -> list[Record]:
+    job = {"job-name": "train", "app": "gpu-job"}
+    api = {"app": "sched-api"}
+    records = [pod(-40, "default", "train-a1", labels=job, gpus=1, owner="Job", image="pytorch"),
+               pod(-40, "default", "sched-api-7f9c", labels=api),
+               pod(evicted_at_s, "default", "train-a1", labels=job, gpus=1, owner="Job", removing=True,
+                   disruption="EvictionByEvictionAPI"),
+               pod(evicted_at_s + 5, "default", "train-a1", labels=job, gpus=1, owner="Job", removing=True,
+                   disruption="EvictionByEvictionAPI", kind_type="DELETED"),
+               pod(evicted_at_s + 1, "default", "train-b2", labels=job, gpus=1, owner="Job", node_name=None,
+                   phase="Pending", kind_type="ADDED"),
+               pod(150, "default", "train-b2", labels=job, gpus=1, owner="Job", image="pytorch"),
+               pod(400, "default", "train-b2", labels=job, gpus=1, owner="Job", phase="Succeeded", ready=False)]
+    if sched_api_evicted_at_s is not None:
+        records += [pod(sched_api_evicted_at_s, "default", "sched-api-7f9c", labels=api, removing=True,
+                        disruption="EvictionByEvictionAPI"),
+                    pod(sched_api_evicted_at_s + 2, "default", "sched-api-7f9c", labels=api, removing=True,
+                        disruption="EvictionByEvictionAPI", kind_type="DELETED")]
+    return records
+
+
+def probes(n: int = 3, *, queue_delay_s: float = 100.0, start_latency_s: float = 2.0) -> tuple[ProbeResult, ...]:
+    pool = [ProbeResult(f"pool-{i}", "pool", at(10 + i), at(10 + i + queue_delay_s), at(12 + i + queue_delay_s),
+                        NODE) for i in range(n)]
+    fleet = [ProbeResult(f"fleet-{i}", "fleet", at(20 * i), at(20 * i + 0.5), at(20 * i + start_latency_s),
+                         "other-3") for i in range(n)]
+    return tuple(pool + fleet)
+
+
+def run(records: list[Record], **overrides) -> RunEvidence:
+    base = dict(records=tuple(sorted(records, key=lambda r: r.received_wall_ns)), pool_nodes=(NODE,),
+                driver_from=OLD, driver_to=NEW, upgrade_started_wall_ns=T0, gpu_job=WorkloadRef("default", "train"),
+                service=WorkloadRef("default", "sched-api"), probes=probes())
+    return RunEvidence(**{**base, **overrides})
+
+
+def clean_run(**overrides) -> RunEvidence:
+    schedule = list(zip([5, 10, 12, 14, 26, 90, 130, 135], HAPPY))
+    return run(states(schedule) + operands() + workloads() + [node(500, "upgrade-done")], **overrides)
+
+
+def field_note_run(**overrides) -> RunEvidence:
+    """GPU pod deletion fails (shm emptyDir), drain is enabled: drain evicts the scheduler API pod too."""
+    schedule = list(zip([5, 10, 12, 14, 60, 230, 290, 330, 335],
+                        HAPPY[:4] + ["drain-required"] + HAPPY[4:]))
+    records = (states(schedule) + operands(restart_s=231) + workloads(evicted_at_s=200, sched_api_evicted_at_s=212)
+               + [event(59, DRAIN_FALLBACK_MESSAGE, warning=True),
+                  node(600, "upgrade-done")])
+    return run(records, **overrides)
+
+
+def outcomes(evidence: RunEvidence, thresholds: Thresholds = Thresholds()) -> dict[Stage, Outcome]:
+    return {v.stage: v.outcome for v in evaluate(evidence, thresholds).verdicts}
+
+
+def test_clean_upgrade_passes_every_stage_and_skips_network_with_the_reason() -> None:
+    result = evaluate(clean_run())
+    assert {v.stage: v.outcome for v in result.verdicts} == {
+        Stage.ROLLOUT: Outcome.PASS, Stage.DEVICE: Outcome.PASS, Stage.NETWORK: Outcome.SKIPPED,
+        Stage.SCHEDULER: Outcome.PASS, Stage.APPLICATION: Outcome.PASS}
+    assert result.gate_passed and result.first_failed is None
+    assert result.verdict(Stage.NETWORK).summary == "network: one-node pool: no multi-node collective probe possible"
+    assert result.verdict(Stage.ROLLOUT).summary.startswith("rollout: 1/1 pool nodes reached upgrade-done, slowest at "
+                                                            "+135s <= budget 1200 s")
+    assert "judged on evictions only" in result.verdict(Stage.APPLICATION).summary
+    assert "1 allowed eviction(s)" in result.verdict(Stage.APPLICATION).summary
+
+
+def test_field_note_non_gpu_pod_evicted_by_drain_fails_application_with_the_exact_line() -> None:
+    result = evaluate(field_note_run())
+    application = result.verdict(Stage.APPLICATION)
+    assert application.outcome is Outcome.FAIL
+    assert application.summary == ("application: non-GPU pod default/sched-api-7f9c evicted by drain at +212s "
+                                   "(allowed: GPU pods only)")
+    assert result.first_failed is Stage.APPLICATION and not result.gate_passed
+    assert [v.outcome for v in result.verdicts[:4]] == [Outcome.PASS, Outcome.PASS, Outcome.SKIPPED, Outcome.PASS]
+    texts = [e.text for e in result.verdict(Stage.ROLLOUT).evidence]
+    assert f"Warning GPUDriverUpgrade: {DRAIN_FALLBACK_MESSAGE}" in texts
+
+
+def test_a_selector_can_allow_the_drained_service_and_gpu_evictions_before_drain_are_by_pod_deletion() -> None:
+    found = evictions(field_note_run(), Thresholds(allowed_evictions="app in (gpu-job,sched-api)"))
+    assert [(e.name, e.by_drain, e.allowed) for e in found] == [("train-a1", True, True),
+                                                                ("sched-api-7f9c", True, True)]
+    clean = evictions(clean_run())
+    assert [(e.name, e.by_drain, e.disruption_reason) for e in clean] == [("train-a1", False, "EvictionByEvictionAPI")]
+    result = evaluate(clean_run(), Thresholds(allowed_evictions="app!=gpu-job"))
+    assert result.verdict(Stage.APPLICATION).summary.startswith(
+        "application: GPU pod default/train-a1 evicted by pod deletion at +20s (allowed: pods matching app!=gpu-job)")
+
+
+def test_missing_records_are_inconclusive_and_fail_the_gate() -> None:
+    result = evaluate(run([], probes=()))
+    assert {v.stage: v.outcome for v in result.verdicts} == {
+        Stage.ROLLOUT: Outcome.INCONCLUSIVE, Stage.DEVICE: Outcome.INCONCLUSIVE, Stage.NETWORK: Outcome.SKIPPED,
+        Stage.SCHEDULER: Outcome.INCONCLUSIVE, Stage.APPLICATION: Outcome.INCONCLUSIVE}
+    assert result.first_failed is Stage.ROLLOUT and not result.gate_passed
+    assert result.verdict(Stage.ROLLOUT).summary == f"rollout: no Node records for pool node {NODE}"
+
+
+def test_inconclusive_does_not_fail_the_gate_when_told_so() -> None:
+    result = evaluate(clean_run(probes=probes(2)), Thresholds(inconclusive_fails=False))
+    assert result.verdict(Stage.SCHEDULER).outcome is Outcome.INCONCLUSIVE
+    assert result.gate_passed and result.first_failed is None
+
+
+def test_upgrade_failed_fails_rollout_naming_the_state_sequence() -> None:
+    schedule = list(zip([5, 10, 12, 14, 60], HAPPY[:4] + ["upgrade-failed"]))
+    result = evaluate(run(states(schedule) + operands(restart_s=1000) + workloads(evicted_at_s=1000)))
+    assert result.first_failed is Stage.ROLLOUT
+    assert result.verdict(Stage.ROLLOUT).summary == (
+        "rollout: node canary-0 reached upgrade-failed at +60s via upgrade-required -> cordon-required -> "
+        "wait-for-jobs-required -> pod-deletion-required -> upgrade-failed "
+        "(expected upgrade-done within budget 1200 s)")
+    assert result.verdict(Stage.DEVICE).outcome is Outcome.INCONCLUSIVE
+
+
+def test_rollout_without_a_terminal_state_fails_only_once_the_budget_has_passed() -> None:
+    schedule = list(zip([5, 10, 12], HAPPY[:3]))
+    short = run(states(schedule) + [node(300, "wait-for-jobs-required")])
+    assert check_rollout(short).outcome is Outcome.INCONCLUSIVE
+    assert "when the recording ended at +300s" in check_rollout(short).summary
+    long = run(states(schedule) + [node(1300, "wait-for-jobs-required")])
+    assert check_rollout(long).outcome is Outcome.FAIL
+    late = list(zip([5, 10, 12, 14, 26, 90, 130, 1250], HAPPY))
+    assert check_rollout(run(states(late))).summary == ("rollout: node canary-0 reached upgrade-done at +1250s > "
+                                                        "budget 1200 s")
+
+
+def test_probes_below_min_samples_are_inconclusive() -> None:
+    verdict = check_scheduler(clean_run(probes=probes(2)), Thresholds())
+    assert verdict.outcome is Outcome.INCONCLUSIVE
+    assert verdict.summary == "scheduler: pool probe queue delay n=2 < min 3 samples (+1 more inconclusive)"
+
+
+def test_scheduler_reports_the_slowest_pool_probe_against_its_threshold() -> None:
+    verdict = check_scheduler(clean_run(probes=probes(6, queue_delay_s=131.0)), Thresholds(max_queue_delay_s=120))
+    assert verdict.summary == ("scheduler: pool probe queue delay p100 = 131.0 s (n=6; client receive time) "
+                               "> 120 s")
+    stats = [e.text for e in verdict.evidence if e.kind == "ProbeStats"]
+    assert stats[0] == ("pool probe queue delay p50 = 131.0 s, p95 = 131.0 s, p99 = 131.0 s, max = 131.0 s "
+                        "(n=6; client receive time)")
+
+
+def test_a_probe_that_never_started_fails_naming_it() -> None:
+    stuck = ProbeResult("fleet-9", "fleet", at(40), None, None, None)
+    verdict = check_scheduler(clean_run(probes=probes() + (stuck,)))
+    assert verdict.outcome is Outcome.FAIL
+    assert verdict.summary.startswith("scheduler: fleet probe fleet-9 never running (created at +40s;")
+
+
+def test_device_fails_on_a_driver_still_at_the_old_version_and_folds_in_metric_checks() -> None:
+    schedule = list(zip([5, 10, 12, 14, 26, 90, 130, 135], HAPPY))
+    stale = run(states(schedule) + operands(driver_tag=f"{OLD}-ubuntu22.04") + workloads())
+    assert evaluate(stale).verdict(Stage.DEVICE).summary == (
+        f"device: driver pod gpu-operator/driver-canary-0-new on canary-0 runs tag {OLD}-ubuntu22.04, expected a tag "
+        f"starting {NEW}")
+    unreachable = MetricCheck("dcgm_driver_version", Stage.DEVICE, Outcome.INCONCLUSIVE, None, "Prometheus unreachable")
+    result = evaluate(clean_run(metric_checks=(unreachable,)))
+    assert result.verdict(Stage.DEVICE).outcome is Outcome.INCONCLUSIVE
+    assert result.first_failed is Stage.DEVICE
+
+
+def test_device_fails_when_gpu_allocatable_is_not_restored() -> None:
+    schedule = list(zip([5, 10, 12, 14, 26, 90, 130, 135], HAPPY))
+    records = states(schedule) + operands() + workloads() + [node(200, "upgrade-done", gpus="7")]
+    assert evaluate(run(records)).verdict(Stage.DEVICE).summary == (
+        "device: node canary-0 allocatable nvidia.com/gpu = 7 after upgrade-done, expected 8 (before the upgrade)")
+
+
+def test_service_phases_fail_naming_the_phase_and_value() -> None:
+    phases = tuple(PhaseStats(p, 1000, 0, 0.02, 0.05, 0.1) for p in ("before", "after", "restart")) + (
+        PhaseStats("drain", 1000, 40, 0.02, 0.4, 0.9),)
+    verdict = evaluate(clean_run(service_phases=phases)).verdict(Stage.APPLICATION)
+    assert verdict.summary == ("application: service default/sched-api error ratio 0.040 in phase drain "
+                               "(40/1000 requests) > 0.01")
+    missing = evaluate(clean_run(service_phases=phases[:2])).verdict(Stage.APPLICATION)
+    assert missing.outcome is Outcome.INCONCLUSIVE
+
+
+def test_gpu_job_that_never_finishes_fails() -> None:
+    records = [r for r in clean_run().records if not (r.name == "train-b2" and r.received_wall_ns >= at(150))]
+    verdict = evaluate(run(records)).verdict(Stage.APPLICATION)
+    assert verdict.outcome is Outcome.FAIL
+    assert verdict.summary.startswith("application: GPU job default/train did not finish "
+                                      "(train-a1 Running, train-b2 Pending")
+
+
+def test_network_needs_probe_evidence_on_two_nodes() -> None:
+    two = clean_run(pool_nodes=(NODE, "canary-1"))
+    assert check_network(two).outcome is Outcome.INCONCLUSIVE
+    ok = MetricCheck("nccl_allreduce", Stage.NETWORK, Outcome.PASS, 180.0, "bus bandwidth GB/s >= 150")
+    assert check_network(dataclasses.replace(two, metric_checks=(ok,))).outcome is Outcome.PASS
+
+
+def test_timeline_loaded_from_jsonl_gives_the_same_verdicts(tmp_path: Path) -> None:
+    evidence = field_note_run()
+    path = tmp_path / "timeline.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in evidence.records) + '{"torn":')
+    loaded = dataclasses.replace(evidence, records=tuple(recorder.load(path)))
+    assert evaluate(loaded) == evaluate(evidence)
+
+
+def test_phase_windows_cut_the_cycle_into_before_drain_restart_after() -> None:
+    windows = phase_windows(clean_run().records, NODE, since_wall_ns=T0)
+    assert [(w.phase, (w.start_wall_ns - T0) / 1e9) for w in windows] == [
+        (UpgradePhase.BEFORE, -60.0), (UpgradePhase.DRAIN, 10.0), (UpgradePhase.RESTART, 26.0),
+        (UpgradePhase.AFTER, 135.0)]
+
+
+@pytest.mark.parametrize(("selector", "labels", "expected"), [
+    ("app=a", {"app": "a"}, True), ("app==a", {"app": "b"}, False), ("app!=a", {}, True),
+    ("app in (a, b),tier!=control", {"app": "b", "tier": "web"}, True), ("app notin (a,b)", {"app": "a"}, False),
+    ("gpu", {"gpu": ""}, True), ("!gpu", {"gpu": "1"}, False), ("app in (gpu-job),tier!=control",
+                                                                  {"app": "gpu-job", "tier": "control"}, False)])
+def test_label_selectors(selector: str, labels: dict, expected: bool) -> None:
+    assert all(req(labels) for req in parse_selector(selector)) is expected
+
+
+@pytest.mark.parametrize("bad", ["app in a", "=x", "app=a,,b=c", ""])
+def test_bad_selector_is_a_config_error_with_the_accepted_forms(bad: str) -> None:
+    with pytest.raises(ConfigError, match="key in"):
+        Thresholds(allowed_evictions=bad)
+
+
+def test_ladder_and_receipt_import_neither_kubernetes_nor_kube() -> None:
+    code = ("import sys, pytest_gpucanary.ladder, pytest_gpucanary.receipt;"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'pytest') or m.endswith('.kube')];"
+            "sys.exit(str(bad) if bad else 0)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- properties ----------------------------------------------------------------------------------------
+
+@given(st.lists(st.floats(min_value=0, max_value=1e5, allow_nan=False), min_size=1, max_size=200))
+def test_quantiles_are_ordered_and_carry_n(samples: list[float]) -> None:
+    stats = summarize(samples)
+    assert stats is not None and stats.n == len(samples)
+    assert stats.min_s <= stats.p50_s <= stats.p95_s <= stats.p99_s <= stats.max_s
+    assert stats.p50_s in samples and stats.max_s == max(samples)
+
+
+verdicts_strategy = st.lists(st.sampled_from(list(Outcome)), min_size=5, max_size=5).map(
+    lambda outs: [StageVerdict(stage, outcome, f"{stage.value}: x") for stage, outcome in zip(Stage, outs)])
+
+
+@given(verdicts_strategy, st.booleans(), st.randoms())
+def test_first_failed_is_the_earliest_stage_that_did_not_pass(verdicts: list[StageVerdict], strict: bool,
+                                                              rng) -> None:
+    shuffled = list(verdicts)
+    rng.shuffle(shuffled)
+    result = decide(shuffled, inconclusive_fails=strict)
+    failing = {Outcome.FAIL} | ({Outcome.INCONCLUSIVE} if strict else set())
+    earliest = next((v.stage for v in verdicts if v.outcome in failing), None)
+    assert result.first_failed is earliest
+    assert result.gate_passed is (earliest is None)
+    assert [v.stage for v in result.verdicts] == list(Stage)
+
+
+@settings(max_examples=80, deadline=None)
+@given(drop=st.sets(st.sampled_from(["Node", "Pod", "Event"])), end_s=st.floats(min_value=-60, max_value=600),
+       n_probes=st.integers(min_value=0, max_value=2), nodes=st.integers(min_value=1, max_value=3),
+       metric=st.sampled_from([None, Outcome.INCONCLUSIVE, Outcome.SKIPPED]))
+def test_missing_evidence_is_never_pass(drop: set[str], end_s: float, n_probes: int, nodes: int,
+                                        metric: Outcome | None) -> None:
+    """Drop whole kinds of records, end the recording early, give too few probes or a second node without a
+    collective probe: the stages that lost their evidence are never PASS."""
+    evidence = clean_run(probes=probes(n_probes), pool_nodes=tuple(f"canary-{i}" for i in range(nodes)),
+                         metric_checks=() if metric is None else (
+                             MetricCheck("m", Stage.NETWORK, metric, None, "probe"),))
+    records = tuple(r for r in evidence.records if r.kind not in drop and r.received_wall_ns <= at(end_s))
+    got = outcomes(dataclasses.replace(evidence, records=records))
+    assert got[Stage.SCHEDULER] is not Outcome.PASS
+    assert got[Stage.NETWORK] is (Outcome.SKIPPED if nodes == 1 else Outcome.INCONCLUSIVE)
+    upgrade_unseen = "Node" in drop or end_s < 135 or nodes > 1       # upgrade-done at +135 on canary-0 only
+    blind = {Stage.ROLLOUT} if upgrade_unseen else set()
+    blind |= {Stage.DEVICE} if upgrade_unseen or "Pod" in drop else set()
+    blind |= {Stage.APPLICATION} if "Pod" in drop or end_s < 150 else set()   # the GPU job resumes at +150
+    assert all(got[stage] is not Outcome.PASS for stage in blind), got
+
+
+def test_an_upgrade_done_from_before_the_start_does_not_count_but_a_pending_upgrade_required_does() -> None:
+    stale = run(states([(-50, "upgrade-required"), (-40, "upgrade-done")]) + [node(300, "upgrade-done")])
+    verdict = check_rollout(stale)
+    assert verdict.outcome is Outcome.INCONCLUSIVE
+    assert "never entered upgrade-required (last state upgrade-done)" in verdict.summary
+    already = list(zip([-5, 10, 12, 14, 26, 90, 130, 135], HAPPY))
+    assert check_rollout(run(states(already))).outcome is Outcome.PASS

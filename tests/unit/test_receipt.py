@@ -1,0 +1,128 @@
+"""Launch receipts rendered from ladder results of canned runs: JSON, Markdown, HTML, JUnit, files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from test_ladder import NEW, OLD, T0, at, clean_run, field_note_run, probes  # canned runs, shared
+
+from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.ladder import LadderResult, PhaseStats, RunEvidence, Stage, Thresholds, evaluate
+from pytest_gpucanary.receipt import (
+    RunInfo, ci_identity, parse_json, render_html, render_json, render_markdown, render_stage_junit, write_receipt,
+)
+
+
+def info_of(evidence: RunEvidence, **ci: str) -> RunInfo:
+    return RunInfo("r-7f3a", evidence.pool_nodes, OLD, NEW, "policies/drain-fallback.yaml", "train",
+                   "5d1c-uid", T0, at(600), dict(ci))
+
+
+def judged(evidence: RunEvidence, thresholds: Thresholds = Thresholds()) -> tuple[LadderResult, RunInfo]:
+    return evaluate(evidence, thresholds), info_of(evidence)
+
+
+def junit_cases(xml_text: str) -> dict[str, ET.Element]:
+    return {case.get("name"): case for case in ET.fromstring(xml_text).iter("testcase")}
+
+
+def test_json_round_trips() -> None:
+    result, info = judged(field_note_run(), Thresholds(max_p99_s=2.0))
+    assert parse_json(render_json(result, info)) == (result, info)
+
+
+def test_json_names_the_gate_and_the_first_failed_stage() -> None:
+    document = json.loads(render_json(*judged(field_note_run())))
+    assert (document["gate_passed"], document["first_failed"]) == (False, "application")
+    application = next(v for v in document["verdicts"] if v["stage"] == "application")
+    assert application["summary"].startswith("application: non-GPU pod default/sched-api-7f9c evicted by drain")
+    assert document["run"]["started_utc"].endswith("+00:00")
+
+
+def test_html_is_one_offline_page_with_the_timeline_and_the_failed_stage() -> None:
+    evidence = field_note_run(service_phases=tuple(PhaseStats(p, 900, 9, 0.02, 0.05, 0.2)
+                                                   for p in ("before", "drain", "restart", "after")))
+    result, info = judged(evidence)
+    page = render_html(result, info, evidence)
+    assert "<svg" in page and "</svg>" in page
+    assert "Gate FAILED at stage application" in page
+    assert "sched-api-7f9c +212s" in page and "#c62828" in page          # the red eviction marker, labelled
+    assert "drain-required" in page and "service load" in page
+    assert "<script" not in page and "src=" not in page and "<link" not in page
+
+
+def test_html_of_a_clean_run_without_records_still_renders() -> None:
+    evidence = dataclasses.replace(clean_run(probes=probes(1)), records=())
+    result, info = judged(evidence)
+    page = render_html(result, info, evidence)
+    assert "<svg" in page and "no Node records" in page and "Gate FAILED at stage rollout" in page
+
+
+def test_junit_has_one_case_per_stage_with_failure_text_and_skip_reason() -> None:
+    result, info = judged(field_note_run())
+    root = ET.fromstring(render_stage_junit(result, info))
+    cases = junit_cases(render_stage_junit(result, info))
+    assert list(cases) == [s.value for s in Stage]
+    assert {c.get("classname") for c in cases.values()} == {"gpucanary.ladder"}
+    failure = cases["application"].find("failure")
+    assert failure is not None and failure.get("message") == result.verdict(Stage.APPLICATION).summary
+    skipped = cases["network"].find("skipped")
+    assert skipped is not None and "one-node pool" in skipped.get("message")
+    assert cases["rollout"].find("failure") is None and cases["rollout"].find("skipped") is None
+    properties = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert properties == {"run_id": "r-7f3a", "pool": "canary-0", "driver_from": OLD, "driver_to": NEW}
+
+
+def test_junit_inconclusive_is_a_failure_with_its_text() -> None:
+    result, info = judged(clean_run(probes=probes(2)))
+    failure = junit_cases(render_stage_junit(result, info))["scheduler"].find("failure")
+    assert failure is not None and failure.get("type") == "inconclusive"
+    assert failure.get("message").startswith("scheduler: pool probe queue delay n=2 < min 3")
+
+
+def test_markdown_leads_with_the_verdict_and_lists_every_stage() -> None:
+    result, info = judged(field_note_run())
+    text = render_markdown(result, info)
+    assert text.startswith("# gpucanary launch receipt: Gate FAILED at stage application")
+    assert "| network | skipped | network: one-node pool" in text
+    assert "| upgrade policy | policies/drain-fallback.yaml |" in text
+    passed = render_markdown(*judged(clean_run()))
+    assert passed.startswith("# gpucanary launch receipt: Gate PASSED")
+
+
+def test_write_receipt_writes_the_four_files(tmp_path: Path) -> None:
+    evidence = clean_run()
+    result, info = judged(evidence)
+    paths = write_receipt(tmp_path / "run", result, info, evidence)
+    assert {p.name for p in paths.values()} == {"receipt.json", "receipt.md", "receipt.html", "stages.junit.xml"}
+    assert parse_json(paths["json"].read_text()) == (result, info)
+    ET.parse(paths["junit"])
+
+
+def test_unwritable_receipt_dir_is_one_line_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    evidence = clean_run()
+    with pytest.raises(EnvError, match="cannot write the receipt"):
+        write_receipt(blocker / "run", *judged(evidence), evidence)
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"GITHUB_RUN_ID": "42", "GITHUB_REPOSITORY": "acme/gpu", "GITHUB_JOB": "canary",
+      "GITHUB_SERVER_URL": "https://github.example"},
+     {"provider": "github", "repository": "acme/gpu", "run_id": "42", "job": "canary",
+      "url": "https://github.example/acme/gpu/actions/runs/42"}),
+    ({"CI_JOB_ID": "7", "CI_PROJECT_PATH": "acme/gpu", "CI_JOB_URL": "https://gl/acme/gpu/-/jobs/7",
+      "CI_PIPELINE_ID": "3"},
+     {"provider": "gitlab", "project": "acme/gpu", "job_id": "7", "pipeline_id": "3",
+      "url": "https://gl/acme/gpu/-/jobs/7"}),
+    ({"JOB_NAME": "gpu/canary", "BUILD_NUMBER": "11", "BUILD_URL": "https://ci/job/gpu/11/"},
+     {"provider": "jenkins", "job": "gpu/canary", "build_number": "11", "url": "https://ci/job/gpu/11/"}),
+    ({"HOME": "/root", "BUILD_NUMBER": "11"}, {}),
+])
+def test_ci_identity(environ: dict[str, str], expected: dict[str, str]) -> None:
+    assert ci_identity(environ) == expected
