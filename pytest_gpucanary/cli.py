@@ -109,8 +109,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         description="Runs pytest on the shipped gate. Every argument is passed to pytest, e.g. "
                     "--gpucanary-policy PATH --gpucanary-driver-version VERSION --junitxml report.xml; "
                     "see `pytest --help` for all --gpucanary-* options.")
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="Arguments for pytest")
-    parser.set_defaults(handler=_cmd_run)
+    parser.set_defaults(handler=_cmd_run, takes_pytest_args=True)
 
 
 def _cmd_run(args: argparse.Namespace) -> ExitCode:
@@ -199,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_pytest_args", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.pytest_args = extra
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:

@@ -131,7 +131,8 @@ class CanaryRun:
             recorder = Recorder(self.kube, outcome.report_dir / "timeline.jsonl", self._streams(pool, placement))
             cleanup.enter_context(recorder)
             self._place_workloads(placement, outcome, recorder)
-            probes = ProbeLoop(self.kube, placement, manifest=settings.probe, interval_s=settings.probe_interval_s)
+            probes = ProbeLoop(self.kube, placement, manifest=settings.probe, interval_s=settings.probe_interval_s,
+                               pool_nodes=pool.nodes)
             cleanup.callback(probes.stop)
             probes.start()
             applied = upgrade.apply(self.kube, cluster, pool, policy.to_cr(), driver_to=settings.driver_version,
@@ -198,7 +199,6 @@ class CanaryRun:
                                   timeout_s=2.0)
                 break
             except TimeoutError:
-                probes.reap(probes.results(recorder.records))
                 self.progress.status(self._status_text(pool, recorder, time.monotonic() - started))
         for node in pool.nodes:
             state = timeline.terminal_state(recorder.records, node) or "no end state within the budget"

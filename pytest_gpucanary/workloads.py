@@ -82,16 +82,20 @@ def service(path: Path | None, placement: Placement) -> list[dict]:
             for d in docs]
 
 
-def probe(path: Path | None, placement: Placement, *, scope: str, seq: int) -> dict:
-    [pod] = [d for d in load_manifests(path or WORKLOADS / "probe.yaml") if d["kind"] == "Pod"] or [None]
-    if pod is None:
-        raise ConfigError(f"{path} holds no Pod", hint="a probe is a bare Pod")
+def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool_nodes: tuple[str, ...]) -> dict:
+    [job] = [d for d in load_manifests(path or WORKLOADS / "probe.yaml") if d["kind"] == "Job"] or [None]
+    if job is None:
+        raise ConfigError(f"{path} holds no Job", hint="a probe is a short batch/v1 Job")
     if scope == "pool":
-        pod = _pin(pod, placement, "probe")
+        job = _pin(job, placement, "probe")
     else:
-        pod = _stamp(pod, placement, "probe")
-        limits = pod["spec"]["containers"][0].setdefault("resources", {}).setdefault("limits", {})
-        limits["nvidia.com/gpu"] = "1"
-    pod["metadata"]["name"] = f"probe-{scope}-{seq:04d}"
-    pod["metadata"]["labels"][PROBE_SCOPE_LABEL] = scope
-    return pod
+        job = _stamp(job, placement, "probe")
+        _, spec = _pod_spec(job)
+        spec["containers"][0].setdefault("resources", {}).setdefault("limits", {})["nvidia.com/gpu"] = "1"
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(pool_nodes)}]}]}}}
+    meta, _ = _pod_spec(job)
+    meta.setdefault("labels", {}).update({**owned_labels(placement.run_id), ROLE_LABEL: "probe", PROBE_SCOPE_LABEL: scope})
+    job["metadata"]["name"] = f"probe-{scope}-{seq:04d}"
+    job["metadata"]["labels"][PROBE_SCOPE_LABEL] = scope
+    return job

@@ -40,7 +40,8 @@ def kwok_config(bin_dir: Path) -> str:
     text = yaml.safe_dump_all(docs)
     for stage in KWOK_STAGES:
         text += "---\n" + (bin_dir / "kwok-manifests" / stage).read_text()
-    text += "---\n" + (FLEET_FIXTURES / "stage-pod-complete.yaml").read_text()
+    for own in ("stage-pod-complete.yaml", "stage-pod-terminate.yaml"):
+        text += "---\n" + (FLEET_FIXTURES / own).read_text()
     return text + "---\n" + yaml.safe_dump(dcgm_metric(), sort_keys=False)
 
 
