@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +21,7 @@ import yaml
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import components, manifests, operator, processes
 from pytest_gpucanary.fleet.binaries import CONTROL_PLANE, GPU_OPERATOR, find_bin_dir, read_paths_env
-from pytest_gpucanary.fleet.layout import FleetLayout
+from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
 
 Progress = Callable[[str], None]
@@ -62,11 +63,26 @@ class Fleet:
     def operator_metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.layout.port('gpu-operator-metrics')}/metrics"
 
+    @property
+    def ingress_url(self) -> str:
+        return f"http://{HOST}:{self.layout.port('ingress')}"
+
+    def service_url(self, namespace: str, name: str) -> str:
+        """Where a load generator reaches a Service through the fleet's ingress (no trailing slash)."""
+        return f"{self.ingress_url}/svc/{namespace}/{name}"
+
     def _components(self, binaries: Binaries) -> list[components.Component]:
         prometheus = shutil.which("prometheus") or "prometheus"
         return (components.control_plane(self.layout, binaries.control_plane)
                 + [components.prometheus(self.layout, prometheus), self._operator(binaries),
-                   components.node_agent(self.layout)])
+                   components.node_agent(self.layout), self._ingress()])
+
+    def _ingress(self) -> components.Component:
+        port = self.layout.port("ingress")
+        return components.Component("ingress", (
+            sys.executable, "-m", "pytest_gpucanary.fleet.ingress", f"--kubeconfig={self.layout.kubeconfig}",
+            f"--port={port}",
+        ), f"http://{HOST}:{port}/healthz", port)
 
     def _operator(self, binaries: Binaries) -> components.Component:
         return components.gpu_operator(self.layout, binaries.operator)
@@ -92,7 +108,7 @@ class Fleet:
     def up(self, *, progress: Progress = _quiet) -> None:
         """Start everything that is not running; a running healthy fleet only gets its nodes ensured."""
         started = time.monotonic()
-        if self.is_up():
+        if self.is_up() or self._start_ingress_only(progress):
             progress(f"fleet: already up ({self.layout.root})")
             self._ensure_nodes(progress)
             return
@@ -109,6 +125,18 @@ class Fleet:
         self._save_state(binaries, startup_s=elapsed_s)
         progress(f"fleet: up in {elapsed_s:.1f} s; kubeconfig {self.kubeconfig}")
 
+    def _start_ingress_only(self, progress: Progress) -> bool:
+        """A fleet started before the ingress existed gets just the ingress, not a refusal to start."""
+        binaries = self.binaries()
+        if binaries is None:
+            return False
+        *others, ingress = self._components(binaries)
+        if processes.pid_of(self.layout, ingress.name) or not all(
+                processes.pid_of(self.layout, c.name) and processes.healthy(self.layout, c) for c in others):
+            return False
+        self._start(ingress, progress)
+        return True
+
     def _check_host(self, binaries: Binaries) -> None:
         if shutil.which("prometheus") is None:
             raise EnvError("prometheus is not installed", hint="apt-get install prometheus")
@@ -121,7 +149,7 @@ class Fleet:
                                hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
 
     def _start_all(self, binaries: Binaries, progress: Progress) -> None:
-        *others, operator_part, agent = self._components(binaries)
+        *others, operator_part, agent, ingress = self._components(binaries)
         for part in others:
             self._start(part, progress)
         self._ensure_nodes(progress, binaries.control_plane)
@@ -130,6 +158,7 @@ class Fleet:
         operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
         self._start(operator_part, progress)
         self._start(agent, progress)
+        self._start(ingress, progress)
         operator.apply_policies(self._kubectl_for(binaries.control_plane))
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kubectl_for(binaries.control_plane), self.gpu_node_names(), progress)

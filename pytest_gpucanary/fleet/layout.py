@@ -28,6 +28,7 @@ PORT_OFFSETS = {
     "gpu-operator-metrics": 81,
     "gpu-operator-health": 82,
     "node-agent": 83,
+    "ingress": 84,
 }
 
 

@@ -104,8 +104,8 @@ def _last_log_line(layout: FleetLayout, name: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-STOP_ORDER = ("node-agent", "gpu-operator", "prometheus", "kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
-              "etcd")
+STOP_ORDER = ("ingress", "node-agent", "gpu-operator", "prometheus", "kwok", "kube-scheduler",
+              "kube-controller-manager", "kube-apiserver", "etcd")
 
 
 def stop_all(layout: FleetLayout) -> list[int]:

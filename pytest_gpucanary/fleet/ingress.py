@@ -1,0 +1,162 @@
+"""The fleet's local ingress: `http://127.0.0.1:<port>/svc/<namespace>/<service>/<path>` routed by the
+Service's EndpointSlices.
+
+It simulates the network path only. KWOK pods run no process and their IPs are fake 10.x
+addresses, so the ingress never dials an endpoint: it answers on behalf of a ready one (200, a tiny
+JSON body naming the pod that "served" it, round-robin), or 503 when none is ready. Readiness comes
+from one `Kube.watch` per Service on its EndpointSlices (label kubernetes.io/service-name), started
+by the first request for that Service. On a real cluster there is no ingress: the load generator
+targets a service URL the user gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import threading
+from urllib.parse import urlsplit
+
+from pytest_gpucanary.errors import GpucanaryError
+from pytest_gpucanary.kube import Kube, WatchEvent
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SYNC_WAIT_S = 5.0          # a first request waits this long for the initial list, so it is not a false 503
+RETRY_S = 1.0
+
+
+def ready_pods(endpoint_slice: dict) -> tuple[str, ...]:
+    """`namespace/name` of every ready endpoint's target pod (the address when it names no pod).
+
+    EndpointSlice semantics: an absent `ready` condition means ready; terminating endpoints are not."""
+    found = []
+    for endpoint in endpoint_slice.get("endpoints") or []:
+        if (endpoint.get("conditions") or {}).get("ready") is False:
+            continue
+        ref = endpoint.get("targetRef") or {}
+        if ref.get("name"):
+            found.append(f"{ref.get('namespace') or endpoint_slice['metadata'].get('namespace', '')}/{ref['name']}")
+        else:
+            found.extend(endpoint.get("addresses") or [])
+    return tuple(found)
+
+
+class ServiceEndpoints:
+    """Ready endpoints of one Service, kept current by a watch on its EndpointSlices."""
+
+    def __init__(self, kube: Kube, namespace: str, service: str) -> None:
+        self.kube, self.namespace, self.service = kube, namespace, service
+        self.synced = threading.Event()
+        self._slices: dict[str, tuple[str, ...]] = {}
+        self._lock = threading.Lock()
+        self._turn = 0
+        self._stop = threading.Event()
+
+    def start(self) -> ServiceEndpoints:
+        threading.Thread(target=self._run, name=f"endpoints-{self.namespace}-{self.service}", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self.kube.watch("discovery.k8s.io/v1", "EndpointSlice", stop=self._stop,
+                                             namespace=self.namespace,
+                                             label_selector=f"{SERVICE_NAME_LABEL}={self.service}"):
+                    self.apply(event)
+            except GpucanaryError as err:
+                print(f"ingress: watch of {self.namespace}/{self.service} endpoints failed: {err}; retrying",
+                      flush=True)
+                self._stop.wait(RETRY_S)
+
+    def apply(self, event: WatchEvent) -> None:
+        with self._lock:
+            if event.type == "RELISTED":
+                self._slices = {s["metadata"]["name"]: ready_pods(s) for s in event.object["items"]}
+                self.synced.set()
+            elif event.type == "DELETED":
+                self._slices.pop(event.object["metadata"]["name"], None)
+            else:
+                self._slices[event.object["metadata"]["name"]] = ready_pods(event.object)
+
+    def pick(self) -> str | None:
+        """The next ready pod, round-robin; None when none is ready."""
+        with self._lock:
+            pods = sorted({pod for pods in self._slices.values() for pod in pods})
+            if not pods:
+                return None
+            self._turn += 1
+            return pods[self._turn % len(pods)]
+
+
+class Router:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._services: dict[tuple[str, str], ServiceEndpoints] = {}
+        self._lock = threading.Lock()
+
+    def endpoints(self, namespace: str, service: str) -> ServiceEndpoints:
+        with self._lock:
+            key = (namespace, service)
+            if key not in self._services:
+                self._services[key] = ServiceEndpoints(self.kube, namespace, service).start()
+            return self._services[key]
+
+    def answer(self, path: str) -> tuple[int, dict]:
+        parts = urlsplit(path).path.split("/")
+        if len(parts) < 4 or parts[1] != "svc" or not parts[2] or not parts[3]:
+            return 404, {"error": "expected /svc/<namespace>/<service>/<path>"}
+        namespace, service = parts[2], parts[3]
+        endpoints = self.endpoints(namespace, service)
+        if not endpoints.synced.wait(SYNC_WAIT_S):
+            return 503, {"error": f"endpoints of {namespace}/{service} not known yet", "service": service}
+        pod = endpoints.pick()
+        if pod is None:
+            return 503, {"error": f"no ready endpoint for {namespace}/{service}", "service": service}
+        return 200, {"served_by": pod, "service": f"{namespace}/{service}"}
+
+
+def _handler(router: Router) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a load generator reuses its connections
+        disable_nagle_algorithm = True  # headers and body go out in two writes; Nagle would hold the body ~40 ms
+
+        def _reply(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            status, body = (200, {"status": "ok"}) if self.path == "/healthz" else router.answer(self.path)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _reply
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+def serve(router: Router, port: int, *, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
+    """Bind the ingress (not yet serving); call `serve_forever()` on the result."""
+    return http.server.ThreadingHTTPServer((host, port), _handler(router))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    try:
+        server = serve(Router(Kube.connect(args.kubeconfig)), args.port)
+    except (GpucanaryError, OSError) as err:
+        raise SystemExit(f"ingress: cannot start on 127.0.0.1:{args.port}: {err}") from None
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
