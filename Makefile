@@ -5,11 +5,20 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test unit setup deps build fleet-up fleet-down clean
 
+# The demo gate on the local fleet: the policy that spares the service passes; the field note's
+# policy (pod deletion refuses /dev/shm, drain fallback) fails at the application stage.
+DEMO_TARGET ?= 580.95.05
 demo: setup build
 	$(VENV)/bin/gpucanary fleet up
 	$(VENV)/bin/gpucanary fleet status
+	$(VENV)/bin/gpucanary run --gpucanary-policy=fixtures/policies/default.yaml \
+		--gpucanary-driver-version=$(DEMO_TARGET) --gpucanary-probe-interval-s=10
+	$(VENV)/bin/gpucanary run --gpucanary-policy=fixtures/policies/field-note.yaml \
+		--gpucanary-driver-version=$(DEMO_TARGET) --gpucanary-probe-interval-s=10; \
+		test $$? -eq 1 && echo "demo: the field-note policy was stopped by the gate, as it should be"
 
 test: setup build
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup

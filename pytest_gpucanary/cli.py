@@ -115,7 +115,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def _cmd_run(args: argparse.Namespace) -> ExitCode:
     import pytest
 
-    from pytest_gpucanary.paths import REPO_ROOT
+    from pytest_gpucanary.paths import CANARIES
     from pytest_gpucanary.plugin import ERROR_KEY
 
     class Capture:
@@ -124,7 +124,9 @@ def _cmd_run(args: argparse.Namespace) -> ExitCode:
         def pytest_unconfigure(self, config: pytest.Config) -> None:
             Capture.error = config.stash.get(ERROR_KEY, "")
 
-    code = pytest.main([str(REPO_ROOT / "canaries"), "-p", "no:locust", *args.pytest_args], plugins=[Capture()])
+    # the plugin is imported already (this module is in its package), so pytest cannot rewrite it
+    code = pytest.main([str(CANARIES), "-p", "no:locust", "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                        *args.pytest_args], plugins=[Capture()])
     if code == pytest.ExitCode.TESTS_FAILED and Capture.error:
         return ExitCode.ENVIRONMENT
     return {0: ExitCode.OK, 1: ExitCode.GATE_FAILED, 2: ExitCode.INTERRUPTED, 3: ExitCode.INTERNAL,

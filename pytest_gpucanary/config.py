@@ -49,6 +49,14 @@ KNOBS = (
     Knob("max_start_latency_s", float, 60.0, "Longest p99 start latency of fleet-wide probes"),
     Knob("allowed_evictions", str, "gpu", "Pods the policy may evict: gpu (pods requesting GPUs) or a label selector"),
     Knob("allow_inconclusive", bool, False, "Let inconclusive stages pass the gate"),
+    Knob("service_url", str, None, "URL of the non-GPU service under load (local fleet: its ingress)"),
+    Knob("load_users", int, 10, "Simulated users of the service (locust, out of process)"),
+    Knob("load_spawn_rate", float, 10.0, "Users started per second"),
+    Knob("load_workers", int, 0, "Locust worker processes (0: one process; N: one master and N workers)"),
+    Knob("locustfile", Path, None, "Locustfile for the service load (default fixtures/load/locustfile.py)"),
+    Knob("max_error_ratio", float, 0.01, "Highest failed-request ratio of the service in any upgrade phase (0..1)"),
+    Knob("max_p99_s", float, 1.0, "Highest p99 request latency of the service in any upgrade phase"),
+    Knob("prometheus_url", str, None, "Prometheus with operator and DCGM metrics (local fleet: its own)"),
     Knob("reports_dir", Path, Path("reports"), "Directory for launch receipts (one sub-directory per run)"),
     Knob("run_id", str, None, "Run id (default: generated); names and labels every object the canary creates"),
 )
@@ -93,6 +101,14 @@ class Settings:
     max_start_latency_s: float = 60.0
     allowed_evictions: str = "gpu"
     allow_inconclusive: bool = False
+    service_url: str | None = None
+    load_users: int = 10
+    load_spawn_rate: float = 10.0
+    load_workers: int = 0
+    locustfile: Path | None = None
+    max_error_ratio: float = 0.01
+    max_p99_s: float = 1.0
+    prometheus_url: str | None = None
     reports_dir: Path = Path("reports")
     run_id: str | None = None
 
@@ -116,8 +132,12 @@ class Settings:
             raise ConfigError(f"unknown pool provider {self.pool_provider!r}", hint="use kwok or existing")
         if self.pool_size < 1:
             raise ConfigError(f"--gpucanary-pool-size={self.pool_size} must be at least 1")
+        if not 0 <= self.max_error_ratio <= 1:
+            raise ConfigError(f"--gpucanary-max-error-ratio={self.max_error_ratio} must be a fraction 0..1")
+        if self.load_users < 0 or self.load_workers < 0:
+            raise ConfigError("--gpucanary-load-users and --gpucanary-load-workers must not be negative")
         for name in ("probe_interval_s", "job_duration_s", "upgrade_budget_s", "max_queue_delay_s",
-                     "max_start_latency_s"):
+                     "max_start_latency_s", "load_spawn_rate", "max_p99_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{BY_NAME[name].flag}={getattr(self, name)} must be positive")
 

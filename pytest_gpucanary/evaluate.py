@@ -12,8 +12,8 @@ from pytest_gpucanary.config import Settings
 def thresholds_from(settings: Settings) -> ladder.Thresholds:
     return ladder.Thresholds(upgrade_budget_s=settings.upgrade_budget_s, max_queue_delay_s=settings.max_queue_delay_s,
                              max_start_latency_s=settings.max_start_latency_s,
-                             allowed_evictions=settings.allowed_evictions,
-                             inconclusive_fails=not settings.allow_inconclusive)
+                             allowed_evictions=settings.allowed_evictions, max_error_ratio=settings.max_error_ratio,
+                             max_p99_s=settings.max_p99_s, inconclusive_fails=not settings.allow_inconclusive)
 
 
 def evidence_of(outcome) -> ladder.RunEvidence:
@@ -23,7 +23,8 @@ def evidence_of(outcome) -> ladder.RunEvidence:
         gpu_job=ladder.WorkloadRef(*outcome.gpu_job), service=ladder.WorkloadRef(*outcome.service),
         probes=tuple(ladder.ProbeResult(p.name, p.scope, p.created_wall_ns, p.scheduled_wall_ns, p.running_wall_ns,
                                         p.node) for p in outcome.probes),
-        metric_checks=tuple(outcome.metric_checks), service_phases=tuple(outcome.service_phases))
+        metric_checks=tuple(outcome.metric_checks), service_phases=tuple(outcome.service_phases),
+        service_rate=tuple((p.start_wall_ns, p.bucket_s, p.requests, p.errors) for p in outcome.load_rate))
 
 
 def evaluate_and_write(outcome, settings: Settings, *, policy_path: Path | None) -> None:

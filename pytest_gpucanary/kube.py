@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kubernetes import config as kube_config
-from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
@@ -170,6 +169,24 @@ class Kube:
                     return last
         raise TimeoutError(f"{kind} {name} did not reach the expected state in {timeout_s:.0f} s; "
                            f"last seen: {json.dumps((last or {}).get('status'))[:300]}")
+
+    def wait_gone(self, api_version: str, kind: str, name: str, *, namespace: str | None = None,
+                  timeout_s: float = 120.0) -> None:
+        """Watch until the object no longer exists (finalizers done); raises TimeoutError after `timeout_s`."""
+        resource = self._resource(api_version, kind)
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            listing = self._call(f"list {kind}", resource.get, namespace=namespace,
+                                 field_selector=f"metadata.name={name}").to_dict()
+            if not listing["items"]:
+                return
+            for event in self._call(f"watch {kind}", resource.watch, namespace=namespace,
+                                    field_selector=f"metadata.name={name}",
+                                    resource_version=listing["metadata"]["resourceVersion"],
+                                    timeout=max(1, int(remaining))):
+                if event["type"] == "DELETED":
+                    return
+        raise TimeoutError(f"{kind} {name} still exists after {timeout_s:.0f} s")
 
     def watch(self, api_version: str, kind: str, *, stop: threading.Event, namespace: str | None = None,
               label_selector: str | None = None, field_selector: str | None = None,

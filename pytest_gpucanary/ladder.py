@@ -124,6 +124,7 @@ class RunEvidence:
     probes: tuple[ProbeResult, ...] = ()
     metric_checks: tuple[MetricCheck, ...] = ()
     service_phases: tuple[PhaseStats, ...] = ()
+    service_rate: tuple[tuple[int, float, int, int], ...] = ()   # (bucket start wall ns, bucket s, requests, errors)
 
     def __post_init__(self) -> None:
         for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases"):
@@ -520,11 +521,19 @@ class Eviction:
                 f"(allowed: {th.allowed_text()})")
 
 
+PROBE_LABEL = ("gpucanary.io/role", "probe")
+
+
+def _is_probe(labels: Mapping[str, str]) -> bool:
+    """The canary's own start probes are instruments: their latency is judged, not their eviction."""
+    return labels.get(PROBE_LABEL[0]) == PROBE_LABEL[1]
+
+
 def evictions(evidence: RunEvidence, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Eviction]:
     """Non-DaemonSet pods removed from pool nodes between upgrade start and the node's terminal state.
 
     DaemonSet pods are left out: the operator restarts its own operands (driver, validators) by design,
-    and neither pod deletion nor drain touches DaemonSet pods."""
+    and neither pod deletion nor drain touches DaemonSet pods. So are the canary's probes."""
     pods = {(p.namespace, p.name): p for p in timeline.latest_pods(evidence.records)}
     found = []
     for node in evidence.pool_nodes:
@@ -536,7 +545,7 @@ def evictions(evidence: RunEvidence, thresholds: Thresholds = DEFAULT_THRESHOLDS
             if gone.received_wall_ns < evidence.upgrade_started_wall_ns or (
                     end_ns is not None and gone.received_wall_ns > end_ns):
                 continue
-            if seen is not None and "DaemonSet" in seen.owner_kinds:
+            if seen is not None and ("DaemonSet" in seen.owner_kinds or _is_probe(seen.labels)):
                 continue
             allowed = thresholds.allows_eviction(gpus=gone.gpus, labels=seen.labels if seen else {})
             found.append(Eviction(node, gone.namespace, gone.name, gone.gpus, gone.disruption_reason,

@@ -75,6 +75,21 @@ def _keep_fleet(config: pytest.Config) -> bool:
     return bool(convert(knob, raw))
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse bad gate input before any test runs or the cluster is touched: exit 4, one line."""
+    if not any("gpucanary_run" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    from pytest_gpucanary.errors import ConfigError
+    from pytest_gpucanary.policy import load_policy
+
+    settings = settings_from(config)
+    try:
+        settings.require_gate_inputs()
+        load_policy(settings.policy)
+    except ConfigError as err:
+        raise pytest.UsageError(f"gpucanary: {err}") from None
+
+
 @pytest.fixture(scope="session")
 def gpucanary_settings(request: pytest.FixtureRequest) -> Settings:
     """The resolved --gpucanary-* settings (command line > ini > environment > default)."""
@@ -87,6 +102,7 @@ def _progress_writer(config: pytest.Config):
     def write(line: str) -> None:
         if reporter is not None and config.get_verbosity() >= 0:
             reporter.write_line(line)
+            reporter.flush()  # progress of minutes-long waits must reach a piped CI log now
         elif reporter is None:
             print(line, file=sys.stderr)
     return write
@@ -145,12 +161,13 @@ def gpucanary_run(request: pytest.FixtureRequest, gpucanary_settings: Settings, 
     if ERROR_KEY in config.stash:
         pytest.fail(config.stash[ERROR_KEY], pytrace=False)
     provider = config.hook.pytest_gpucanary_make_pool(config=config, settings=gpucanary_settings)
+    fleet = None if gpucanary_settings.kubeconfig else request.getfixturevalue("gpucanary_fleet").fleet
     try:
-        outcome = CanaryRun(gpucanary_settings, gpucanary_kube, provider,
+        outcome = CanaryRun(gpucanary_settings, gpucanary_kube, provider, fleet=fleet,
                             progress=ProgressLine(_progress_writer(config))).execute()
-    except ConfigError as err:
+    except ConfigError as err:  # found on the cluster (an unknown pool node): still the caller's input
         config.stash[ERROR_KEY] = f"gpucanary: {err}"
-        raise pytest.UsageError(f"gpucanary: {err}") from None
+        pytest.exit(config.stash[ERROR_KEY], returncode=pytest.ExitCode.USAGE_ERROR)
     except GpucanaryError as err:
         config.stash[ERROR_KEY] = f"gpucanary: {err}"
         pytest.fail(config.stash[ERROR_KEY], pytrace=False)

@@ -126,6 +126,9 @@ def timeline_svg(result: LadderResult, evidence: RunEvidence) -> str:
     if evidence.service_phases:
         parts += _service_lane(evidence, scale, y, result.thresholds)
         y += LANE_H + 14
+    if evidence.service_rate:
+        parts += _rate_lane(evidence, scale, y)
+        y += LANE_H + 14
     parts += _axis(scale, y)
     zero = scale.x(0)
     parts.append(f'<line x1="{zero:.1f}" y1="4" x2="{zero:.1f}" y2="{y}" stroke="#000" stroke-dasharray="3,3"/>'
@@ -218,6 +221,24 @@ def _service_lane(evidence: RunEvidence, scale: Scale, y: float, thresholds: Thr
                      f'height="{error_h:.1f}" fill="#c62828" opacity="0.8"/>'
                      f'<text x="{x0 + 3:.1f}" y="{y + 10}" font-size="9">{html.escape(label)}</text></g>')
     return parts
+
+
+def _rate_lane(evidence: RunEvidence, scale: Scale, y: float) -> list[str]:
+    """Requests and errors per second as seen by the load generator, under the upgrade states."""
+    points = [(evidence.offset_s(start_ns + bucket_s * 5e8), requests / bucket_s, errors / bucket_s)
+              for start_ns, bucket_s, requests, errors in evidence.service_rate]
+    top = max([rate for _, rate, _ in points] + [1.0])
+
+    def polyline(values: list[tuple[float, float]], colour: str) -> str:
+        coords = " ".join(f"{scale.x(t):.1f},{y + LANE_H - 2 - (LANE_H - 14) * v / top:.1f}" for t, v in values)
+        return f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="1.2"/>'
+
+    return [f'<text x="4" y="{y + 12}" font-size="12">requests/s</text>',
+            f'<text x="4" y="{y + 26}" font-size="9" fill="#1565c0">served (0..{top:.0f}/s)</text>',
+            f'<text x="4" y="{y + 38}" font-size="9" fill="#c62828">failed</text>',
+            f'<rect x="{LEFT}" y="{y}" width="{WIDTH - LEFT - RIGHT}" height="{LANE_H}" fill="#fafafa" stroke="#e0e0e0"/>',
+            polyline([(t, rate - errors) for t, rate, errors in points], "#1565c0"),
+            polyline([(t, errors) for t, _, errors in points], "#c62828")]
 
 
 def _axis(scale: Scale, y: float) -> list[str]:

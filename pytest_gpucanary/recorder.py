@@ -109,7 +109,8 @@ class Recorder:
         for thread in self._threads:
             thread.join(timeout_s / max(1, len(self._threads)))
         if self._file:
-            self._file.close()
+            with self._changed:
+                self._file.close()
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -119,6 +120,8 @@ class Recorder:
 
     def _append(self, record: Record) -> None:
         with self._changed:
+            if self._file.closed:  # a watch thread still ending after stop(); the run is over
+                return
             self._file.write(record.to_json() + "\n")
             self.records.append(record)
             self._changed.notify_all()

@@ -14,18 +14,23 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from pytest_gpucanary import cluster as cluster_info
-from pytest_gpucanary import timeline, upgrade, workloads
+from pytest_gpucanary import metrics, phases, timeline, upgrade, workloads
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
+from pytest_gpucanary.load import LoadRun
 from pytest_gpucanary.pool import Pool, PoolProvider
 from pytest_gpucanary.probes import ProbeLoop, ProbeSeen
 from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.recorder import Recorder, StreamSpec
 
+if TYPE_CHECKING:
+    from pytest_gpucanary.fleet import Fleet
+
 WORKLOAD_READY_TIMEOUT_S = 180
+WARM_UP_REQUESTS = 20
 
 
 def new_run_id() -> str:
@@ -50,6 +55,8 @@ class RunOutcome:
     allow_inconclusive: bool = False
     metric_checks: list = field(default_factory=list)    # ladder.MetricCheck from Prometheus
     service_phases: list = field(default_factory=list)   # ladder.PhaseStats from the load generator
+    load_rate: list = field(default_factory=list)        # phases.RatePoint per second
+    load_measured_from_ns: int = 0
     result: object = None          # ladder.LadderResult
     receipt: dict = field(default_factory=dict)
 
@@ -106,8 +113,10 @@ def _main_thread() -> bool:
 
 
 class CanaryRun:
-    def __init__(self, settings: Settings, kube: Kube, provider: PoolProvider, *, progress: ProgressLine) -> None:
+    def __init__(self, settings: Settings, kube: Kube, provider: PoolProvider, *, progress: ProgressLine,
+                 fleet: Fleet | None = None) -> None:
         self.settings, self.kube, self.provider, self.progress = settings, kube, provider, progress
+        self.fleet = fleet    # the local fleet when it is the target: its ingress and Prometheus
 
     def execute(self) -> RunOutcome:
         from pytest_gpucanary.policy import load_policy
@@ -131,20 +140,22 @@ class CanaryRun:
             recorder = Recorder(self.kube, outcome.report_dir / "timeline.jsonl", self._streams(pool, placement))
             cleanup.enter_context(recorder)
             self._place_workloads(placement, outcome, recorder)
+            load = self._start_load(outcome, cleanup)
             probes = ProbeLoop(self.kube, placement, manifest=settings.probe, interval_s=settings.probe_interval_s,
                                pool_nodes=pool.nodes)
             cleanup.callback(probes.stop)
             probes.start()
             applied = upgrade.apply(self.kube, cluster, pool, policy.to_cr(), driver_to=settings.driver_version,
                                     run_id=run_id)
-            cleanup.callback(upgrade.restore, self.kube, applied)
+            cleanup.callback(self._restore, applied, placement)
             outcome.upgrade_started_wall_ns = time.time_ns()
             self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
             self._watch_upgrade(pool, recorder, probes)
-            self._settle(pool, recorder, probes)
-            probes.stop()
+            self._settle(pool, recorder, probes, placement)
             outcome.records, outcome.probes = list(recorder.records), probes.results(recorder.records)
             outcome.finished_wall_ns = time.time_ns()
+            self._collect_load(load, outcome)
+            self._collect_metrics(outcome)
             from pytest_gpucanary.evaluate import evaluate_and_write
 
             evaluate_and_write(outcome, settings, policy_path=settings.policy)
@@ -157,6 +168,16 @@ class CanaryRun:
         cleanup.callback(self._delete_quietly, "v1", "Namespace", placement.namespace)
         self.kube.wait_for("v1", "ServiceAccount", "default", lambda sa: True, namespace=placement.namespace,
                            timeout_s=60)
+
+    def _restore(self, applied: upgrade.AppliedUpgrade, placement: workloads.Placement) -> None:
+        """Take the canary's workloads off first: the rollback to the original version runs under the
+        original policy, which may refuse exactly the pods the canary placed (e.g. the /dev/shm job)."""
+        self._delete_quietly("v1", "Namespace", placement.namespace)
+        try:
+            self.kube.wait_gone("v1", "Namespace", placement.namespace, timeout_s=180)
+        except TimeoutError as err:
+            self.progress.line(f"{err}; restoring anyway")
+        upgrade.restore(self.kube, applied)
 
     def _delete_quietly(self, api_version: str, kind: str, name: str) -> None:
         with contextlib.suppress(NotFound):
@@ -190,6 +211,47 @@ class CanaryRun:
             recorder.wait_for(lambda rs, role=role: _running(rs, placement.namespace, role),
                               timeout_s=WORKLOAD_READY_TIMEOUT_S, what=f"the {role} pod Running on {placement.node}")
 
+    def _start_load(self, outcome: RunOutcome, cleanup: contextlib.ExitStack) -> LoadRun | None:
+        """Load the service from its own process, and see it answer before the upgrade starts."""
+        settings = self.settings
+        url = settings.service_url or (self.fleet.service_url(*outcome.service) if self.fleet else None)
+        if url is None or settings.load_users == 0:
+            self.progress.line("no service URL: the service is judged on evictions only "
+                               "(give --gpucanary-service-url for load)")
+            return None
+        run_time_s = settings.upgrade_budget_s + 4 * settings.probe_interval_s + 300
+        load = LoadRun(url, users=settings.load_users, spawn_rate=settings.load_spawn_rate, run_time_s=run_time_s,
+                       workers=settings.load_workers, locustfile=settings.locustfile,
+                       log_dir=outcome.report_dir / "load")
+        cleanup.callback(load.stop)
+        load.start()
+        deadline = time.monotonic() + 30
+        while sum(s.ok for s in load.samples()) < WARM_UP_REQUESTS and time.monotonic() < deadline and load.running():
+            time.sleep(0.5)  # reads the load generator's own files; the cluster is not polled
+        outcome.load_measured_from_ns = time.time_ns()  # warm-up (connections, the ingress's first list) excluded
+        self.progress.line(f"load: {settings.load_users} users on {url}")
+        return load
+
+    def _collect_load(self, load: LoadRun | None, outcome: RunOutcome) -> None:
+        if load is None:
+            return
+        load.stop()
+        samples = [sample for sample in load.samples() if sample.t_ns >= outcome.load_measured_from_ns]
+        if error := load.error():
+            self.progress.line(f"load: {error}")
+        outcome.service_phases = list(phases.phase_stats(samples, outcome.records, outcome.pool.nodes[0],
+                                                         since_wall_ns=outcome.upgrade_started_wall_ns or 0))
+        outcome.load_rate = phases.rate_series(samples)
+
+    def _collect_metrics(self, outcome: RunOutcome) -> None:
+        url = self.settings.prometheus_url or (self.fleet.prometheus_url if self.fleet else None)
+        if url is None:
+            self.progress.line("no Prometheus URL: metric checks not run (give --gpucanary-prometheus-url)")
+            return
+        outcome.metric_checks = list(metrics.default_checks(
+            url, nodes=outcome.pool.nodes, target_driver=outcome.driver_to,
+            start_wall_ns=outcome.upgrade_started_wall_ns or 0, end_wall_ns=outcome.finished_wall_ns or 0))
+
     def _watch_upgrade(self, pool: Pool, recorder: Recorder, probes: ProbeLoop) -> None:
         started = time.monotonic()
         budget_s = self.settings.upgrade_budget_s
@@ -211,27 +273,35 @@ class CanaryRun:
         last = events[-1].message.replace("Successfully updated node state label to ", "state -> ") if events else "-"
         return f"{node}: {states[-1] if states else '?'} | {elapsed_s:.0f}/{self.settings.upgrade_budget_s:.0f} s | {last}"
 
-    def _settle(self, pool: Pool, recorder: Recorder, probes: ProbeLoop) -> None:
-        """After the upgrade, give new work the chance to land on the pool again (bounded)."""
-        if any(timeline.terminal_state(recorder.records, n) != "upgrade-done" for n in pool.nodes):
-            return
-        done_ns = time.time_ns()
+    def _settle(self, pool: Pool, recorder: Recorder, probes: ProbeLoop, placement: workloads.Placement) -> None:
+        """After the upgrade, give new work the chance to land again, then let the probes in flight
+        finish (all bounded): what has not happened by then is reported, not waited for."""
         wait_s = 2 * self.settings.probe_interval_s + 60
+        if all(timeline.terminal_state(recorder.records, n) == "upgrade-done" for n in pool.nodes):
+            done_ns = time.time_ns()
+            self._wait_quietly(recorder, lambda rs: True if any(
+                p.scope == "pool" and p.created_wall_ns > done_ns and p.running_wall_ns
+                for p in probes.results(rs)) else None, wait_s, "a pool probe running after the upgrade")
+            self._wait_quietly(recorder, lambda rs: _running(rs, placement.namespace, "gpu-job", finished_ok=True),
+                               wait_s, "the GPU job running or finished after the upgrade")
+        probes.stop()
+        self._wait_quietly(recorder, lambda rs: True if all(p.running_wall_ns for p in probes.results(rs)) else None,
+                           self.settings.max_start_latency_s + 10, "every probe in flight running")
+
+    def _wait_quietly(self, recorder: Recorder, predicate, timeout_s: float, what: str) -> None:
         try:
-            recorder.wait_for(lambda rs: True if any(p.scope == "pool" and p.created_wall_ns > done_ns and p.running_wall_ns
-                                                     for p in probes.results(rs)) else None,
-                              timeout_s=wait_s, what="a pool probe running after the upgrade")
-        except TimeoutError:
-            self.progress.line(f"no pool probe ran within {wait_s:.0f} s after the upgrade")
+            recorder.wait_for(predicate, timeout_s=timeout_s, what=what)
+        except TimeoutError as err:
+            self.progress.line(str(err))
 
 
-def _running(records: list, namespace: str, role: str) -> bool | None:
+def _running(records: list, namespace: str, role: str, *, finished_ok: bool = False) -> bool | None:
     latest: dict[str, dict] = {}
     for r in records:
         if r.kind == "Pod" and r.namespace == namespace and \
                 r.object.get("metadata", {}).get("labels", {}).get(workloads.ROLE_LABEL) == role:
             latest[r.object["metadata"]["uid"]] = {} if r.type == "DELETED" else r.object
-    ok = any(p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    phases = ("Running", "Succeeded") if finished_ok else ("Running",)
+    ok = any(p.get("status", {}).get("phase") in phases and not p["metadata"].get("deletionTimestamp")
              for p in latest.values() if p)
     return True if ok else None
-

@@ -43,4 +43,5 @@ def provider_for(settings: Settings, *, local_fleet: bool) -> PoolProvider:
     from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
 
     return ExistingNodeProvider(node=settings.pool_node, selector=settings.pool_selector, size=settings.pool_size,
-                                allow_foreign_pods=settings.allow_foreign_pods)
+                                allow_foreign_pods=settings.allow_foreign_pods,
+                                restore_timeout_s=settings.upgrade_budget_s)

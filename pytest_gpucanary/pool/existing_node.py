@@ -9,12 +9,15 @@ restore them even after a crash.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 
 from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, ClusterInfo, driver_version_of
-from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
 from pytest_gpucanary.pool import Pool
+from pytest_gpucanary.timeline import UPGRADE_STATE_LABEL
 
 SAVED_STATE_ANNOTATION = "gpucanary.io/saved-node-state"
 
@@ -25,8 +28,10 @@ class ExistingNodeProvider:
     selector: str | None = None
     size: int = 1
     allow_foreign_pods: bool = False
+    restore_timeout_s: float = 1200.0
     name: str = "existing"
     carved: list[str] = field(default_factory=list)
+    driver_from: str = ""
 
     def _candidates(self, kube: Kube) -> list[dict]:
         if self.node:
@@ -51,6 +56,7 @@ class ExistingNodeProvider:
         driver = self._pool_driver(kube, names) if cluster.nvidiadriver_mode else None
         for node in nodes:  # every check passed: only now change anything
             self._mark(kube, node, run_id)
+        self.driver_from = versions[0]
         return Pool(names, driver, versions[0])
 
     def _check(self, kube: Kube, cluster: ClusterInfo, node: dict) -> str:
@@ -94,7 +100,11 @@ class ExistingNodeProvider:
         self.carved.append(meta["name"])
 
     def release(self, kube: Kube) -> None:
+        """Wait until each node runs its original driver again (the restored version rolls back through
+        the operator, cordon included), then put its labels, taints and schedulability back."""
         for name in list(self.carved):
+            if self.driver_from:
+                wait_for_driver(kube, name, self.driver_from, timeout_s=self.restore_timeout_s)
             restore_node(kube, name)
             self.carved.remove(name)
 
@@ -116,3 +126,29 @@ def _expected(pod: dict) -> bool:
     """DaemonSet pods belong on every node; the canary's own pods carry its run id."""
     owners = pod["metadata"].get("ownerReferences", [])
     return any(o.get("kind") == "DaemonSet" for o in owners) or RUN_ID_LABEL in pod["metadata"].get("labels", {})
+
+
+def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float) -> None:
+    """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done."""
+    stop = threading.Event()
+    deadline = time.monotonic() + timeout_s
+    timer = threading.Timer(timeout_s, stop.set)
+    timer.start()
+    try:
+        for event in kube.watch("v1", "Node", stop=stop, field_selector=f"metadata.name={node}"):
+            nodes = event.object["items"] if event.type == "RELISTED" else [event.object]
+            done = any(n["metadata"].get("labels", {}).get(UPGRADE_STATE_LABEL) == "upgrade-done" for n in nodes)
+            if done and _driver_version_on(kube, node) == version:
+                return
+            if time.monotonic() > deadline:
+                break
+    finally:
+        timer.cancel()
+    raise EnvError(f"node {node} did not return to driver {version} within {timeout_s:.0f} s",
+                   hint="check it, then run `gpucanary cleanup` to restore its labels and taints")
+
+
+def _driver_version_on(kube: Kube, node: str) -> str:
+    pods = kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector=f"spec.nodeName={node}")
+    ready = [p for p in pods if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    return driver_version_of(ready[0]) if len(ready) == 1 else ""

@@ -101,12 +101,27 @@ def _ts(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def test_prometheus_reports_the_apiserver_target_up(gpucanary_fleet) -> None:
+@pytest.mark.parametrize("job", ["apiserver", "gpu-operator"])
+def test_prometheus_reports_the_target_up(gpucanary_fleet, job: str) -> None:
     prometheus = PrometheusConnect(url=gpucanary_fleet.fleet.prometheus_url, disable_ssl=True, timeout=10)
     deadline = time.monotonic() + 60
     result: list = []
     while time.monotonic() < deadline and not result:
-        result = prometheus.custom_query('up{job="apiserver"}')
+        result = prometheus.custom_query(f'up{{job="{job}"}}')
         time.sleep(0 if result else 2)
-    assert result, "Prometheus has no `up` sample for the apiserver after 60 s"
+    assert result, f"Prometheus has no `up` sample for {job} after 60 s"
     assert result[0]["value"][1] == "1"
+
+
+def test_dcgm_metrics_carry_each_gpu_node_s_driver_version(gpucanary_fleet) -> None:
+    prometheus = PrometheusConnect(url=gpucanary_fleet.fleet.prometheus_url, disable_ssl=True, timeout=10)
+    deadline = time.monotonic() + 60
+    versions: dict[str, set[str]] = {}
+    while time.monotonic() < deadline and len(versions) < len(gpucanary_fleet.fleet.gpu_node_names()):
+        series = prometheus.custom_query('DCGM_FI_DEV_GPU_UTIL{modelName!=""}')
+        versions = {}
+        for s in series:
+            versions.setdefault(s["metric"]["Hostname"], set()).add(s["metric"].get("DCGM_FI_DRIVER_VERSION", ""))
+        time.sleep(2)
+    assert set(versions) >= set(gpucanary_fleet.fleet.gpu_node_names()), versions
+    assert all(v == {"580.82.07"} for v in versions.values()), versions

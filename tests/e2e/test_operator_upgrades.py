@@ -8,6 +8,7 @@ policies run one after the other. Nothing here sets an upgrade-state label: the 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,3 +214,19 @@ def test_shm_emptydir_with_drain_enabled_drains_the_non_gpu_pod_too(drain_phase:
     gone = gone_names(recorder.records, scenario)
     assert {"gpu-job", "sched-api"} <= set(gone), gone
     assert gone["sched-api"].gpus == 0 and gone["sched-api"].disruption_reason == "EvictionByEvictionAPI"
+
+
+def test_dcgm_driver_version_follows_the_new_driver_pod(no_drain_phase: dict[str, Scenario], gpucanary_fleet) -> None:
+    """The simulated DCGM series relabel once the node's new driver pod is Ready (the node agent's GFD labels)."""
+    from pytest_gpucanary import metrics
+
+    node = no_drain_phase["plain"].node
+    deadline = time.monotonic() + 60
+    check = None
+    while time.monotonic() < deadline:
+        check = metrics.check_dcgm_driver_version(metrics.Prometheus(gpucanary_fleet.fleet.prometheus_url),
+                                                  nodes=(node,), target=NEW)
+        if check.outcome.value == "pass":
+            break
+        time.sleep(2)
+    assert check is not None and check.outcome.value == "pass", check

@@ -1,0 +1,268 @@
+"""The shipped gate, end to end on the local fleet with the real GPU Operator.
+
+Each run goes through `gpucanary run` in a subprocess, as CI would call it. The two policies of
+the field note: GPU pod deletion allowed to remove the job's /dev/shm emptyDir (gate passes), and
+pod deletion refusing it with a drain fallback that evicts the non-GPU service (gate fails at
+application). Runs are sequential: this operator version reads one policy for the whole cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.paths import FIXTURES
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+TARGET = "580.95.05"
+FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-job-duration-s=900", "--gpucanary-upgrade-budget-s=420",
+        "--gpucanary-max-p99-s=3"]  # a 2-core CI machine runs the fleet, the operator and locust at once
+UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
+
+
+def gpucanary(*args: str, reports: Path, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args, f"--gpucanary-reports-dir={reports}"]
+                          if args[0] == "run" else [sys.executable, "-m", "pytest_gpucanary.cli", *args],
+                          capture_output=True, text=True, timeout=timeout_s, env=UNBUFFERED)
+
+
+def receipt_of(reports: Path) -> dict:
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    return json.loads((run_dir / "receipt.json").read_text())
+
+
+def live(items: list[dict]) -> list[str]:
+    """Names of objects not already being deleted (namespace deletion finishes asynchronously)."""
+    return [i["metadata"]["name"] for i in items if not i["metadata"].get("deletionTimestamp")]
+
+
+def assert_nothing_left(kube: Kube, policy_before: dict) -> None:
+    assert not [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")]
+    assert not live(kube.list("v1", "Node", label_selector="app.kubernetes.io/managed-by=gpucanary"))
+    assert not live(kube.list("nvidia.com/v1alpha1", "NVIDIADriver",
+                              label_selector="app.kubernetes.io/managed-by=gpucanary"))
+    policy = kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")
+    assert policy["spec"]["driver"]["upgradePolicy"] == policy_before
+    assert "gpucanary.io/saved-spec" not in policy["metadata"].get("annotations", {})
+
+
+@pytest.fixture
+def policy_before(kube: Kube) -> dict:
+    return kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["upgradePolicy"]
+
+
+def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, f"--junitxml={tmp_path / 'junit.xml'}",
+                       reports=tmp_path / "reports")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    receipt = receipt_of(tmp_path / "reports")
+    assert receipt["gate_passed"] is True
+    outcomes = {v["stage"]: v["outcome"] for v in receipt["verdicts"]}
+    assert outcomes == {"rollout": "pass", "device": "pass", "network": "skipped", "scheduler": "pass",
+                        "application": "pass"}, receipt["verdicts"]
+    junit = (tmp_path / "junit.xml").read_text()
+    assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage"' in junit
+    assert_nothing_left(kube, policy_before)
+
+
+def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'field-note.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, reports=tmp_path / "reports")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    receipt = receipt_of(tmp_path / "reports")
+    assert receipt["gate_passed"] is False and receipt["first_failed"] == "application"
+    application = next(v for v in receipt["verdicts"] if v["stage"] == "application")
+    assert application["summary"].startswith("application: non-GPU pod gpucanary-")
+    assert "/sched-api-" in application["summary"] and "evicted by drain" in application["summary"]
+    assert "(allowed: GPU pods only)" in application["summary"]
+    assert "application: non-GPU pod gpucanary-" in result.stdout      # the failing test's first line
+    load = {e["ref"].rsplit("@", 1)[1]: e["text"] for e in application["evidence"] if e["kind"] == "LoadStats"}
+    failed = {phase: int(text.split(" requests, ")[1].split(" failed")[0]) for phase, text in load.items()}
+    assert failed["drain"] > 0, load        # customers saw the drain: requests failed while the pod was gone
+    assert failed["before"] == 0, load
+    assert_nothing_left(kube, policy_before)
+
+
+def test_prometheus_stopped_mid_run_makes_metric_checks_inconclusive_and_fails_the_gate(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    fleet = gpucanary_fleet.fleet
+    config = tmp_path / "prometheus.yml"
+    config.write_text((fleet.layout.root / "prometheus.yml").read_text())
+    port = 27990
+    prometheus = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                   f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
+                                 f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                                 f"--gpucanary-driver-version={TARGET}", *FAST,
+                                 f"--gpucanary-prometheus-url=http://127.0.0.1:{port}",
+                                 f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED)
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "applied; upgrading the pool" in line:
+                prometheus.terminate()  # Prometheus goes away in the middle of the upgrade
+        proc.wait(timeout=60)
+    finally:
+        prometheus.kill()
+    output = "".join(seen)
+    assert proc.returncode == 1, output[-3000:]
+    receipt = receipt_of(tmp_path / "reports")
+    assert receipt["gate_passed"] is False
+    outcomes = {v["stage"]: v["outcome"] for v in receipt["verdicts"]}
+    assert outcomes["rollout"] == "inconclusive" and outcomes["device"] == "inconclusive", receipt["verdicts"]
+    assert receipt["first_failed"] == "rollout"
+    assert_nothing_left(kube, policy_before)
+
+
+def test_malformed_policy_is_refused_in_one_line_and_changes_nothing(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nspec:\n  driver: [unclosed\n")
+    result = gpucanary("run", f"--gpucanary-policy={broken}", f"--gpucanary-driver-version={TARGET}",
+                       reports=tmp_path / "reports", timeout_s=120)
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert str(broken) in result.stdout + result.stderr
+    assert_nothing_left(kube, policy_before)
+
+
+def test_unknown_pool_node_is_refused_in_one_line(gpucanary_fleet, kube: Kube, tmp_path: Path,
+                                                   policy_before: dict) -> None:
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=existing",
+                       "--gpucanary-pool-node=no-such-node", reports=tmp_path / "reports", timeout_s=120)
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "node 'no-such-node' does not exist" in result.stdout + result.stderr
+    assert_nothing_left(kube, policy_before)
+
+
+def test_unreachable_cluster_is_an_environment_error(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:9'}\n"
+                          "users:\n- name: u\n  user: {token: x}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\n"
+                          "current-context: c\n")
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", f"--gpucanary-kubeconfig={kubeconfig}",
+                       reports=tmp_path / "reports", timeout_s=120)
+    assert result.returncode == 6, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "cannot reach the apiserver" in result.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_run_restores_everything(gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict,
+                                             sig: signal.Signals) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
+                             f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                             f"--gpucanary-driver-version={TARGET}", *FAST,
+                             f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "applied; upgrading the pool" in line:
+            break
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=180)
+    output = "".join(seen) + rest
+    assert proc.returncode == 2, output[-3000:]
+    assert "cleanup done" in output
+    assert_nothing_left(kube, policy_before)
+
+
+def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp_path: Path,
+                                                policy_before: dict) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
+                             f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                             f"--gpucanary-driver-version={TARGET}", *FAST,
+                             f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=UNBUFFERED)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "applied; upgrading the pool" in line:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up
+    proc.wait(timeout=30)
+    assert [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")]
+    result = gpucanary("cleanup", reports=tmp_path)
+    assert result.returncode == 0, result.stderr
+    deadline = time.monotonic() + 60  # namespace deletion finishes asynchronously
+    while time.monotonic() < deadline:
+        try:
+            assert_nothing_left(kube, policy_before)
+            break
+        except AssertionError:
+            time.sleep(2)
+    assert_nothing_left(kube, policy_before)
+
+
+def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, kube: Kube, tmp_path: Path,
+                                                               policy_before: dict) -> None:
+    """A standing canary node with an NVIDIADriver of its own, as GPU clouds keep one, used in place."""
+    from pytest_gpucanary.pool.kwok import KwokPool, fleet_driver_version
+
+    standing = KwokPool(kube, name=f"standing-{uuid.uuid4().hex[:6]}", run_id="standing")
+    [node] = standing.create(driver_version=fleet_driver_version(kube))
+    not_ours = {"metadata": {"labels": {"app.kubernetes.io/managed-by": None, "gpucanary.io/run-id": None}}}
+    kube.patch("v1", "Node", node, not_ours)  # a node the cluster's owners made, not the canary
+    kube.patch("nvidia.com/v1alpha1", "NVIDIADriver", standing.name, not_ours)
+    try:
+        kube.wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"].get(
+            "nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", timeout_s=180)
+        kube.patch("v1", "Node", node, {"spec": {"taints": [{"key": "dedicated", "value": "canary",
+                                                             "effect": "PreferNoSchedule"}]}})
+        before = kube.get("v1", "Node", node)
+        result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                           f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
+                           f"--gpucanary-pool-node={node}", reports=tmp_path / "reports")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        after = kube.get("v1", "Node", node)
+        assert after["metadata"]["labels"] == before["metadata"]["labels"]
+        assert after["spec"].get("taints") == before["spec"].get("taints")
+        assert bool(after["spec"].get("unschedulable")) is False
+        assert "gpucanary.io/saved-node-state" not in after["metadata"].get("annotations", {})
+        driver = kube.get("nvidia.com/v1alpha1", "NVIDIADriver", standing.name)
+        assert driver["spec"]["version"] == fleet_driver_version(kube)
+        assert_nothing_left(kube, policy_before)
+    finally:
+        standing.delete()
+
+
+def test_non_gpu_node_is_refused_as_pool(gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=existing",
+                       "--gpucanary-pool-node=cpu-node-0", reports=tmp_path / "reports", timeout_s=120)
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "node cpu-node-0 is not a GPU node" in result.stdout + result.stderr
+    assert_nothing_left(kube, policy_before)
+
+
+def test_existing_node_running_foreign_pods_is_refused(gpucanary_fleet, kube: Kube, namespace: str, tmp_path: Path,
+                                                       policy_before: dict) -> None:
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tenant", "namespace": namespace},
+                 "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "c", "image": "app"}]}})
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=existing",
+                       "--gpucanary-pool-node=gpu-node-1", reports=tmp_path / "reports", timeout_s=120)
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"node gpu-node-1 runs 1 pods the canary did not put there ({namespace}/tenant...)" in result.stdout
+    assert "gpucanary.io/saved-node-state" not in kube.get("v1", "Node", "gpu-node-1")["metadata"].get("annotations", {})
+    assert_nothing_left(kube, policy_before)
