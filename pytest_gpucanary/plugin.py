@@ -6,6 +6,7 @@ lazily inside fixtures, so `pytest --help` never loads `kubernetes`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any, Iterator
@@ -98,13 +99,16 @@ def gpucanary_settings(request: pytest.FixtureRequest) -> Settings:
 
 def _progress_writer(config: pytest.Config):
     reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
 
     def write(line: str) -> None:
-        if reporter is not None and config.get_verbosity() >= 0:
-            reporter.write_line(line)
-            reporter.flush()  # progress of minutes-long waits must reach a piped CI log now
-        elif reporter is None:
+        if reporter is None:
             print(line, file=sys.stderr)
+        elif config.get_verbosity() >= 0:
+            # fixtures run under output capture; progress of minutes-long waits must reach the CI log now
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                reporter.write_line(line)
+                reporter.flush()
     return write
 
 
