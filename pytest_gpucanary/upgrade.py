@@ -13,15 +13,18 @@ restore it after a crash.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 
-from pytest_gpucanary.cluster import ClusterInfo
+from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, ClusterInfo
+from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.pool import Pool
 
 SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"
 SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
-SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"
+SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"      # JSON: run id and the node's prior upgrade state
+STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
 CLUSTER_POLICY = ("nvidia.com/v1", "ClusterPolicy")
 NVIDIADRIVER = ("nvidia.com/v1alpha1", "NVIDIADriver")
 
@@ -32,6 +35,8 @@ class AppliedUpgrade:
 
     saved: list[tuple[tuple[str, str], str]] = field(default_factory=list)   # (api kind, name) with a saved spec
     skipped_nodes: list[str] = field(default_factory=list)
+    operator_namespace: str = ""
+    prior_version: str = ""      # ClusterPolicy mode: the driver version the held-back nodes run
 
 
 def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: dict, prior: dict,
@@ -58,6 +63,8 @@ def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *,
         prior = {key: driver_spec.get(key) for key in patch}
         _save_and_patch(kube, NVIDIADRIVER, pool.driver, patch, prior, applied, run_id)
         return applied
+    applied.operator_namespace = cluster.operator_namespace
+    applied.prior_version = pool.driver_from
     for node in cluster.gpu_nodes:
         if node not in pool.nodes:
             _hold_back(kube, node, applied, run_id)
@@ -73,17 +80,24 @@ def _apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, 
 
 
 def _hold_back(kube: Kube, node: str, applied: AppliedUpgrade, run_id: str) -> None:
+    """The skip label keeps the node in upgrade-required; its prior state is saved to put back."""
     labels = kube.get("v1", "Node", node)["metadata"].get("labels", {})
     if labels.get(SKIP_LABEL) == "true":
         return  # someone else holds it back already; leave their label alone
+    saved = json.dumps({"run_id": run_id, "state": labels.get(STATE_LABEL, "")})
     kube.patch("v1", "Node", node, {"metadata": {"labels": {SKIP_LABEL: "true"},
-                                                 "annotations": {SKIP_SET_ANNOTATION: run_id}}})
+                                                 "annotations": {SKIP_SET_ANNOTATION: saved}}})
     applied.skipped_nodes.append(node)
 
 
 def restore(kube: Kube, applied: AppliedUpgrade) -> None:
     for kind, name in reversed(applied.saved):
         restore_saved_spec(kube, kind, name)
+    if applied.skipped_nodes:
+        # Held-back nodes wait in upgrade-required. Once the driver DaemonSet is back at their version
+        # their pods are in sync again, and putting their prior state back spares them a pointless
+        # cordon-and-evict cycle when the skip label goes.
+        wait_driver_daemonsets(kube, applied.operator_namespace, applied.prior_version)
     for node in applied.skipped_nodes:
         release_hold(kube, node)
     applied.saved.clear()
@@ -101,5 +115,37 @@ def restore_saved_spec(kube: Kube, kind: tuple[str, str], name: str) -> None:
 
 
 def release_hold(kube: Kube, node: str) -> None:
-    kube.patch("v1", "Node", node, {"metadata": {"labels": {SKIP_LABEL: None},
-                                                 "annotations": {SKIP_SET_ANNOTATION: None}}})
+    raw = kube.get("v1", "Node", node)["metadata"].get("annotations", {}).get(SKIP_SET_ANNOTATION, "{}")
+    try:
+        prior_state = json.loads(raw).get("state", "")
+    except (ValueError, AttributeError):
+        prior_state = ""
+    labels: dict = {SKIP_LABEL: None}
+    if prior_state:
+        labels[STATE_LABEL] = prior_state
+    kube.patch("v1", "Node", node, {"metadata": {"labels": labels, "annotations": {SKIP_SET_ANNOTATION: None}}})
+
+
+def wait_driver_daemonsets(kube: Kube, namespace: str, version: str, *, timeout_s: float = 120.0) -> None:
+    """Watch (bounded) until every driver DaemonSet's template is at `version` and its controller caught up."""
+    stop = threading.Event()
+    timer = threading.Timer(timeout_s, stop.set)
+    timer.start()
+    latest: dict[str, dict] = {}
+    try:
+        for event in kube.watch("apps/v1", "DaemonSet", stop=stop, namespace=namespace,
+                                label_selector=DRIVER_COMPONENT_SELECTOR):
+            for ds in event.object["items"] if event.type == "RELISTED" else [event.object]:
+                latest[ds["metadata"]["name"]] = ds
+            if latest and all(_at_version(ds, version) for ds in latest.values()):
+                return
+    finally:
+        timer.cancel()
+    raise EnvError(f"the driver DaemonSet did not return to {version} within {timeout_s:.0f} s",
+                   hint="check the ClusterPolicy, then run `gpucanary cleanup`")
+
+
+def _at_version(ds: dict, version: str) -> bool:
+    images = [c.get("image", "") for c in ds["spec"]["template"]["spec"].get("containers", [])]
+    synced = ds.get("status", {}).get("observedGeneration") == ds["metadata"].get("generation")
+    return synced and any(image.rsplit(":", 1)[-1].startswith(version) for image in images)

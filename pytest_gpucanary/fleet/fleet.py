@@ -159,7 +159,7 @@ class Fleet:
         self._start(operator_part, progress)
         self._start(agent, progress)
         self._start(ingress, progress)
-        operator.apply_policies(self._kubectl_for(binaries.control_plane))
+        operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode)
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kubectl_for(binaries.control_plane), self.gpu_node_names(), progress)
 

@@ -52,6 +52,7 @@ class FleetLayout:
     root: Path
     port_base: int = DEFAULT_PORT_BASE
     gpu_nodes: int = DEFAULT_GPU_NODES
+    driver_mode: str = "nvidiadriver"   # or "clusterpolicy": one driver DaemonSet for every GPU node
 
     @classmethod
     def from_env(cls) -> FleetLayout:
@@ -60,7 +61,11 @@ class FleetLayout:
             root=root.expanduser().resolve(),
             port_base=_int_env("GPUCANARY_FLEET_PORT_BASE", DEFAULT_PORT_BASE),
             gpu_nodes=_int_env("GPUCANARY_FLEET_GPU_NODES", DEFAULT_GPU_NODES),
+            driver_mode=os.environ.get("GPUCANARY_FLEET_DRIVER_MODE") or "nvidiadriver",
         )
+        if layout.driver_mode not in ("nvidiadriver", "clusterpolicy"):
+            raise ConfigError(f"GPUCANARY_FLEET_DRIVER_MODE={layout.driver_mode!r} is unknown",
+                              hint="use nvidiadriver or clusterpolicy")
         return layout.with_gpu_nodes(layout.gpu_nodes)
 
     def with_gpu_nodes(self, count: int) -> FleetLayout:

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import yaml
+
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
@@ -30,10 +32,15 @@ def install_crds(kubectl: Kubectl, crd_dir: Path) -> None:
     kubectl("apply", "--server-side", "--field-manager=gpucanary-fleet", "-f", "-", stdin=json.dumps(namespace))
 
 
-def apply_policies(kubectl: Kubectl) -> None:
-    for name in ("clusterpolicy.yaml", "nvidiadriver.yaml"):
-        kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet",
-                "-f", str(FLEET_FIXTURES / name))
+def apply_policies(kubectl: Kubectl, *, driver_mode: str) -> None:
+    """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet". ClusterPolicy mode: the same
+    ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every GPU node."""
+    policy = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = driver_mode == "nvidiadriver"
+    apply = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f")
+    kubectl(*apply, "-", stdin=json.dumps(policy))
+    if driver_mode == "nvidiadriver":
+        kubectl(*apply, str(FLEET_FIXTURES / "nvidiadriver.yaml"))
 
 
 def wait_ready(kubectl: Kubectl, gpu_nodes: list[str], progress: Callable[[str], None]) -> None:

@@ -16,35 +16,34 @@ from pathlib import Path
 from pytest_gpucanary import recorder, timeline
 
 
-def durations(path: Path) -> tuple[dict[str, float], float | None]:
+def durations(path: Path) -> tuple[dict[str, list[float]], list[float]]:
+    """Per state, the seconds each upgrade cycle spent in it; and each cycle's required -> terminal time."""
     records = recorder.load(path)
-    nodes = {r.name for r in records if r.kind == "Node" and r.name}
-    spent: dict[str, float] = {}
-    total = None
-    for node in nodes:
+    spent: dict[str, list[float]] = defaultdict(list)
+    totals = []
+    for node in sorted({r.name for r in records if r.kind == "Node" and r.name}):
         transitions = timeline.label_transitions(records, node, timeline.UPGRADE_STATE_LABEL)
-        states = [t.state for t in transitions]
-        if "upgrade-required" not in states:
-            continue
-        start = states.index("upgrade-required")
-        cycle = transitions[start:]
-        for here, nxt in zip(cycle, cycle[1:]):
-            spent[here.state] = (nxt.received_wall_ns - here.received_wall_ns) / 1e9
-        if cycle[-1].state in timeline.TERMINAL_STATES:
-            total = (cycle[-1].received_wall_ns - cycle[0].received_wall_ns) / 1e9
-    return spent, total
+        starts = [i for i, t in enumerate(transitions) if t.state == "upgrade-required"]
+        for start in starts:
+            cycle = transitions[start:]
+            end = next((i for i, t in enumerate(cycle) if t.state in timeline.TERMINAL_STATES), None)
+            if end is None:
+                continue
+            for here, nxt in zip(cycle[:end], cycle[1:end + 1]):
+                spent[here.state].append((nxt.received_wall_ns - here.received_wall_ns) / 1e9)
+            totals.append((cycle[end].received_wall_ns - cycle[0].received_wall_ns) / 1e9)
+    return spent, totals
 
 
 def main(paths: list[str]) -> None:
     per_state: dict[str, list[float]] = defaultdict(list)
     totals = []
     for path in paths:
-        spent, total = durations(Path(path))
+        spent, cycle_totals = durations(Path(path))
         for state, seconds in spent.items():
-            per_state[state].append(seconds)
-        if total is not None:
-            totals.append(total)
-    print(f"{'state':<24} {'n':>3} {'min s':>7} {'median s':>9} {'max s':>7}")
+            per_state[state].extend(seconds)
+        totals.extend(cycle_totals)
+    print(f"{'state (time spent in it)':<24} {'n':>3} {'min s':>7} {'median s':>9} {'max s':>7}")
     for state, values in per_state.items():
         print(f"{state:<24} {len(values):>3} {min(values):>7.1f} {statistics.median(values):>9.1f} {max(values):>7.1f}")
     if totals:

@@ -230,3 +230,17 @@ def test_dcgm_driver_version_follows_the_new_driver_pod(no_drain_phase: dict[str
             break
         time.sleep(2)
     assert check is not None and check.outcome.value == "pass", check
+
+
+def test_operator_metric_counts_the_failed_pool_nodes(no_drain_phase: dict[str, Scenario], gpucanary_fleet) -> None:
+    """gpu_operator_nodes_upgrades_failed is set in NVIDIADriver mode too (v25.3.4): the shm and PDB pools."""
+    from pytest_gpucanary import metrics
+
+    deadline = time.monotonic() + 60
+    peak = 0.0
+    while time.monotonic() < deadline and peak < 2:
+        series = metrics.query("max_over_time(gpu_operator_nodes_upgrades_failed[15m])",
+                               url=gpucanary_fleet.fleet.prometheus_url)
+        peak = max([s.value for s in series] + [0.0])
+        time.sleep(0 if peak >= 2 else 5)
+    assert peak >= 2, f"gpu_operator_nodes_upgrades_failed peaked at {peak}, 2 pool nodes failed"

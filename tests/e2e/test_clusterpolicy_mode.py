@@ -1,0 +1,71 @@
+"""ClusterPolicy mode (one driver DaemonSet for every GPU node, as most v24/v25 clusters run): the
+canary confines the upgrade to its pool with the operator's skip label and leaves every other node
+exactly as it was, its driver pod never restarted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.paths import FIXTURES
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PORT_BASE = 27600  # a second fleet beside the session's
+
+
+def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
+                          timeout=timeout_s, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture(scope="module")
+def clusterpolicy_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    binaries = gpucanary_fleet.fleet.binaries()
+    env = {"GPUCANARY_FLEET_DIR": str(tmp_path_factory.mktemp("cp-fleet")), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
+           "GPUCANARY_FLEET_GPU_NODES": "2", "GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy",
+           "GPUCANARY_BIN_DIR": str(binaries.control_plane), "GPUCANARY_OPERATOR_BIN_DIR": str(binaries.operator)}
+    up = gpucanary(env, "fleet", "up")
+    assert up.returncode == 0, up.stderr[-2000:]
+    env["KUBECONFIG_PATH"] = up.stdout.strip().splitlines()[-1]
+    yield env
+    gpucanary(env, "fleet", "down")
+
+
+def driver_pods(kube: Kube) -> dict[str, str]:
+    return {p["spec"]["nodeName"]: p["metadata"]["name"]
+            for p in kube.list("v1", "Pod", label_selector="app=nvidia-driver-daemonset")}
+
+
+def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(clusterpolicy_fleet: dict[str, str],
+                                                                             tmp_path: Path) -> None:
+    kube = Kube.connect(clusterpolicy_fleet["KUBECONFIG_PATH"])
+    policy = kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")
+    assert policy["spec"]["driver"]["useNvidiaDriverCRD"] is False
+    before = driver_pods(kube)
+    assert set(before) == {"gpu-node-0", "gpu-node-1"}
+
+    result = gpucanary(clusterpolicy_fleet, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       "--gpucanary-driver-version=580.95.05", "--gpucanary-probe-interval-s=10",
+                       "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+                       f"--gpucanary-reports-dir={tmp_path / 'reports'}")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "operator in ClusterPolicy mode" in result.stdout
+
+    policy = kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")
+    assert policy["spec"]["driver"]["version"] == "580.82.07"
+    assert "gpucanary.io/saved-spec" not in policy["metadata"].get("annotations", {})
+    for name in ("gpu-node-0", "gpu-node-1"):
+        node = kube.get("v1", "Node", name)
+        labels, annotations = node["metadata"]["labels"], node["metadata"].get("annotations", {})
+        assert labels.get("nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", (name, labels)
+        assert "nvidia.com/gpu-driver-upgrade.skip" not in labels
+        assert "gpucanary.io/skip-label-set-by" not in annotations
+        assert not node["spec"].get("unschedulable")
+    assert {n: p for n, p in driver_pods(kube).items() if n in before} == before, "a held-back driver pod restarted"
