@@ -24,7 +24,8 @@ def evidence_of(outcome) -> ladder.RunEvidence:
         probes=tuple(ladder.ProbeResult(p.name, p.scope, p.created_wall_ns, p.scheduled_wall_ns, p.running_wall_ns,
                                         p.node) for p in outcome.probes),
         metric_checks=tuple(outcome.metric_checks), service_phases=tuple(outcome.service_phases),
-        service_rate=tuple((p.start_wall_ns, p.bucket_s, p.requests, p.errors) for p in outcome.load_rate))
+        service_rate=tuple((p.start_wall_ns, p.bucket_s, p.requests, p.errors) for p in outcome.load_rate),
+        upgrade_policy=outcome.upgrade_policy)
 
 
 def evaluate_and_write(outcome, settings: Settings, *, policy_path: Path | None) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_gpucanary import timeline
 from pytest_gpucanary.errors import ConfigError
@@ -125,6 +125,7 @@ class RunEvidence:
     metric_checks: tuple[MetricCheck, ...] = ()
     service_phases: tuple[PhaseStats, ...] = ()
     service_rate: tuple[tuple[int, float, int, int], ...] = ()   # (bucket start wall ns, bucket s, requests, errors)
+    upgrade_policy: Mapping[str, Any] = field(default_factory=dict, hash=False)  # the CR upgradePolicy applied
 
     def __post_init__(self) -> None:
         for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases"):
@@ -303,6 +304,35 @@ def _state_evidence(ev: RunEvidence, node: str, cycle: list[timeline.Transition]
     return sorted(items, key=lambda i: i.received_wall_ns or 0)
 
 
+def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> str:
+    """The likely cause of an upgrade-failed, from the step that failed, the pods then on the node and the
+    policy (the operator logs the cause but emits no event for it)."""
+    if len(cycle) < 2:
+        return ""
+    step, failed = cycle[-2], cycle[-1]
+    pods = [p for p in timeline.latest_pods(ev.records, until_wall_ns=failed.received_wall_ns)
+            if p.node == node and p.removed_wall_ns is None and p.phase in ("Running", "Pending")
+            and "DaemonSet" not in p.owner_kinds]
+    knobs = {"pod-deletion-required": "podDeletion", "drain-required": "drain"}
+    if step.state not in knobs:
+        return f"failed in {step.state}"
+    knob = knobs[step.state]
+    spec = ev.upgrade_policy.get(knob, {})
+    candidates = [p for p in pods if p.gpus > 0] if knob == "podDeletion" else pods
+    for pod in candidates:
+        if pod.empty_dirs and not spec.get("deleteEmptyDir", False):
+            return (f"{knob} refused {'GPU ' if pod.gpus else ''}pod {pod.namespace}/{pod.name} with emptyDir "
+                    f"{','.join(pod.empty_dirs)} ({knob}.deleteEmptyDir=false)")
+        if not pod.owner_kinds and not spec.get("force", False):
+            return f"{knob} refused unmanaged pod {pod.namespace}/{pod.name} ({knob}.force=false)"
+    waited_s = (failed.received_wall_ns - step.received_wall_ns) / 1e9
+    timeout_s = spec.get("timeoutSeconds")
+    if timeout_s and waited_s >= timeout_s - 1:
+        return (f"{knob} gave up after {waited_s:.0f} s ({knob}.timeoutSeconds={timeout_s}; "
+                "a PodDisruptionBudget or a slow termination held the pods)")
+    return f"{knob} failed after {waited_s:.0f} s"
+
+
 def _rollout_node(ev: RunEvidence, node: str, th: Thresholds) -> tuple[Finding, float | None]:
     """One node's finding, and its time to upgrade-done (s from upgrade start) when it got there."""
     budget = f"budget {th.upgrade_budget_s:.0f} s"
@@ -315,8 +345,9 @@ def _rollout_node(ev: RunEvidence, node: str, th: Thresholds) -> tuple[Finding, 
         failed = cycle[states.index("upgrade-failed")]
         path = " -> ".join(states[:states.index("upgrade-failed") + 1])
         failed_s = ev.offset_s(failed.received_wall_ns)
-        return Finding(Outcome.FAIL, f"node {node} reached upgrade-failed at +{failed_s:.0f}s via {path} "
-                                     f"(expected upgrade-done within {budget})"), None
+        why = why_failed(ev, node, cycle[:states.index("upgrade-failed") + 1])
+        return Finding(Outcome.FAIL, f"node {node} reached upgrade-failed at +{failed_s:.0f}s via {path}"
+                                     f"{': ' + why if why else ''} (expected upgrade-done within {budget})"), None
     if "upgrade-done" in states:
         done_s = ev.offset_s(cycle[states.index("upgrade-done")].received_wall_ns)
         if done_s > th.upgrade_budget_s:

@@ -57,6 +57,7 @@ class RunOutcome:
     service_phases: list = field(default_factory=list)   # ladder.PhaseStats from the load generator
     load_rate: list = field(default_factory=list)        # phases.RatePoint per second
     load_measured_from_ns: int = 0
+    upgrade_policy: dict = field(default_factory=dict)   # the CR upgradePolicy the run applied
     result: object = None          # ladder.LadderResult
     receipt: dict = field(default_factory=dict)
 
@@ -145,7 +146,8 @@ class CanaryRun:
                                pool_nodes=pool.nodes)
             cleanup.callback(probes.stop)
             probes.start()
-            applied = upgrade.apply(self.kube, cluster, pool, policy.to_cr(), driver_to=settings.driver_version,
+            outcome.upgrade_policy = policy.to_cr()
+            applied = upgrade.apply(self.kube, cluster, pool, outcome.upgrade_policy, driver_to=settings.driver_version,
                                     run_id=run_id)
             cleanup.callback(self._restore, applied, placement)
             outcome.upgrade_started_wall_ns = time.time_ns()

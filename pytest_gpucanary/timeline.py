@@ -152,6 +152,7 @@ class PodSeen:
     first_seen_wall_ns: int
     removed_wall_ns: int | None   # deletionTimestamp seen or DELETED, client receive time
     received_wall_ns: int         # the last record of this pod
+    empty_dirs: tuple[str, ...] = ()   # names of emptyDir volumes (from the trimmed spec)
 
     @property
     def ready(self) -> bool:
@@ -256,4 +257,4 @@ def _pod_seen(record: Record, before: PodSeen | None) -> PodSeen:
         disruption_reason=reason or (before.disruption_reason if before else ""),
         first_seen_wall_ns=before.first_seen_wall_ns if before else record.received_wall_ns,
         removed_wall_ns=(before.removed_wall_ns if before and before.removed_wall_ns else removed),
-        received_wall_ns=record.received_wall_ns)
+        received_wall_ns=record.received_wall_ns, empty_dirs=tuple(spec.get("emptyDirs", []) or []))

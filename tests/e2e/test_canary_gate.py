@@ -96,6 +96,22 @@ def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(
     assert_nothing_left(kube, policy_before)
 
 
+def test_operator_default_policy_with_the_shm_job_fails_at_rollout_saying_why(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    started = time.monotonic()
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'operator-default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, reports=tmp_path / "reports")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    receipt = receipt_of(tmp_path / "reports")
+    assert receipt["first_failed"] == "rollout"
+    rollout = next(v for v in receipt["verdicts"] if v["stage"] == "rollout")
+    assert "reached upgrade-failed" in rollout["summary"]
+    assert "podDeletion refused GPU pod gpucanary-" in rollout["summary"]
+    assert "/gpu-train-" in rollout["summary"] and "emptyDir dshm (podDeletion.deleteEmptyDir=false)" in rollout["summary"]
+    assert time.monotonic() - started < 420, "the gate must stop within the upgrade budget"
+    assert_nothing_left(kube, policy_before)
+
+
 def test_prometheus_stopped_mid_run_makes_metric_checks_inconclusive_and_fails_the_gate(
         gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
     fleet = gpucanary_fleet.fleet

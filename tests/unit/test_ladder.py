@@ -199,9 +199,31 @@ def test_upgrade_failed_fails_rollout_naming_the_state_sequence() -> None:
     assert result.first_failed is Stage.ROLLOUT
     assert result.verdict(Stage.ROLLOUT).summary == (
         "rollout: node canary-0 reached upgrade-failed at +60s via upgrade-required -> cordon-required -> "
-        "wait-for-jobs-required -> pod-deletion-required -> upgrade-failed "
+        "wait-for-jobs-required -> pod-deletion-required -> upgrade-failed: podDeletion failed after 46 s "
         "(expected upgrade-done within budget 1200 s)")
     assert result.verdict(Stage.DEVICE).outcome is Outcome.INCONCLUSIVE
+
+
+NO_EMPTYDIR_DELETION = {"podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
+                        "drain": {"enable": False, "force": False, "timeoutSeconds": 300, "deleteEmptyDir": False}}
+
+
+def test_upgrade_failed_says_why_a_shm_emptydir_stopped_gpu_pod_deletion() -> None:
+    shm_job = pod(-40, "default", "train-a1", labels={"job-name": "train"}, gpus=1, owner="Job", image="pytorch")
+    shm_job.object["spec"]["emptyDirs"] = ["dshm"]
+    schedule = list(zip([5, 10, 12, 14, 15], HAPPY[:4] + ["upgrade-failed"]))
+    result = evaluate(run(states(schedule) + [shm_job], upgrade_policy=NO_EMPTYDIR_DELETION))
+    assert result.first_failed is Stage.ROLLOUT
+    assert result.verdict(Stage.ROLLOUT).summary.endswith(
+        "-> upgrade-failed: podDeletion refused GPU pod default/train-a1 with emptyDir dshm "
+        "(podDeletion.deleteEmptyDir=false) (expected upgrade-done within budget 1200 s)")
+
+
+def test_upgrade_failed_after_the_pod_deletion_timeout_blames_what_held_the_pods() -> None:
+    schedule = list(zip([5, 10, 12, 14, 315], HAPPY[:4] + ["upgrade-failed"]))
+    result = evaluate(run(states(schedule) + workloads(evicted_at_s=1000), upgrade_policy=NO_EMPTYDIR_DELETION))
+    assert "podDeletion gave up after 301 s (podDeletion.timeoutSeconds=300; a PodDisruptionBudget" in \
+        result.verdict(Stage.ROLLOUT).summary
 
 
 def test_rollout_without_a_terminal_state_fails_only_once_the_budget_has_passed() -> None:
