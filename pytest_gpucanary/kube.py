@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
@@ -187,6 +187,29 @@ class Kube:
                 if event["type"] == "DELETED":
                     return
         raise TimeoutError(f"{kind} {name} still exists after {timeout_s:.0f} s")
+
+    def watch_until(self, api_version: str, kind: str, done: Callable[[dict[str, dict]], bool], *, timeout_s: float,
+                    namespace: str | None = None, label_selector: str | None = None,
+                    field_selector: str | None = None) -> None:
+        """Watch the matching objects until `done(latest objects by name)` holds; TimeoutError after `timeout_s`."""
+        stop = threading.Event()
+        timer = threading.Timer(timeout_s, stop.set)
+        timer.start()
+        latest: dict[str, dict] = {}
+        try:
+            for event in self.watch(api_version, kind, stop=stop, namespace=namespace, label_selector=label_selector,
+                                    field_selector=field_selector):
+                if event.type == "RELISTED":
+                    latest = {o["metadata"]["name"]: o for o in event.object["items"]}
+                elif event.type == "DELETED":
+                    latest.pop(event.object["metadata"]["name"], None)
+                else:
+                    latest[event.object["metadata"]["name"]] = event.object
+                if done(latest):
+                    return
+        finally:
+            timer.cancel()
+        raise TimeoutError(f"{kind} did not reach the expected state within {timeout_s:.0f} s")
 
     def watch(self, api_version: str, kind: str, *, stop: threading.Event, namespace: str | None = None,
               label_selector: str | None = None, field_selector: str | None = None,

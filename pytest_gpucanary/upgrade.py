@@ -13,7 +13,6 @@ restore it after a crash.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 
 from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, ClusterInfo
@@ -128,21 +127,13 @@ def release_hold(kube: Kube, node: str) -> None:
 
 def wait_driver_daemonsets(kube: Kube, namespace: str, version: str, *, timeout_s: float = 120.0) -> None:
     """Watch (bounded) until every driver DaemonSet's template is at `version` and its controller caught up."""
-    stop = threading.Event()
-    timer = threading.Timer(timeout_s, stop.set)
-    timer.start()
-    latest: dict[str, dict] = {}
     try:
-        for event in kube.watch("apps/v1", "DaemonSet", stop=stop, namespace=namespace,
-                                label_selector=DRIVER_COMPONENT_SELECTOR):
-            for ds in event.object["items"] if event.type == "RELISTED" else [event.object]:
-                latest[ds["metadata"]["name"]] = ds
-            if latest and all(_at_version(ds, version) for ds in latest.values()):
-                return
-    finally:
-        timer.cancel()
-    raise EnvError(f"the driver DaemonSet did not return to {version} within {timeout_s:.0f} s",
-                   hint="check the ClusterPolicy, then run `gpucanary cleanup`")
+        kube.watch_until("apps/v1", "DaemonSet", lambda dss: bool(dss) and all(_at_version(d, version)
+                                                                               for d in dss.values()),
+                         timeout_s=timeout_s, namespace=namespace, label_selector=DRIVER_COMPONENT_SELECTOR)
+    except TimeoutError:
+        raise EnvError(f"the driver DaemonSet did not return to {version} within {timeout_s:.0f} s",
+                       hint="check the ClusterPolicy, then run `gpucanary cleanup`") from None
 
 
 def _at_version(ds: dict, version: str) -> bool:

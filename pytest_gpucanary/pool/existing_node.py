@@ -9,8 +9,6 @@ restore them even after a crash.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from dataclasses import dataclass, field
 
 from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, ClusterInfo, driver_version_of
@@ -130,22 +128,15 @@ def _expected(pod: dict) -> bool:
 
 def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float) -> None:
     """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done."""
-    stop = threading.Event()
-    deadline = time.monotonic() + timeout_s
-    timer = threading.Timer(timeout_s, stop.set)
-    timer.start()
+    def back(nodes: dict[str, dict]) -> bool:
+        labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
+        return labels.get(UPGRADE_STATE_LABEL) == "upgrade-done" and _driver_version_on(kube, node) == version
+
     try:
-        for event in kube.watch("v1", "Node", stop=stop, field_selector=f"metadata.name={node}"):
-            nodes = event.object["items"] if event.type == "RELISTED" else [event.object]
-            done = any(n["metadata"].get("labels", {}).get(UPGRADE_STATE_LABEL) == "upgrade-done" for n in nodes)
-            if done and _driver_version_on(kube, node) == version:
-                return
-            if time.monotonic() > deadline:
-                break
-    finally:
-        timer.cancel()
-    raise EnvError(f"node {node} did not return to driver {version} within {timeout_s:.0f} s",
-                   hint="check it, then run `gpucanary cleanup` to restore its labels and taints")
+        kube.watch_until("v1", "Node", back, timeout_s=timeout_s, field_selector=f"metadata.name={node}")
+    except TimeoutError:
+        raise EnvError(f"node {node} did not return to driver {version} within {timeout_s:.0f} s",
+                       hint="check it, then run `gpucanary cleanup` to restore its labels and taints") from None
 
 
 def _driver_version_on(kube: Kube, node: str) -> str:
