@@ -10,8 +10,9 @@ import contextlib
 import json
 from typing import Callable
 
-from pytest_gpucanary import upgrade
+from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
 from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Kube, NotFound
+from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, restore_node
 
 
@@ -28,7 +29,7 @@ def cleanup(kube: Kube, *, run_id: str | None = None, report: Callable[[str], No
             raw = json.loads(raw).get("run_id", raw)
         return run_id is None or raw == run_id
 
-    for kind in (upgrade.CLUSTER_POLICY, upgrade.NVIDIADRIVER):
+    for kind in (CLUSTER_POLICY, NVIDIADRIVER):
         with contextlib.suppress(NotFound):
             for obj in kube.list(*kind):
                 if mine(upgrade.SAVED_SPEC_ANNOTATION, obj):
@@ -45,7 +46,7 @@ def cleanup(kube: Kube, *, run_id: str | None = None, report: Callable[[str], No
             upgrade.release_hold(kube, name)
             report(f"released the upgrade hold on node {name}")
             count += 1
-    for api_version, kind in (("nvidia.com/v1alpha1", "NVIDIADriver"), ("v1", "Node"), ("v1", "Namespace")):
+    for api_version, kind in (NVIDIADRIVER, ("v1", "Node"), ("v1", "Namespace")):
         with contextlib.suppress(NotFound):
             for obj in kube.list(api_version, kind, label_selector=selector):
                 if kind == "Node" and SAVED_STATE_ANNOTATION in obj["metadata"].get("annotations", {}):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.paths import FIXTURES
+from pytest_gpucanary.config import FIXTURES
 
 DEFAULT_LOCUSTFILE = FIXTURES / "load" / "locustfile.py"
 LOG_ENV = "GPUCANARY_LOAD_LOG"

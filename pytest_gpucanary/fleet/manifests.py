@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
-from pytest_gpucanary.paths import FIXTURES
+from pytest_gpucanary.config import FIXTURES
 
 FLEET_FIXTURES = FIXTURES / "fleet"
 

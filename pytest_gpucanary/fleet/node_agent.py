@@ -14,7 +14,7 @@ import argparse
 import http.server
 import threading
 
-from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, driver_version_of
+from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, driver_version_of
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube
 

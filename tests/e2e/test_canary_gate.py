@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.paths import FIXTURES
+from pytest_gpucanary.config import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -233,7 +233,7 @@ def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp
 def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, kube: Kube, tmp_path: Path,
                                                                policy_before: dict) -> None:
     """A standing canary node with an NVIDIADriver of its own, as GPU clouds keep one, used in place."""
-    from pytest_gpucanary.pool.kwok import KwokPool, fleet_driver_version
+    from pytest_gpucanary.fleet.kwok_pool import KwokPool, fleet_driver_version
 
     standing = KwokPool(kube, name=f"standing-{uuid.uuid4().hex[:6]}", run_id="standing")
     [node] = standing.create(driver_version=fleet_driver_version(kube))

@@ -1,8 +1,8 @@
 """The HTML launch receipt: one self-contained offline page (inline CSS, inline SVG, no scripts).
 
-Draws what the ladder judged: a band per pool node coloured by upgrade state, eviction markers, probe
-latencies, load per upgrade phase, then the stage table and its evidence. Decides nothing itself; the
-eviction verdicts come from `ladder.evictions` with the thresholds the result was judged with.
+Draws what the ladder computed: a band per pool node coloured by upgrade state (the result's state
+spans), eviction markers (its evictions), probe latencies, load per upgrade phase (its phase windows),
+then the stage table and its evidence. Decides nothing itself.
 x is seconds from the upgrade start, client receive time.
 """
 
@@ -11,15 +11,11 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from pytest_gpucanary import timeline
-from pytest_gpucanary.ladder import (
-    Eviction, LadderResult, Outcome, ProbeScope, RunEvidence, Thresholds, evictions,
-)
-
-if TYPE_CHECKING:
-    from pytest_gpucanary.receipt import RunInfo
+from pytest_gpucanary.ladder import Eviction, LadderResult, Outcome, ProbeScope, RunEvidence
+from pytest_gpucanary.ladder.application import allowed_text
+from pytest_gpucanary.ladder.model import StateSpan
+from pytest_gpucanary.receipt.common import headline, run_rows
 
 OUTCOME_COLOURS = {Outcome.PASS: "#2e7d32", Outcome.FAIL: "#c62828", Outcome.INCONCLUSIVE: "#e65100",
                    Outcome.SKIPPED: "#757575"}
@@ -52,16 +48,15 @@ allow ({allowed}); grey: allowed ones.</p>
 """
 
 
-def render_html(result: LadderResult, info: RunInfo, evidence: RunEvidence) -> str:
-    from pytest_gpucanary.receipt import headline, run_rows   # receipt imports this module at load time
+def render_html(result: LadderResult, evidence: RunEvidence) -> str:
     failed = result.verdict(result.first_failed) if result.first_failed else None
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in run_rows(info))
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in run_rows(evidence))
     return PAGE.format(
-        run_id=html.escape(info.run_id), headline=html.escape(headline(result)),
+        run_id=html.escape(evidence.run_id), headline=html.escape(headline(result)),
         banner_colour=OUTCOME_COLOURS[Outcome.PASS if result.gate_passed else Outcome.FAIL],
         first_summary=html.escape(failed.summary if failed else "every stage passed or was skipped with a reason"),
         run_table=f"<table>{rows}</table>", svg=timeline_svg(result, evidence),
-        allowed=html.escape(result.thresholds.allowed_text()), stage_table=_stage_table(result),
+        allowed=html.escape(allowed_text(result.thresholds["allowed_evictions"])), stage_table=_stage_table(result),
         evidence=_evidence(result))
 
 
@@ -115,16 +110,15 @@ def scale_of(evidence: RunEvidence) -> Scale:
 
 def timeline_svg(result: LadderResult, evidence: RunEvidence) -> str:
     scale = scale_of(evidence)
-    removed = evictions(evidence, result.thresholds)
     parts, y = [], 10
     for node in evidence.pool_nodes:
-        parts += _node_band(evidence, node, scale, y)
-        parts += _eviction_marks(evidence, [e for e in removed if e.node == node], scale, y, result.thresholds)
+        parts += _node_band(evidence, [s for s in result.state_spans if s.node == node], node, scale, y)
+        parts += _eviction_marks(evidence, [e for e in result.evictions if e.node == node], scale, y)
         y += BAND_H + LABEL_H
     parts += _probe_lane(evidence, scale, y)
     y += LANE_H + 14
     if evidence.service_phases:
-        parts += _service_lane(evidence, scale, y, result.thresholds)
+        parts += _service_lane(evidence, result, scale, y)
         y += LANE_H + 14
     if evidence.service_rate:
         parts += _rate_lane(evidence, scale, y)
@@ -138,32 +132,29 @@ def timeline_svg(result: LadderResult, evidence: RunEvidence) -> str:
             f'aria-label="upgrade timeline" font-family="system-ui,sans-serif">' + "".join(parts + legend) + "</svg>")
 
 
-def _node_band(evidence: RunEvidence, node: str, scale: Scale, y: float) -> list[str]:
-    transitions = timeline.label_transitions(evidence.records, node, timeline.UPGRADE_STATE_LABEL)
+def _node_band(evidence: RunEvidence, spans: list[StateSpan], node: str, scale: Scale, y: float) -> list[str]:
     parts = [f'<text x="4" y="{y + 15}" font-size="12">{html.escape(node)}</text>']
-    if not transitions:
+    if not spans:
         return parts + [f'<text x="{LEFT}" y="{y + 15}" font-size="11" fill="#c62828">no Node records</text>']
-    ends = [t.received_wall_ns for t in transitions[1:]] + [evidence.end_wall_ns()]
-    for t, end_ns in zip(transitions, ends):
-        x0, x1 = scale.x(evidence.offset_s(t.received_wall_ns)), scale.x(evidence.offset_s(end_ns))
+    for t in spans:
+        x0, x1 = scale.x(evidence.offset_s(t.start_wall_ns)), scale.x(evidence.offset_s(t.end_wall_ns))
         state = t.state or "(none)"
         parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="{BAND_H}" '
                      f'fill="{STATE_COLOURS.get(t.state, "#bdbdbd")}" stroke="#fff" stroke-width="0.5">'
-                     f'<title>{html.escape(state)} from {evidence.offset_s(t.received_wall_ns):+.1f} s</title></rect>')
+                     f'<title>{html.escape(state)} from {evidence.offset_s(t.start_wall_ns):+.1f} s</title></rect>')
         if x1 - x0 > 7 * len(state):
             parts.append(f'<text x="{x0 + 3:.1f}" y="{y + 15}" font-size="10">{html.escape(state)}</text>')
     return parts
 
 
-def _eviction_marks(evidence: RunEvidence, removed: list[Eviction], scale: Scale, y: float,
-                    thresholds: Thresholds) -> list[str]:
+def _eviction_marks(evidence: RunEvidence, removed: list[Eviction], scale: Scale, y: float) -> list[str]:
     parts = []
     for i, e in enumerate(removed):
         x = scale.x(evidence.offset_s(e.received_wall_ns))
         colour = "#9e9e9e" if e.allowed else "#c62828"
         label_y = y + BAND_H + 11 + 11 * (i % 2)
         parts.append(f'<path d="M{x:.1f},{y + BAND_H} l-5,-9 h10 z" fill="{colour}"><title>'
-                     f'{html.escape(e.line(evidence, thresholds))}</title></path>'
+                     f'{html.escape(e.line())}</title></path>'
                      f'<text x="{x + 4:.1f}" y="{label_y}" font-size="10" fill="{colour}">'
                      f'{html.escape(e.name)} {evidence.offset_s(e.received_wall_ns):+.0f}s</text>')
     return parts
@@ -195,16 +186,14 @@ def _probe_lane(evidence: RunEvidence, scale: Scale, y: float) -> list[str]:
     return parts
 
 
-def _service_lane(evidence: RunEvidence, scale: Scale, y: float, thresholds: Thresholds) -> list[str]:
+def _service_lane(evidence: RunEvidence, result: LadderResult, scale: Scale, y: float) -> list[str]:
     """Per upgrade phase: request rate (blue, scaled to the busiest phase) and error ratio (red, scaled to twice
     the threshold or the worst phase), each bar spanning the phase's window on the first pool node."""
-    node = evidence.pool_nodes[0] if evidence.pool_nodes else ""
-    windows = {w.phase: w for w in timeline.phase_windows(evidence.records, node,
-                                                          since_wall_ns=evidence.upgrade_started_wall_ns)}
+    windows = {w.phase: w for w in result.phase_windows}
     shown = [(s, windows[s.phase]) for s in evidence.service_phases if s.phase in windows and s.requests]
     rates = {s.phase: s.requests / max((w.end_wall_ns - w.start_wall_ns) / 1e9, 1e-3) for s, w in shown}
     top_rate = max(list(rates.values()) + [1e-9])
-    top_ratio = max([s.failures / s.requests for s, _ in shown] + [2 * thresholds.max_error_ratio, 1e-9])
+    top_ratio = max([s.failures / s.requests for s, _ in shown] + [2 * result.thresholds['max_error_ratio'], 1e-9])
     parts = [f'<text x="4" y="{y + 12}" font-size="12">service load</text>',
              f'<text x="4" y="{y + 26}" font-size="9" fill="#1565c0">request rate (0..{top_rate:.1f}/s)</text>',
              f'<text x="4" y="{y + 38}" font-size="9" fill="#c62828">error ratio (0..{100 * top_ratio:.1f} %)</text>']
@@ -225,8 +214,8 @@ def _service_lane(evidence: RunEvidence, scale: Scale, y: float, thresholds: Thr
 
 def _rate_lane(evidence: RunEvidence, scale: Scale, y: float) -> list[str]:
     """Requests and errors per second as seen by the load generator, under the upgrade states."""
-    points = [(evidence.offset_s(start_ns + bucket_s * 5e8), requests / bucket_s, errors / bucket_s)
-              for start_ns, bucket_s, requests, errors in evidence.service_rate]
+    points = [(evidence.offset_s(p.start_wall_ns + p.bucket_s * 5e8), p.requests_per_s, p.errors_per_s)
+              for p in evidence.service_rate]
     top = max([rate for _, rate, _ in points] + [1.0])
 
     def polyline(values: list[tuple[float, float]], colour: str) -> str:

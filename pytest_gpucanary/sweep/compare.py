@@ -30,8 +30,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from pytest_gpucanary.sweep import Change, Fleet, Infeasible, MoveKind, NoSweepPlanError, SweepLimits, SweepPlan
-from pytest_gpucanary.sweep_plan import WAIT, Engine, Step, plan_or_infeasible, summarize
+from pytest_gpucanary.sweep.model import Change, Fleet, Infeasible, MoveKind, NoSweepPlanError, SweepLimits, SweepPlan
+from pytest_gpucanary.sweep.plan import WAIT, Engine, Step, plan_or_infeasible, summarize
 
 
 class Strategy(enum.StrEnum):

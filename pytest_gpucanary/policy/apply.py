@@ -15,17 +15,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, ClusterInfo
 from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.gpu_operator import (
+    CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL, image_at_version,
+)
 from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.pool import Pool
+from pytest_gpucanary.preflight import ClusterInfo
 
 SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"
-SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
 SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"      # JSON: run id and the node's prior upgrade state
-STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
-CLUSTER_POLICY = ("nvidia.com/v1", "ClusterPolicy")
-NVIDIADRIVER = ("nvidia.com/v1alpha1", "NVIDIADriver")
 
 
 @dataclass
@@ -83,7 +82,7 @@ def _hold_back(kube: Kube, node: str, applied: AppliedUpgrade, run_id: str) -> N
     labels = kube.get("v1", "Node", node)["metadata"].get("labels", {})
     if labels.get(SKIP_LABEL) == "true":
         return  # someone else holds it back already; leave their label alone
-    saved = json.dumps({"run_id": run_id, "state": labels.get(STATE_LABEL, "")})
+    saved = json.dumps({"run_id": run_id, "state": labels.get(UPGRADE_STATE_LABEL, "")})
     kube.patch("v1", "Node", node, {"metadata": {"labels": {SKIP_LABEL: "true"},
                                                  "annotations": {SKIP_SET_ANNOTATION: saved}}})
     applied.skipped_nodes.append(node)
@@ -121,15 +120,15 @@ def release_hold(kube: Kube, node: str) -> None:
         prior_state = ""
     labels: dict = {SKIP_LABEL: None}
     if prior_state:
-        labels[STATE_LABEL] = prior_state
+        labels[UPGRADE_STATE_LABEL] = prior_state
     kube.patch("v1", "Node", node, {"metadata": {"labels": labels, "annotations": {SKIP_SET_ANNOTATION: None}}})
 
 
 def wait_driver_daemonsets(kube: Kube, namespace: str, version: str, *, timeout_s: float = 120.0) -> None:
     """Watch (bounded) until every driver DaemonSet's template is at `version` and its controller caught up."""
     try:
-        kube.watch_until("apps/v1", "DaemonSet", lambda dss: bool(dss) and all(_at_version(d, version)
-                                                                               for d in dss.values()),
+        kube.watch_until("apps/v1", "DaemonSet", lambda dss: True if dss and all(_at_version(d, version) for d in dss.values())
+                         else None,
                          timeout_s=timeout_s, namespace=namespace, label_selector=DRIVER_COMPONENT_SELECTOR)
     except TimeoutError:
         raise EnvError(f"the driver DaemonSet did not return to {version} within {timeout_s:.0f} s",
@@ -139,4 +138,4 @@ def wait_driver_daemonsets(kube: Kube, namespace: str, version: str, *, timeout_
 def _at_version(ds: dict, version: str) -> bool:
     images = [c.get("image", "") for c in ds["spec"]["template"]["spec"].get("containers", [])]
     synced = ds.get("status", {}).get("observedGeneration") == ds["metadata"].get("generation")
-    return synced and any(image.rsplit(":", 1)[-1].startswith(version) for image in images)
+    return synced and any(image_at_version(image, version) for image in images)

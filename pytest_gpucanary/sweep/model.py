@@ -1,7 +1,7 @@
 """The checkpoint-aware sweep model: fleet, change, limits, restore rules and the records a plan is made of.
 
-Pure data and rules; the planner is `sweep_plan`, the strategy comparison `sweep_compare`, inputs
-`sweep_inventory`, rendering `sweep_report`. Nothing here touches a cluster or imports `kubernetes`.
+Pure data and rules; the planner is `sweep.plan`, the strategy comparison `sweep.compare`, inputs
+`sweep.inventory`, rendering `sweep.report`. Nothing here touches a cluster or imports `kubernetes`.
 
 Restore rules (the field note's table). A checkpoint records the versions it was taken against; any
 field left out was not recorded. It restores on a node only when the GPU model is the same and every

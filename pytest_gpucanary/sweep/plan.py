@@ -32,7 +32,7 @@ import heapq
 import math
 from typing import NamedTuple, Protocol
 
-from pytest_gpucanary.sweep import (
+from pytest_gpucanary.sweep.model import (
     Change, CheckpointFate, Fleet, Infeasible, Move, MoveKind, NoSweepPlanError, Shortfall, ShortfallKind,
     SweepLimits, SweepPlan, VersionSet, Wave, checkpoint_fate, restores_on,
 )

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.sweep import Change, Component, Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
+from pytest_gpucanary.sweep.model import Change, Component, Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
 
 CHECKPOINT_VERSIONS_ANNOTATION = "gpucanary.io/checkpoint-versions"
 RESTORE_SECONDS_ANNOTATION = "gpucanary.io/restore-seconds"

@@ -1,7 +1,7 @@
 """Service SLO figures per upgrade phase: the load generator's samples cut by the pool node's
 upgrade-state transitions.
 
-Pure: takes recorded `Record`s and load `Sample`s, returns `ladder.PhaseStats` and rate points;
+Pure: takes recorded `Record`s and load `Sample`s, returns `PhaseStats` and rate points;
 never talks to a cluster or starts load. Sample times are the load generator's wall clock at request
 start; transitions are the recorder's client receive times (wall clock). Both are this host's clock,
 so a request is placed by when it started, against when the recorder saw the label change.
@@ -13,13 +13,11 @@ import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from pytest_gpucanary import timeline
-from pytest_gpucanary.ladder import PhaseStats, summarize
-from pytest_gpucanary.timeline import PHASE_OF_STATE, UpgradePhase
+from pytest_gpucanary.ladder.model import PhaseStats, RatePoint, UpgradePhase, summarize
+from pytest_gpucanary.ladder.timeline import Record, phase_windows
 
 if TYPE_CHECKING:
     from pytest_gpucanary.load import Sample
-    from pytest_gpucanary.recorder import Record
 
 
 @dataclass(frozen=True)
@@ -29,15 +27,12 @@ class PhaseStart:
 
 
 def phase_starts(records: Iterable[Record], node: str, *, since_wall_ns: int = 0) -> list[PhaseStart]:
-    """Where each phase of the node's upgrade cycle begins; everything before the first is BEFORE.
-
-    The cycle starts when the node enters upgrade-required at or after `since_wall_ns`. States outside
-    the table (the operator's requestor mode) keep the phase they occur in."""
+    """Where each phase of the node's upgrade cycle begins (the cut of `phase_windows`); everything before
+    the first is BEFORE."""
     starts = [PhaseStart(UpgradePhase.BEFORE, 0)]
-    for t in timeline.upgrade_cycle(records, node, since_wall_ns=since_wall_ns):
-        phase = PHASE_OF_STATE.get(t.state, starts[-1].phase)
-        if phase is not starts[-1].phase:
-            starts.append(PhaseStart(phase, t.received_wall_ns))
+    for window in phase_windows(records, node, since_wall_ns=since_wall_ns):
+        if window.phase is not starts[-1].phase:
+            starts.append(PhaseStart(window.phase, window.start_wall_ns))
     return starts
 
 
@@ -68,22 +63,6 @@ def phase_stats(samples: Iterable[Sample], records: Iterable[Record], node: str,
     """One PhaseStats per upgrade phase, in ladder order; a phase without requests has n = 0 and no quantiles."""
     split = split_by_phase(samples, phase_starts(records, node, since_wall_ns=since_wall_ns))
     return tuple(stats_of(phase, split[phase]) for phase in UpgradePhase)
-
-
-@dataclass(frozen=True)
-class RatePoint:
-    start_wall_ns: int            # bucket start, a multiple of the bucket width (load generator's wall clock)
-    bucket_s: float
-    requests: int
-    errors: int
-
-    @property
-    def requests_per_s(self) -> float:
-        return self.requests / self.bucket_s
-
-    @property
-    def errors_per_s(self) -> float:
-        return self.errors / self.bucket_s
 
 
 def rate_series(samples: Iterable[Sample], bucket_s: float = 1.0) -> list[RatePoint]:

@@ -1,4 +1,5 @@
-"""Pure queries over a recorded timeline: upgrade-state transitions, operator events, pod removals.
+"""The recorded timeline: its `Record` (one JSONL line), and pure queries over it: upgrade-state
+transitions, operator events, pod removals, the latest state of each pod and node, probe times.
 
 Takes `Record`s, returns small frozen records; never talks to a cluster. Times are the client's
 receive times (wall clock, ns) unless a field says it is the server's (RFC 3339, 1 s resolution).
@@ -6,16 +7,45 @@ receive times (wall clock, ns) unless a field says it is the server's (RFC 3339,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Iterable, Mapping
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
 
-if TYPE_CHECKING:  # recorder imports kube (and so kubernetes); pure consumers must not pull it in
-    from pytest_gpucanary.recorder import Record
+from pytest_gpucanary.gpu_operator import (
+    TERMINAL_STATES, UPGRADE_EVENT_REASON, UPGRADE_REQUIRED, UPGRADE_STATE_LABEL, is_validator_pod,
+)
+from pytest_gpucanary.ladder.model import PHASE_OF_STATE, PhaseWindow, ProbeSeen, StateSpan, UpgradePhase
 
-UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
-UPGRADE_EVENT_REASON = "GPUDriverUpgrade"
-TERMINAL_STATES = ("upgrade-done", "upgrade-failed")
+
+@dataclass(frozen=True)
+class Record:
+    stream: str
+    type: str                 # ADDED, MODIFIED, DELETED, LISTED (from a relist), RELISTED, WATCH_ERROR
+    kind: str
+    namespace: str | None
+    name: str | None
+    received_mono_ns: int     # client receive time, monotonic clock
+    received_wall_ns: int     # client receive time, wall clock (Unix ns)
+    object: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> Record:
+        return cls(**json.loads(line))
+
+
+def load(path: Path) -> list[Record]:
+    """Read a timeline back; a torn last line (a crash mid-write) is skipped."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(Record.from_json(line))
+        except (ValueError, TypeError):
+            continue
+    return records
 
 
 @dataclass(frozen=True)
@@ -62,7 +92,7 @@ def upgrade_states(records: Iterable[Record], node: str) -> list[str]:
     return [t.state for t in label_transitions(records, node, UPGRADE_STATE_LABEL)]
 
 
-def terminal_state(records: Iterable[Record], node: str, *, since_state: str = "upgrade-required") -> str | None:
+def terminal_state(records: Iterable[Record], node: str, *, since_state: str = UPGRADE_REQUIRED) -> str | None:
     """upgrade-done or upgrade-failed, if the node reached one after it last entered `since_state`."""
     states = upgrade_states(records, node)
     if since_state not in states or states[-1] not in TERMINAL_STATES:
@@ -114,25 +144,6 @@ def pods_gone(records: Iterable[Record], node: str) -> list[PodGone]:
 SKIP_TYPES = ("RELISTED", "WATCH_ERROR")
 
 
-class UpgradePhase(str, Enum):
-    """Coarse upgrade phases, as the load generator's stats are cut."""
-
-    BEFORE = "before"
-    DRAIN = "drain"          # cordon, wait for jobs, pod deletion, drain
-    RESTART = "restart"      # driver pod restart, validation, uncordon
-    AFTER = "after"          # upgrade-done or upgrade-failed
-
-
-PHASE_OF_STATE = {
-    "": UpgradePhase.BEFORE, "upgrade-required": UpgradePhase.BEFORE,
-    "cordon-required": UpgradePhase.DRAIN, "wait-for-jobs-required": UpgradePhase.DRAIN,
-    "pod-deletion-required": UpgradePhase.DRAIN, "drain-required": UpgradePhase.DRAIN,
-    "pod-restart-required": UpgradePhase.RESTART, "validation-required": UpgradePhase.RESTART,
-    "uncordon-required": UpgradePhase.RESTART,
-    "upgrade-done": UpgradePhase.AFTER, "upgrade-failed": UpgradePhase.AFTER,
-}
-
-
 @dataclass(frozen=True)
 class PodSeen:
     """The last recorded state of one pod (by uid), with when it was first seen and first seen going away."""
@@ -168,13 +179,6 @@ class NodeSeen:
     received_wall_ns: int
 
 
-@dataclass(frozen=True)
-class PhaseWindow:
-    phase: UpgradePhase
-    start_wall_ns: int
-    end_wall_ns: int
-
-
 def recording_span(records: Iterable[Record]) -> tuple[int, int] | None:
     """First and last client receive time (wall ns) in the timeline; None when it is empty."""
     times = [r.received_wall_ns for r in records]
@@ -188,7 +192,7 @@ def upgrade_cycle(records: Iterable[Record], node: str, *, since_wall_ns: int) -
     every = label_transitions(records, node, UPGRADE_STATE_LABEL)
     before = [t for t in every if t.received_wall_ns < since_wall_ns][-1:]
     transitions = before + [t for t in every if t.received_wall_ns >= since_wall_ns]
-    starts = [i for i, t in enumerate(transitions) if t.state == "upgrade-required"]
+    starts = [i for i, t in enumerate(transitions) if t.state == UPGRADE_REQUIRED]
     return transitions[starts[0]:] if starts else []
 
 
@@ -258,3 +262,47 @@ def _pod_seen(record: Record, before: PodSeen | None) -> PodSeen:
         first_seen_wall_ns=before.first_seen_wall_ns if before else record.received_wall_ns,
         removed_wall_ns=(before.removed_wall_ns if before and before.removed_wall_ns else removed),
         received_wall_ns=record.received_wall_ns, empty_dirs=tuple(spec.get("emptyDirs", []) or []))
+
+
+def state_spans(records: Iterable[Record], node: str) -> list[StateSpan]:
+    """Each stretch of the node's upgrade-state label, the last one up to the end of the recording."""
+    records = list(records)
+    transitions = label_transitions(records, node, UPGRADE_STATE_LABEL)
+    span = recording_span(records)
+    ends = [t.received_wall_ns for t in transitions[1:]] + [span[1] if span else 0]
+    return [StateSpan(node, t.state, t.received_wall_ns, max(end, t.received_wall_ns))
+            for t, end in zip(transitions, ends)]
+
+
+def live_pods(records: Iterable[Record], *, node: str | None = None, namespace: str | None = None,
+              label: tuple[str, str] | None = None) -> list[PodSeen]:
+    """Pods in their last recorded state that were not seen going away, filtered as given."""
+    return [p for p in latest_pods(records) if p.removed_wall_ns is None
+            and (node is None or p.node == node) and (namespace is None or p.namespace == namespace)
+            and (label is None or p.labels.get(label[0]) == label[1])]
+
+
+def validator_pods(records: Iterable[Record], nodes: Iterable[str]) -> list[PodSeen]:
+    """The last state seen of each operator validator pod on the given nodes."""
+    wanted = set(nodes)
+    return [p for p in latest_pods(records) if p.node in wanted and is_validator_pod(p.labels)]
+
+
+def probes_seen(records: Iterable[Record], created: Mapping[str, tuple[str, int]], *, namespace: str) -> list[ProbeSeen]:
+    """Probe Jobs by name -> (scope, created wall ns): when the watch first saw each one's pod scheduled and running."""
+    scheduled: dict[str, int] = {}
+    running: dict[str, int] = {}
+    nodes: dict[str, str] = {}
+    for record in records:
+        job = record.object.get("metadata", {}).get("labels", {}).get("job-name")
+        if record.kind != "Pod" or record.namespace != namespace or job not in created:
+            continue
+        status = record.object.get("status", {})
+        if any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions", [])):
+            scheduled.setdefault(job, record.received_wall_ns)
+        if status.get("phase") in ("Running", "Succeeded"):
+            running.setdefault(job, record.received_wall_ns)
+        if record.object.get("spec", {}).get("nodeName"):
+            nodes[job] = record.object["spec"]["nodeName"]
+    return [ProbeSeen(name, scope, at, scheduled.get(name), running.get(name), nodes.get(name))
+            for name, (scope, at) in sorted(created.items())]

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from pytest_gpucanary.policy import UpgradePolicy
+from pytest_gpucanary.policy.parse import UpgradePolicy
 
 
 class Severity(enum.StrEnum):

@@ -1,4 +1,4 @@
-"""A pool of fresh simulated GPU nodes in the local fleet.
+"""A pool of fresh simulated GPU nodes in the local fleet (the `kwok` pool provider).
 
 In NVIDIADriver mode each pool gets an NVIDIADriver of its own, created at the version the rest of
 the fleet runs. Creates only objects named after the pool and labelled with the run id.
@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, ClusterInfo, driver_version_of
+from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, NVIDIADRIVER, driver_version_of
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL, Pool
+from pytest_gpucanary.preflight import ClusterInfo
 
 
 @dataclass
@@ -50,11 +51,11 @@ class KwokPool:
         return driver
 
     def set_driver_version(self, version: str) -> None:
-        self.kube.patch("nvidia.com/v1alpha1", "NVIDIADriver", self.name, {"spec": {"version": version}})
+        self.kube.patch(*NVIDIADRIVER, self.name, {"spec": {"version": version}})
 
     def delete(self) -> None:
         with contextlib.suppress(NotFound):
-            self.kube.delete("nvidia.com/v1alpha1", "NVIDIADriver", self.name)
+            self.kube.delete(*NVIDIADRIVER, self.name)
         for name in self.nodes:
             with contextlib.suppress(NotFound):
                 self.kube.delete("v1", "Node", name)

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.sweep import Infeasible, MoveKind, SweepPlan, describe_shortfall
-from pytest_gpucanary.sweep_compare import StrategyCost
+from pytest_gpucanary.sweep.model import Infeasible, MoveKind, SweepPlan, describe_shortfall
+from pytest_gpucanary.sweep.compare import StrategyCost
 
 Outcome = SweepPlan | Infeasible
 

@@ -1,4 +1,4 @@
-"""pytest fixtures for the sweep planner; load with `-p pytest_gpucanary.sweep_fixtures` or `pytest_plugins`.
+"""pytest fixtures for the sweep planner; load with `-p pytest_gpucanary.sweep.fixtures` or `pytest_plugins`.
 
 Fixtures only: the planner itself never imports pytest.
 """
@@ -11,8 +11,8 @@ from typing import Any, Callable, Mapping, Sequence
 import pytest
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.sweep import Change, Fleet, SweepLimits, SweepPlan, parse_change
-from pytest_gpucanary.sweep_inventory import Inventory, inventory_from_dict, load_inventory
+from pytest_gpucanary.sweep.model import Change, Fleet, SweepLimits, SweepPlan, parse_change
+from pytest_gpucanary.sweep.inventory import Inventory, inventory_from_dict, load_inventory
 
 InventoryInput = str | Path | Inventory | Fleet | Mapping[str, Any]
 ChangeInput = Change | str | Sequence[str] | None
@@ -55,7 +55,7 @@ def gpucanary_plan_sweep() -> Callable[..., SweepPlan]:
     of its fields (default: the inventory's). Bad input fails the test in one line; no plan raises
     NoSweepPlanError, so a test can expect it with `pytest.raises`.
     """
-    from pytest_gpucanary.sweep_plan import plan_sweep
+    from pytest_gpucanary.sweep.plan import plan_sweep
 
     def plan(inventory: InventoryInput, *, change: ChangeInput = None, limits: LimitsInput = None) -> SweepPlan:
         try:
