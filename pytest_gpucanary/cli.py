@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from pytest_gpucanary.config import KNOBS
+from pytest_gpucanary.config import KNOBS, flag
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 
@@ -109,7 +109,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "run", help="Run the shipped canary gate (pytest canaries/ with the given --gpucanary-* options)",
         description="Runs pytest on the shipped gate. Every argument is passed to pytest, e.g. "
-                    "--gpucanary-policy PATH --gpucanary-driver-version VERSION --junitxml report.xml; "
+                    f"{flag('policy')} PATH {flag('driver_version')} VERSION --junitxml report.xml; "
                     "see `pytest --help` for all --gpucanary-* options.")
     parser.set_defaults(handler=_cmd_run, takes_pytest_args=True)
 

@@ -53,22 +53,16 @@ def one_of(*choices: str) -> Check:
     return lambda value: None if value is None or value in choices else f"must be one of {', '.join(choices)}"
 
 
-def evictions_rule(value: str) -> str | None:
-    if value == "gpu":
-        return None
-    try:
-        parse_selector(value)
-    except ConfigError as err:
-        return f"must be gpu or a label selector ({err})"
-    return None
-
-
 def selector(value: str) -> str | None:
     try:
         parse_selector(value)
     except ConfigError as err:
         return f"is not a label selector ({err})"
     return None
+
+
+def evictions_rule(value: str) -> str | None:
+    return None if value == "gpu" else selector(value)
 
 
 def knob(default: Any, help: str, *, check: Check | None = None, threshold: bool = False) -> Any:

@@ -22,6 +22,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from urllib3.exceptions import HTTPError
 
+from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import EnvError, GpucanaryError
 
 T = TypeVar("T")
@@ -94,7 +95,7 @@ class Kube:
                                                     context=context)
         except (ConfigException, OSError, TypeError) as exc:
             raise EnvError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {str(exc)[:200]}",
-                           hint="pass --gpucanary-kubeconfig and --gpucanary-context") from exc
+                           hint=f"pass {flag('kubeconfig')} and {flag('context')}") from exc
         try:
             return cls(DynamicClient(api))
         except (ApiException, HTTPError, OSError) as exc:

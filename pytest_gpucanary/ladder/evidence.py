@@ -4,7 +4,8 @@ It holds the recorded timeline plus what was measured beside it (probes, load pe
 checks) and who/what/when (ids, pool, versions, applied policy, CI identity). The query helpers a
 gate test uses (`evictions()`, `queue_delays_s()`, ...) live here and delegate to the timeline
 queries. `to_json`/`from_json` carry everything but the records, which live in timeline.jsonl, so
-`gpucanary evaluate` can judge a recorded run again from what the run wrote.
+`gpucanary evaluate` can judge a recorded run again from what the run wrote. The recorder goes on
+appending while the run restores the cluster, so the evidence names how many timeline lines it holds.
 """
 
 from __future__ import annotations
@@ -94,16 +95,19 @@ class RunEvidence:
     # --- on disk ---------------------------------------------------------------------------------------
 
     def to_json(self) -> str:
-        document = {"schema": SCHEMA, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                                         if f.name != "records"}}
+        document = {"schema": SCHEMA, "timeline_records": len(self.records),
+                    **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "records"}}
         return json.dumps(document, indent=1, default=_plain) + "\n"
 
     @classmethod
     def from_json(cls, text: str, records: tuple[Record, ...]) -> RunEvidence:
+        """The evidence of `text` over the timeline's first records (as many as it was judged on)."""
         doc = json.loads(text)
         if doc.pop("schema", None) != SCHEMA:
             raise ValueError(f"not a {SCHEMA} document")
-        return cls(records=records, pool_nodes=tuple(doc["pool_nodes"]), driver_from=doc["driver_from"],
+        if len(records) < doc["timeline_records"]:
+            raise ValueError(f"the timeline holds {len(records)} records, the evidence {doc['timeline_records']}")
+        return cls(records=records[:doc["timeline_records"]], pool_nodes=tuple(doc["pool_nodes"]), driver_from=doc["driver_from"],
                    driver_to=doc["driver_to"], upgrade_started_wall_ns=doc["upgrade_started_wall_ns"],
                    gpu_job=WorkloadRef(**doc["gpu_job"]), service=WorkloadRef(**doc["service"]),
                    probes=tuple(ProbeSeen(**p) for p in doc["probes"]),
@@ -121,8 +125,9 @@ class RunEvidence:
 
     @classmethod
     def read(cls, report_dir: Path) -> RunEvidence:
-        records = tuple(timeline.load(report_dir / TIMELINE_FILE))
-        return cls.from_json((report_dir / EVIDENCE_FILE).read_text(encoding="utf-8"), records)
+        text = (report_dir / EVIDENCE_FILE).read_text(encoding="utf-8")
+        count = json.loads(text).get("timeline_records", 0)
+        return cls.from_json(text, tuple(timeline.load(report_dir / TIMELINE_FILE)[:count]))
 
 
 def _plain(value: Any) -> Any:

@@ -2,8 +2,8 @@
 frozen `UpgradePolicy` in the CR's shape, and refuse the documents the operator would mishandle.
 
 Pure: takes text and returns records. Never imports `kubernetes` or `kube.py`; writing the policy
-into the cluster belongs to `upgrade.py`, which takes `UpgradePolicy.to_cr()`. The lint of legal
-but risky policies is in `policy_lint.py`. Every fault is a one-line `ConfigError` naming the
+into the cluster belongs to `policy.apply`, which takes `UpgradePolicy.to_cr()`. The lint of legal
+but risky policies is in `policy.lint`. Every fault is a one-line `ConfigError` naming the
 document path (`spec.driver.upgradePolicy.drain.timeoutSeconds`) and what to write instead.
 
 Where the policy lives (gpu-operator v25.3.4, the fleet's; v25.10.1 reads it the same way):

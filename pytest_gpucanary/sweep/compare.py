@@ -22,7 +22,7 @@ Assumptions per strategy:
 - wait-for-completion (a Slurm drain): a node takes no new work and is upgraded once its longest
   job ends (remaining_s); nothing is lost and nothing restarts (what follows a finished job starts on
   the new stack as new work). A workload without remaining_s never ends, so the sweep never does.
-- checkpoint-migrate: the planner's plan (see `sweep_plan`).
+- checkpoint-migrate: the planner's plan (see `sweep.plan`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Plans a checkpoint-aware upgrade sweep wave by wave; pure, no cluster.
 
-Owns the placement engine that `sweep_compare` also replays evict-and-restart through. The cost is
+Owns the placement engine that `sweep.compare` also replays evict-and-restart through. The cost is
 O((nodes + moves) log nodes): free capacity is indexed by (GPU model, version set, tier) and, inside
 that, by free GPUs, so no step scans the fleet.
 

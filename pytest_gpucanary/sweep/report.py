@@ -1,6 +1,6 @@
 """Renders a sweep plan (or why there is none) with the strategy costs: a plain table, JSON, offline HTML.
 
-Takes the records `sweep_plan` and `sweep_compare` return; computes nothing about the sweep itself.
+Takes the records `sweep.plan` and `sweep.compare` return; computes nothing about the sweep itself.
 All times are the plan clock: seconds from the first wave's start.
 """
 

@@ -41,6 +41,19 @@ def receipt_of(reports: Path) -> dict:
     return json.loads((run_dir / "receipt.json").read_text())
 
 
+def assert_replay_reproduces(reports: Path, *, returncode: int) -> None:
+    """`gpucanary evaluate` judges the recorded run again, offline, and gets exactly the run's verdicts."""
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    before = json.loads((run_dir / "receipt.json").read_text())
+    blanked = {**before, "verdicts": [], "first_failed": None, "evictions": []}   # only its thresholds are read
+    (run_dir / "receipt.json").write_text(json.dumps(blanked))
+    replayed = gpucanary("evaluate", str(run_dir), reports=reports)
+    assert replayed.returncode == returncode, replayed.stderr[-2000:]
+    again = json.loads((run_dir / "receipt.json").read_text())
+    assert again["verdicts"] == before["verdicts"] and again["first_failed"] == before["first_failed"]
+    assert again["evictions"] == before["evictions"] and again["thresholds"] == before["thresholds"]
+
+
 def live(items: list[dict]) -> list[str]:
     """Names of objects not already being deleted (namespace deletion finishes asynchronously)."""
     return [i["metadata"]["name"] for i in items if not i["metadata"].get("deletionTimestamp")]
@@ -75,6 +88,7 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
     junit = (tmp_path / "junit.xml").read_text()
     assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage"' in junit
     assert_nothing_left(kube, policy_before)
+    assert_replay_reproduces(tmp_path / "reports", returncode=0)
 
 
 def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(
@@ -94,6 +108,7 @@ def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(
     assert failed["drain"] > 0, load        # customers saw the drain: requests failed while the pod was gone
     assert failed["before"] == 0, load
     assert_nothing_left(kube, policy_before)
+    assert_replay_reproduces(tmp_path / "reports", returncode=1)
 
 
 def test_operator_default_policy_with_the_shm_job_fails_at_rollout_saying_why(
