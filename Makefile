@@ -38,6 +38,7 @@ $(VENV)/.installed: pyproject.toml
 build:
 	bash ci/build.sh >/dev/null
 	bash ci/build-operator.sh >/dev/null
+	bash ci/build-actionlint.sh >/dev/null
 
 fleet-up: setup build
 	$(VENV)/bin/gpucanary fleet up

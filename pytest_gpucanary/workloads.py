@@ -16,9 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.config import FIXTURES, read_text, yaml_documents
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.gpu_operator import GPU_RESOURCE
 from pytest_gpucanary.kube import Kube, owned_labels
@@ -33,12 +31,7 @@ ROLE_LABEL = "gpucanary.io/role"
 
 
 def load_manifests(path: Path) -> list[dict]:
-    try:
-        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-    except OSError as err:
-        raise ConfigError(f"cannot read workload manifest {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"workload manifest {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    docs = yaml_documents(read_text(path, what="workload manifest"), source=f"workload manifest {path}")
     if not docs or not all(isinstance(d, dict) and "kind" in d for d in docs):
         raise ConfigError(f"workload manifest {path} has no Kubernetes objects")
     return docs

@@ -64,19 +64,13 @@ LIMIT_KEYS = {"max_parallel", "max_unavailable", "hold_back_gpus"}
 
 def load_inventory(path: str | Path) -> Inventory:
     """Read a YAML inventory (schema: fixtures/sweep/inventory.yaml)."""
-    import yaml
+    from pytest_gpucanary.config import read_text, yaml_documents
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read inventory {str(path)!r}: {err.strerror}", hint="check --inventory") from err
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"inventory {str(path)!r} is not valid YAML{where}",
-                          hint="fix the file; the schema is in fixtures/sweep/inventory.yaml") from err
+    docs = yaml_documents(read_text(Path(path), what="inventory"), source=f"inventory {str(path)!r}")
+    if len(docs) != 1:
+        raise ConfigError(f"inventory {str(path)!r} holds {len(docs)} YAML documents",
+                          hint="give one; the schema is in fixtures/sweep/inventory.yaml")
+    data = docs[0]
     return inventory_from_dict(data, source=str(path))
 
 
