@@ -162,7 +162,7 @@ def _cmd_cleanup(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.fleet import Fleet
     from pytest_gpucanary.kube import Kube
 
-    kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context)
+    kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context, option="--kubeconfig")
     count = cleanup(kube, run_id=args.run_id, report=_progress)
     _progress(f"cleanup: {count} objects deleted or restored")
     return ExitCode.OK

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -63,6 +64,34 @@ def selector(value: str) -> str | None:
     return None
 
 
+RUN_ID_MAX = 40     # it names the namespace gpucanary-<id> and nodes canary-<id>-<n>, which must stay DNS-1123 labels
+_RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_VERSION = re.compile(r"^[0-9][A-Za-z0-9_.-]{0,127}$")   # an image tag that starts with a digit: 580.95.05
+
+
+def run_id_rule(value: str) -> str | None:
+    if len(value) <= RUN_ID_MAX and _RUN_ID.match(value):
+        return None
+    return f"must be lower-case letters, digits and '-', at most {RUN_ID_MAX} characters, starting and ending alphanumeric"
+
+
+def version_rule(value: str) -> str | None:
+    return None if _VERSION.match(value) else "must be a driver version such as 580.95.05 (an image tag)"
+
+
+def url_rule(value: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port   # noqa: B018  raises on a port that is not a number
+    except ValueError as err:
+        return f"is not a URL ({err})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    return None
+
+
 def evictions_rule(value: str) -> str | None:
     return None if value == "gpu" else selector(value)
 
@@ -76,7 +105,7 @@ class Settings:
     kubeconfig: Path | None = knob(None, "Kubeconfig of a real cluster; without it the local fleet is the target")
     context: str | None = knob(None, "Context in the kubeconfig")
     policy: Path | None = knob(None, "Upgrade policy under test: ClusterPolicy, NVIDIADriver or Helm values YAML")
-    driver_version: str | None = knob(None, "Driver version to upgrade the canary pool to")
+    driver_version: str | None = knob(None, "Driver version to upgrade the canary pool to", check=version_rule)
     pool_provider: str | None = knob(None, "Pool provider: kwok (local fleet default) or existing (real clusters)",
                                      check=one_of("kwok", "existing"))
     pool_node: str | None = knob(None, "Existing GPU node to carve out as the pool (provider existing)")
@@ -103,7 +132,8 @@ class Settings:
     allowed_evictions: str = knob("gpu", "Pods the policy may evict: gpu (pods requesting GPUs) or a label selector",
                                   check=evictions_rule, threshold=True)
     allow_inconclusive: bool = knob(False, "Let inconclusive stages pass the gate", threshold=True)
-    service_url: str | None = knob(None, "URL of the non-GPU service under load (local fleet: its ingress)")
+    service_url: str | None = knob(None, "URL of the non-GPU service under load (local fleet: its ingress)",
+                                   check=url_rule)
     load_users: int = knob(10, "Simulated users of the service (locust, out of process)", check=at_least(0))
     load_spawn_rate: float = knob(10.0, "Users started per second", check=positive)
     load_workers: int = knob(0, "Locust worker processes (0: one process; N: one master and N workers)",
@@ -113,9 +143,11 @@ class Settings:
                                   check=fraction, threshold=True)
     max_p99_s: float = knob(1.0, "Highest p99 request latency of the service in any upgrade phase", check=positive,
                             threshold=True)
-    prometheus_url: str | None = knob(None, "Prometheus with operator and DCGM metrics (local fleet: its own)")
+    prometheus_url: str | None = knob(None, "Prometheus with operator and DCGM metrics (local fleet: its own)",
+                                      check=url_rule)
     reports_dir: Path = knob(Path("reports"), "Directory for launch receipts (one sub-directory per run)")
-    run_id: str | None = knob(None, "Run id (default: generated); names and labels every object the canary creates")
+    run_id: str | None = knob(None, "Run id (default: generated); names and labels every object the canary creates",
+                              check=run_id_rule)
     fleet_keep: bool = knob(False, "Leave the local fleet running after the session")
 
     def __post_init__(self) -> None:
@@ -159,6 +191,7 @@ class Settings:
             raise ConfigError("no upgrade policy given", hint=f"pass {flag('policy')} PATH")
         if not self.driver_version:
             raise ConfigError("no target driver version given", hint=f"pass {flag('driver_version')} VERSION")
+        _writable_dir(self.reports_dir, flag("reports_dir"))
 
 
 @dataclass(frozen=True)
@@ -221,6 +254,17 @@ BY_NAME = {k.name: k for k in KNOBS}
 def flag(name: str) -> str:
     """The command-line spelling of a knob, for messages: flag('pool_node') -> --gpucanary-pool-node."""
     return BY_NAME[name].flag
+
+
+def _writable_dir(path: Path, option: str) -> None:
+    """The directory exists or can be made, and a file can be written in it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".gpucanary-write-check-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{option}={str(path)!r} is not a writable directory ({err.strerror or err})",
+                          hint="point it at a directory the run may write its receipts into") from None
 
 
 def env_source(environ: Mapping[str, str]) -> Callable[[Knob], Any]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
 
 import pytest
 
 from pytest_gpucanary.config import KNOBS, Knob, Settings, env_source
-from pytest_gpucanary.errors import ConfigError, GpucanaryError
+from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 
 if TYPE_CHECKING:
     from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
@@ -84,12 +84,12 @@ class GpucanarySession:
     def error_line(self) -> str:
         return f"gpucanary: {self.error}" if self.error else ""
 
-    def fail(self, error: GpucanaryError) -> None:
-        """Remember the first error and fail the asking test with its one line; later tests fail the same way."""
+    def fail(self, error: GpucanaryError) -> NoReturn:
+        """Stop the session with the error's one line, printed once: exit 4 for the caller's input found on
+        the cluster (an unknown pool node), 6 for a run that could not happen (not a gate that said no)."""
         self.error = self.error or error
-        if isinstance(self.error, ConfigError):    # found on the cluster (an unknown pool node): the caller's input
-            pytest.exit(self.error_line, returncode=pytest.ExitCode.USAGE_ERROR)
-        pytest.fail(self.error_line, pytrace=False)
+        code = pytest.ExitCode.USAGE_ERROR if isinstance(self.error, ConfigError) else ENVIRONMENT_EXIT_STATUS
+        pytest.exit(self.error_line, returncode=code)
 
     def run(self, request: pytest.FixtureRequest, kube: Kube) -> RunOutcome:
         """The canary run, executed once per session."""
@@ -132,19 +132,12 @@ class GpucanarySession:
         """Refuse bad gate input before any test runs or the cluster is touched: exit 4, one line."""
         if not any("gpucanary_run" in getattr(item, "fixturenames", ()) for item in items):
             return
-        from pytest_gpucanary.policy.parse import load_policy
+        from pytest_gpucanary.run import check_inputs
 
         try:
-            self.settings.require_gate_inputs()
-            load_policy(self.settings.policy)
+            check_inputs(self.settings)
         except ConfigError as err:
             raise pytest.UsageError(f"gpucanary: {err}") from None
-
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """A run that could not happen (cluster unreachable, pool not provisioned) is not a gate that said no."""
-        if self.error is not None and not isinstance(self.error, ConfigError) \
-                and exitstatus == pytest.ExitCode.TESTS_FAILED:
-            session.exitstatus = ENVIRONMENT_EXIT_STATUS
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.outcome is None:
@@ -180,7 +173,7 @@ def gpucanary_fleet(request: pytest.FixtureRequest) -> Iterator[FleetClusterMana
     try:
         manager.create()
     except GpucanaryError as err:
-        pytest.fail(f"local fleet could not start: {err}", pytrace=False)
+        session.fail(EnvError(f"local fleet could not start: {err}"))
     yield manager
     if not session.settings.fleet_keep:
         manager.delete()
@@ -198,7 +191,6 @@ def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings)
         return Kube.connect(kubeconfig, context=gpucanary_settings.context)
     except GpucanaryError as err:
         _session(request).fail(err)
-        raise   # fail() never returns
 
 
 @pytest.hookimpl(trylast=True)

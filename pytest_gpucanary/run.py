@@ -27,8 +27,10 @@ from pytest_gpucanary.ladder import (
     LadderResult, MetricCheck, Outcome, PhaseStats, RatePoint, RunEvidence, Stage, StageVerdict, WorkloadRef, timeline,
 )
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
-from pytest_gpucanary.load import LoadRun
+from pytest_gpucanary.lease import RunLease
+from pytest_gpucanary.load import LoadRun, check_locustfile
 from pytest_gpucanary.policy import apply as upgrade
+from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
 from pytest_gpucanary.pool import Pool, PoolProvider
 from pytest_gpucanary.receipt import FILES, write_receipt
 from pytest_gpucanary.receipt.ci import ci_identity
@@ -123,6 +125,16 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def check_inputs(settings: Settings) -> UpgradePolicy:
+    """Everything the user gave, read and checked before the cluster is touched: the policy, the
+    workload manifests, the locustfile and the reports directory. Returns the policy."""
+    settings.require_gate_inputs()
+    policy = load_policy(settings.policy)
+    workloads.check(settings)
+    check_locustfile(settings.locustfile)
+    return policy
+
+
 class CanaryRun:
     def __init__(self, settings: Settings, kube: Kube, provider: PoolProvider, *, progress: ProgressLine,
                  fleet: LocalEndpoints | None = None) -> None:
@@ -130,17 +142,17 @@ class CanaryRun:
         self.fleet = fleet    # the local fleet when it is the target: its ingress and Prometheus
 
     def execute(self) -> RunOutcome:
-        from pytest_gpucanary.policy.parse import load_policy
-
         settings = self.settings
-        settings.require_gate_inputs()
-        policy = load_policy(settings.policy)           # refuse bad input before touching the cluster
+        policy = check_inputs(settings)                  # refuse bad input before touching the cluster
         cluster = preflight.discover(self.kube)          # read-only
+        self.provider.check(self.kube, cluster)         # read-only: an unknown node changes nothing
         run_id = settings.run_id or new_run_id()
         report_dir = settings.reports_dir / run_id
         self.progress.line(f"run {run_id}: operator in {cluster.mode} mode, namespace {cluster.operator_namespace}")
         with sigterm_as_interrupt(), contextlib.ExitStack() as cleanup:
             cleanup.callback(self.progress.line, "cleanup done: the cluster is as the run found it")
+            # the first write: every later change has a live owner that `gpucanary cleanup` leaves alone
+            cleanup.callback(RunLease(self.kube, run_id).acquire().release)
             pool = self.provider.provision(self.kube, cluster, run_id=run_id)
             cleanup.callback(self.provider.release, self.kube)
             run = _Measured(pool, upgrade_policy=policy.to_cr())

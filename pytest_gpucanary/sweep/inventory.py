@@ -29,6 +29,7 @@ The in-memory work since the last start is `now - status.startTime`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -129,7 +130,7 @@ def _seconds(raw: Mapping[str, Any], key: str, where: str, default: float | None
     value = raw.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ConfigError(f"{where}: {key} {value!r} is not seconds >= 0", hint="e.g. 600")
     return float(value)
 
@@ -253,7 +254,7 @@ def _annotation_seconds(notes: Mapping[str, str], key: str, pod: str) -> float |
         value = float(notes[key])
     except ValueError:
         value = -1.0
-    if not value >= 0:
+    if not 0 <= value < math.inf:
         raise ConfigError(f"pod {pod!r}: annotation {key} {notes[key]!r} is not seconds >= 0", hint="e.g. '63'")
     return value
 

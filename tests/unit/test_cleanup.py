@@ -7,9 +7,11 @@ in-memory apiserver, then the run "dies" (nothing restores them) and `cleanup` r
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 from kube_double import FakeKube
 
+from pytest_gpucanary import lease
 from pytest_gpucanary.cleanup import cleanup
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, GPU_PRESENT_LABEL, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
@@ -147,3 +149,42 @@ def test_cleanup_without_a_run_id_handles_every_run_and_only_canary_objects() ->
     assert {key: after[key] for key in untouched} == {key: found[key] for key in untouched}
     assert count == 10      # run-a's 6, and run-b's NVIDIADriver and gpu-2 restored, namespace and node deleted
     assert cleanup(fake, report=lambda line: None) == 0 and fake.objects() == after
+
+
+def hold_lease(fake: FakeKube, run: str, *, renewed_s_ago: float) -> None:
+    """What a run's RunLease leaves on the cluster, renewed `renewed_s_ago` seconds ago."""
+    at = datetime.now(timezone.utc) - timedelta(seconds=renewed_s_ago)
+    fake.create(namespace(lease.namespace_of(run), owned_labels(run)))
+    fake.create({"apiVersion": lease.LEASE[0], "kind": lease.LEASE[1],
+                 "metadata": {"name": lease.LEASE_NAME, "namespace": lease.namespace_of(run)},
+                 "spec": {"holderIdentity": f"ci-runner/{run}", "leaseDurationSeconds": lease.DURATION_S,
+                          "renewTime": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
+
+
+def test_cleanup_without_a_run_id_leaves_a_live_run_alone_and_says_so() -> None:
+    fake = cluster_as_found()
+    found = fake.objects()
+    leave_two_killed_runs(fake)
+    hold_lease(fake, "run-a", renewed_s_ago=5)                          # alive: its owner renews
+    hold_lease(fake, "run-b", renewed_s_ago=lease.DURATION_S + 30)      # gone: it stopped renewing
+    left = fake.objects()
+    lines: list[str] = []
+
+    cleanup(fake, report=lines.append)
+
+    after = fake.objects()
+    run_a = {key for key in left if key not in found and "run-b" not in str(key)} | set(RUN_A_RESTORED)
+    assert {key: after.get(key) for key in run_a} == {key: left[key] for key in run_a}   # not even written
+    assert {key: content(after[key]) for key in RUN_B_RESTORED} == {key: content(found[key]) for key in RUN_B_RESTORED}
+    assert not (set(RUN_B_DELETED) | {(*NS, lease.namespace_of("run-b"))}) & set(after)
+    assert lines[0].startswith("left live run run-a alone (held by ci-runner/run-a, renewed ")
+
+
+def test_a_run_lease_is_created_first_renewed_and_released() -> None:
+    fake = FakeKube()
+    held = lease.RunLease(fake, "run-c").acquire()
+    seen = lease.read(fake, "run-c")
+    assert seen is not None and seen.live(datetime.now(timezone.utc)) and seen.holder == held.holder
+    held.release()
+    assert lease.read(fake, "run-c") is None
+    assert (*NS, lease.namespace_of("run-c")) not in fake.objects()
