@@ -117,6 +117,8 @@ class Settings:
     service: Path | None = knob(None, "Manifest of the non-GPU service (default fixtures/workloads/service.yaml)")
     probe: Path | None = knob(None, "Manifest of a customer start probe pod (default fixtures/workloads/probe.yaml)")
     probe_interval_s: float = knob(15.0, "Seconds between customer start probes", check=positive)
+    baseline_s: float = knob(30.0, "Seconds of load and probes before the policy is applied (the before phase)",
+                             check=positive)
     job_duration_s: float = knob(600.0, "How long the representative GPU job runs (it must span the upgrade)",
                                  check=positive)
     # validation alone may take 600 s (fixed in the operator), so the budget leaves room beyond it
@@ -143,6 +145,8 @@ class Settings:
                                   check=fraction, threshold=True)
     max_p99_s: float = knob(1.0, "Highest p99 request latency of the service in any upgrade phase", check=positive,
                             threshold=True)
+    min_phase_requests: int = knob(50, "Fewest service requests an upgrade phase needs to be judged (fewer: "
+                                       "inconclusive)", check=at_least(1), threshold=True)
     prometheus_url: str | None = knob(None, "Prometheus with operator and DCGM metrics (local fleet: its own)",
                                       check=url_rule)
     reports_dir: Path = knob(Path("reports"), "Directory for launch receipts (one sub-directory per run)")
