@@ -20,6 +20,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from urllib3.exceptions import HTTPError
 
+from pytest_gpucanary import __version__
 from pytest_gpucanary.errors import EnvError, GpucanaryError
 
 OWNER_LABEL = "app.kubernetes.io/managed-by"
@@ -85,10 +86,13 @@ class Kube:
     dynamic: DynamicClient
 
     @classmethod
-    def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None) -> Kube:
+    def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None,
+                user_agent: str | None = None) -> Kube:
+        """`user_agent` defaults to gpucanary/<version>, so the apiserver's audit log can tell our requests apart."""
         try:
             api = kube_config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None,
                                                     context=context)
+            api.user_agent = user_agent or f"gpucanary/{__version__}"
         except (ConfigException, OSError, TypeError) as exc:
             raise EnvError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {str(exc)[:200]}",
                            hint="pass --gpucanary-kubeconfig and --gpucanary-context") from exc

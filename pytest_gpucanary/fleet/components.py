@@ -46,6 +46,7 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
             "--service-cluster-ip-range=10.96.0.0/12", "--allow-privileged=true",
             "--endpoint-reconciler-type=none", "--authorization-mode=Node,RBAC",
             "--kubelet-preferred-address-types=Hostname",  # kwok nodes answer as localhost only
+            *audit_flags(layout),
         ), f"https://{HOST}:{api}/readyz", api),
         Component("kube-controller-manager", (
             str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}", allow_paths,
@@ -68,6 +69,18 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
             "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16",
         ), f"https://{HOST}:{kwok}/healthz", kwok),
     ]
+
+
+def audit_flags(layout: FleetLayout) -> tuple[str, ...]:
+    """Every request at level Metadata (see manifests.audit_policy), written before the response.
+
+    Blocking mode, because a proof from the log ("the canary wrote nothing else") must not lose
+    events: batch mode drops them when its buffer fills, which a 1,000-node fleet's lease renewals
+    can do. 20 files of 200 MB hold a few hours of a 1,000-node fleet (about 1 kB per request).
+    """
+    return (f"--audit-policy-file={layout.audit_policy}", f"--audit-log-path={layout.audit_log}",
+            "--audit-log-mode=blocking", "--audit-log-format=json", "--audit-log-maxsize=200",
+            "--audit-log-maxbackup=20", "--audit-log-maxage=7")
 
 
 def prometheus(layout: FleetLayout, binary: str) -> Component:

@@ -183,6 +183,7 @@ class Fleet:
         write_kubeconfig(layout.kubeconfig, server=layout.apiserver_url, pki=layout.pki)
         (layout.root / "kwok.yaml").write_text(manifests.kwok_config(binaries.control_plane))
         (layout.root / "prometheus.yml").write_text(manifests.prometheus_config(layout))
+        layout.audit_policy.write_text(manifests.audit_policy())
         self._prepare_operator_files(read_paths_env(binaries.operator))
         self._save_state(binaries, startup_s=None)
 

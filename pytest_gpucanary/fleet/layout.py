@@ -97,6 +97,15 @@ class FleetLayout:
         return self.root / "data"
 
     @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log; rotated files sit next to it as audit-<time>.log."""
+        return self.logs / "audit.log"
+
+    @property
     def state_file(self) -> Path:
         return self.root / "fleet.json"
 

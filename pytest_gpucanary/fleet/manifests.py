@@ -90,6 +90,18 @@ def fleet_nodes(layout: FleetLayout) -> list[dict]:
     return gpu + [node("cpu-node.yaml", CPU_NODE_NAME)]
 
 
+def audit_policy() -> str:
+    """One Metadata event per request (who, verb, object, user agent, status, µs timestamps).
+
+    RequestReceived is omitted: every request also logs ResponseComplete (and a watch
+    ResponseStarted), which carry the same fields plus the status. No request or response bodies:
+    the fleet's audits count and attribute requests, they do not replay them.
+    """
+    policy = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+              "omitManagedFields": True, "rules": [{"level": "Metadata"}]}
+    return yaml.safe_dump(policy, sort_keys=False)
+
+
 def prometheus_config(layout: FleetLayout) -> str:
     pki = layout.pki
     client_tls = {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "admin.crt"),
