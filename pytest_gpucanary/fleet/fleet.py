@@ -192,7 +192,7 @@ class Fleet:
         layout.data.mkdir(parents=True)
         ensure_pki(layout.pki)
         write_kubeconfig(layout.kubeconfig, server=layout.apiserver_url, pki=layout.pki)
-        (layout.root / "kwok.yaml").write_text(manifests.kwok_config(binaries.control_plane))
+        (layout.root / "kwok.yaml").write_text(manifests.kwok_config(binaries.control_plane, gpu_nodes=layout.gpu_nodes))
         (layout.root / "prometheus.yml").write_text(manifests.prometheus_config(layout))
         layout.audit_policy.write_text(manifests.audit_policy())
         self._prepare_operator_files(read_paths_env(binaries.operator))

@@ -30,11 +30,12 @@ def gpu_node_name(index: int) -> str:
 CPU_NODE_NAME = "cpu-node-0"
 
 
-def kwok_config(bin_dir: Path) -> str:
+def kwok_config(bin_dir: Path, *, gpu_nodes: int) -> str:
     docs = [{
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokConfiguration",
-        "options": {"podPlayStageParallelism": 8, "nodePlayStageParallelism": 4, "nodeLeaseParallelism": 4,
+        "options": {"podPlayStageParallelism": 8, "nodePlayStageParallelism": 4,
+                    "nodeLeaseParallelism": 4 if gpu_nodes <= 64 else 16,   # see components.node_lease
                     "podsOnNodeSyncParallelism": 4},
     }]
     text = yaml.safe_dump_all(docs)
