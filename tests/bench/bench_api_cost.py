@@ -91,21 +91,21 @@ def print_tables(results: list[SizeResult], *, out) -> None:
     keys = sorted(set().union(*counts), key=lambda k: ({"rest": 0, "own": 1, "watch": 2}[k[0]], k[1], k[2]))
     head = "".join(f"{f'{r.gpu_nodes} nodes':>14}" for r in results)
     print(f"\ncanary requests in one run (n; audit log, apiserver clock 1 us; per min = n / run wall time)")
-    print(f"{'class':<6} {'verb':<7} {'resource':<34}{head}")
+    print(f"{'class':<6} {'verb':<7} {'resource':<48}{head}")
     for key in keys:
-        print(f"{key[0]:<6} {key[1]:<7} {key[2]:<34}" + "".join(f"{c.get(key, 0):>14}" for c in counts))
+        print(f"{key[0]:<6} {key[1]:<7} {key[2]:<48}" + "".join(f"{c.get(key, 0):>14}" for c in counts))
     for cls in ("rest", "own", "watch"):
         cells = []
         for r, c in zip(results, counts):
             n = sum(v for k, v in c.items() if k[0] == cls)
             cells.append(f"{n} ({r.per_min(n):.1f}/min)")
-        print(f"{'total ' + cls:<49}" + "".join(f"{cell:>14}" for cell in cells))
-    print(f"{'  of rest: cluster-wide node/pod lists':<49}"
+        print(f"{'total ' + cls:<63}" + "".join(f"{cell:>14}" for cell in cells))
+    print(f"{'  of rest: cluster-wide node/pod lists':<63}"
           + "".join(f"{sum(1 for x in r.canary.records if cluster_wide(x)):>14}" for r in results))
-    print(f"{'  of rest: writes to nodes outside the pool':<49}"
+    print(f"{'  of rest: writes to nodes outside the pool':<63}"
           + "".join(f"{sum(1 for x in r.canary.records if x.is_write and r.canary.scope().scope_of(x) == Scope.OTHER_NODE):>14}" for r in results))
-    print(f"{'run wall time s':<49}" + "".join(f"{r.canary.duration_s:>14.1f}" for r in results))
-    print(f"{'exit code':<49}" + "".join(f"{r.canary.returncode:>14}" for r in results))
+    print(f"{'run wall time s':<63}" + "".join(f"{r.canary.duration_s:>14.1f}" for r in results))
+    print(f"{'exit code':<63}" + "".join(f"{r.canary.returncode:>14}" for r in results))
     print(f"\n{'gpu nodes':>9} {'fleet up s':>10} {'fleet RSS MiB':>13} {'apiserver MiB':>13}  (fresh data dir; RSS after the run)")
     for r in results:
         print(f"{r.gpu_nodes:>9} {r.up_s:>10.1f} {r.fleet_rss_mib:>13.0f} {r.apiserver_rss_mib:>13.0f}")
