@@ -23,6 +23,7 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 import yaml
 from urllib3.exceptions import HTTPError
 
+from pytest_gpucanary import __version__
 from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
@@ -91,11 +92,13 @@ class Kube:
 
     @classmethod
     def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None,
-                option: str = flag("kubeconfig")) -> Kube:
-        """`option` is how the caller's command spells the kubeconfig, for the error line."""
+                option: str = flag("kubeconfig"), user_agent: str | None = None) -> Kube:
+        """`option` is how the caller's command spells the kubeconfig, for the error line; `user_agent`
+        defaults to gpucanary/<version>, so the apiserver's audit log tells our requests apart."""
         try:
             api = kube_config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None,
                                                     context=context)
+            api.user_agent = user_agent or f"gpucanary/{__version__}"
         except (ConfigException, OSError, TypeError, ValueError, AttributeError, KeyError, yaml.YAMLError) as exc:
             # a kubeconfig of any content (binary, not YAML, no contexts) is the caller's input: one line
             why = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc).split()))[:160]

@@ -31,7 +31,7 @@ def test_bad_node_count_is_a_usage_error_in_one_line(tmp_path: Path) -> None:
 def test_out_of_range_node_count_names_the_range(tmp_path: Path) -> None:
     result = gpucanary("fleet", "up", "--gpu-nodes", "0", env={"GPUCANARY_FLEET_DIR": str(tmp_path)})
     assert result.returncode == 4
-    assert "use 1 to 64" in result.stderr and "Traceback" not in result.stderr
+    assert "use 1 to 1000" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_status_of_a_fleet_that_never_started_says_stopped(tmp_path: Path) -> None:
