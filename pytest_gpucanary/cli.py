@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from pytest_gpucanary.config import KNOBS, flag
+from pytest_gpucanary.config import KNOBS, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 
@@ -158,6 +158,8 @@ def _add_cleanup(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> ExitCode:
+    if args.run_id is not None and (problem := run_id_rule(args.run_id)):
+        raise ConfigError(f"--run-id={args.run_id!r} {problem}", hint="give the id a canary run printed")
     from pytest_gpucanary.cleanup import cleanup
     from pytest_gpucanary.fleet import Fleet
     from pytest_gpucanary.kube import Kube
