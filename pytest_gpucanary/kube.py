@@ -134,10 +134,11 @@ class Kube:
         return self._call(f"get {kind} {name}", resource.get, name=name, namespace=namespace).to_dict()
 
     def list(self, api_version: str, kind: str, *, namespace: str | None = None, label_selector: str | None = None,
-             field_selector: str | None = None) -> list[dict]:
+             field_selector: str | None = None, limit: int | None = None) -> list[dict]:
+        """The matching objects (at most `limit`, where the answer needs one, not one per node)."""
         resource = self._resource(api_version, kind)
         result = self._call(f"list {kind}", resource.get, namespace=namespace, label_selector=label_selector,
-                            field_selector=field_selector)
+                            field_selector=field_selector, limit=limit)
         return result.to_dict()["items"]
 
     def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:

@@ -32,18 +32,20 @@ def discover(kube: Kube) -> ClusterInfo:
     if len(policies) != 1:
         raise EnvError(f"expected one ClusterPolicy, found {len(policies)}", hint="the GPU Operator manages exactly one")
     policy = policies[0]
-    driver_pods = kube.list("v1", "Pod", label_selector=op.DRIVER_COMPONENT_SELECTOR)
-    validators = kube.list("v1", "Pod", label_selector=op.VALIDATOR_SELECTOR)
-    namespaces = {p["metadata"]["namespace"] for p in driver_pods + validators}
-    if len(namespaces) != 1:
-        raise EnvError(f"cannot tell the GPU Operator's namespace (driver/validator pods in {sorted(namespaces)})",
+    # one operand pod names the operator's namespace: a request of constant size on any cluster
+    operand = (kube.list("v1", "Pod", label_selector=op.DRIVER_COMPONENT_SELECTOR, limit=1)
+               or kube.list("v1", "Pod", label_selector=op.VALIDATOR_SELECTOR, limit=1))
+    if not operand:
+        raise EnvError("cannot tell the GPU Operator's namespace (no driver or validator pod)",
                        hint="is the GPU Operator running and ready?")
-    nodes = kube.list("v1", "Node", label_selector=op.GPU_PRESENT_SELECTOR)
+    nvidiadriver_mode = bool(policy.get("spec", {}).get("driver", {}).get("useNvidiaDriverCRD"))
+    # only ClusterPolicy mode holds the other GPU nodes back, so only it needs them all
+    nodes = [] if nvidiadriver_mode else kube.list("v1", "Node", label_selector=op.GPU_PRESENT_SELECTOR)
     return ClusterInfo(
         cluster_policy=policy["metadata"]["name"],
-        nvidiadriver_mode=bool(policy.get("spec", {}).get("driver", {}).get("useNvidiaDriverCRD")),
+        nvidiadriver_mode=nvidiadriver_mode,
         per_driver_policy=_nvidiadriver_has_upgrade_policy(kube),
-        operator_namespace=namespaces.pop(),
+        operator_namespace=operand[0]["metadata"]["namespace"],
         gpu_nodes=tuple(sorted(n["metadata"]["name"] for n in nodes)),
     )
 

@@ -37,6 +37,7 @@ class AuditRecord:
     code: int                  # HTTP status; 0 while a watch is still open
     received_s: float          # requestReceivedTimestamp, Unix seconds (apiserver clock, 1 µs)
     stage_s: float             # stageTimestamp, same clock
+    sets_phase: str = ""       # a pod status write: the status.phase its body sets ("" when none or not logged)
 
     @property
     def is_write(self) -> bool:
@@ -69,7 +70,8 @@ def parse_event(event: dict) -> AuditRecord:
         namespace=ref.get("namespace", ""), name=ref.get("name", ""),
         code=int((event.get("responseStatus") or {}).get("code") or 0),
         received_s=_unix_s(event.get("requestReceivedTimestamp", "")),
-        stage_s=_unix_s(event.get("stageTimestamp", "")))
+        stage_s=_unix_s(event.get("stageTimestamp", "")),
+        sets_phase=str(((event.get("requestObject") or {}).get("status") or {}).get("phase") or ""))
 
 
 def log_files(path: Path) -> list[Path]:

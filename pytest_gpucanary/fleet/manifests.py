@@ -95,11 +95,15 @@ def audit_policy() -> str:
     """One Metadata event per request (who, verb, object, user agent, status, µs timestamps).
 
     RequestReceived is omitted: every request also logs ResponseComplete (and a watch
-    ResponseStarted), which carry the same fields plus the status. No request or response bodies:
-    the fleet's audits count and attribute requests, they do not replay them.
+    ResponseStarted), which carry the same fields plus the status. Pod status writes also keep their
+    request body, so the log says when a pod was made Running (the canary's start latency, measured
+    from the server's side); nothing else does: the fleet's audits count and attribute requests.
     """
     policy = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-              "omitManagedFields": True, "rules": [{"level": "Metadata"}]}
+              "omitManagedFields": True,
+              "rules": [{"level": "Request", "verbs": ["patch", "update"],
+                         "resources": [{"group": "", "resources": ["pods/status"]}]},
+                        {"level": "Metadata"}]}
     return yaml.safe_dump(policy, sort_keys=False)
 
 

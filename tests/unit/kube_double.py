@@ -118,12 +118,13 @@ class FakeKube:
             return copy.deepcopy(self._find(api_version, kind, name, namespace))
 
     def list(self, api_version: str, kind: str, *, namespace: str | None = None, label_selector: str | None = None,
-             field_selector: str | None = None) -> list[dict]:
+             field_selector: str | None = None, limit: int | None = None) -> list[dict]:
         self._fault("list", kind)
         match = matcher(namespace, label_selector, field_selector)
         with self._cond:
-            return [copy.deepcopy(o) for _, o in sorted(self._store.get((api_version, kind), {}).items(),
-                                                        key=lambda item: (item[0][0] or "", item[0][1])) if match(o)]
+            found = [copy.deepcopy(o) for _, o in sorted(self._store.get((api_version, kind), {}).items(),
+                                                         key=lambda item: (item[0][0] or "", item[0][1])) if match(o)]
+        return found[:limit] if limit else found
 
     def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:
         self._fault("delete", kind)
