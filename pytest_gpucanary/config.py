@@ -121,7 +121,7 @@ def image_rule(value: str) -> str | None:
 
 
 def registry_rule(value: str) -> str | None:
-    return None if _REGISTRY.match(value) else "must be a registry host with an optional path, e.g. mirror.example.com:5000/gpu"
+    return None if _REGISTRY.match(value) and "://" not in value else "must be a registry host with an optional path, e.g. mirror.example.com:5000/gpu"
 
 
 # The default workloads' images, public and pinned; fixtures/workloads/*.yaml name the same ones and

@@ -168,7 +168,7 @@ class Kube:
         attributes = {"verb": verb, "resource": plural, "group": group, "subresource": subresource,
                       "namespace": namespace or "", "name": name or ""}
         review = self.create({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                              "metadata": {"name": f"{verb}-{resource}"},
+                              "metadata": {},
                               "spec": {"resourceAttributes": attributes}})
         return bool(review.get("status", {}).get("allowed"))
 

@@ -199,7 +199,7 @@ def pull_state(pod: dict) -> tuple[bool | None, str]:
     """(True: pulled; False: cannot be pulled; None: not yet), with the kubelet's words."""
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         state = status.get("state") or {}
-        if state.get("running") or state.get("terminated"):
+        if "running" in state or "terminated" in state:
             return True, "pulled"
         waiting = state.get("waiting") or {}
         if waiting.get("reason") in PULL_FAILURES:
