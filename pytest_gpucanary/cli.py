@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from pytest_gpucanary.config import KNOBS, flag, run_id_rule
+from pytest_gpucanary.config import KNOBS, Settings, env_source, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 
@@ -114,15 +114,76 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_cmd_run, takes_pytest_args=True)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    """pytest's own exit code: the session object turns a run that could not happen into 6."""
-    import pytest
+GATE_INI = "gate-pytest.ini"
 
+
+def gate_pytest_args(pytest_args: list[str], *, ini: Path) -> list[str]:
+    """The shipped gate with its own configuration (`ini`, shipped in the package), rootdir and conftest
+    boundary, never the caller's, whatever the current directory."""
     from pytest_gpucanary.config import CANARIES
 
     # the plugin is imported already (this module is in its package), so pytest cannot rewrite it
-    return int(pytest.main([str(CANARIES), "-p", "no:locust", "-W", "ignore::pytest.PytestAssertRewriteWarning",
-                            *args.pytest_args]))
+    return ["-c", str(ini), f"--rootdir={CANARIES}", f"--confcutdir={CANARIES}", "-p", "no:cacheprovider",
+            "-p", "no:locust", "-W", "ignore::pytest.PytestAssertRewriteWarning", str(CANARIES), *pytest_args]
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    """pytest's own exit code: the session object turns a run that could not happen into 6."""
+    from importlib import resources
+
+    import pytest
+
+    with resources.as_file(resources.files("pytest_gpucanary") / GATE_INI) as ini:
+        return int(pytest.main(gate_pytest_args(args.pytest_args, ini=ini)))
+
+
+def _add_preflight(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "preflight", help="Check, read-only, that a canary run can happen: permissions, operator, pool, endpoints",
+        description="Takes the run's --gpucanary-* options (and GPUCANARY_* environment) and checks, without "
+                    "changing anything: the inputs, every permission the run needs (SelfSubjectAccessReviews), "
+                    "the GPU Operator and its mode, the pool, the service URL and Prometheus with the series the "
+                    "metric checks need. One line per problem; exit 0 when a run can start, 6 when the cluster "
+                    "cannot run it, 4 when the input is wrong. Stdout: the findings as JSON.")
+    for knob in KNOBS:
+        kwargs = {"action": "store_const", "const": "true"} if knob.type is bool else {"metavar": knob.name.upper()}
+        parser.add_argument(knob.flag, dest=knob.name, default=None, help=knob.help, **kwargs)
+    parser.set_defaults(handler=_cmd_preflight)
+
+
+def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
+    import json
+
+    from pytest_gpucanary import preflight
+    from pytest_gpucanary.kube import Kube
+    from pytest_gpucanary.plugin import default_pool_provider
+    from pytest_gpucanary.run import check_inputs
+
+    settings = Settings.resolve(lambda knob: getattr(args, knob.name), env_source(os.environ))
+    check_inputs(settings)
+    prometheus_url = settings.prometheus_url
+    if settings.kubeconfig:
+        kube = Kube.connect(settings.kubeconfig, context=settings.context)
+    else:
+        from pytest_gpucanary.fleet import Fleet
+
+        fleet = Fleet.from_env()
+        kube = Kube.connect(fleet.kubeconfig)
+        prometheus_url = prometheus_url or fleet.prometheus_url
+    report = preflight.check(kube, default_pool_provider(settings), target=settings.driver_version or "",
+                             prometheus_url=prometheus_url, service_url=settings.service_url)
+    for line in report.notes:
+        _progress(f"gpucanary: note: {line}")
+    for line in report.exposure:
+        _progress(f"gpucanary: exposure: {line}")
+    for problem in report.problems:
+        _progress(f"gpucanary: error: {problem.line}")
+    print(json.dumps({"ok": not report.problems, "mode": report.cluster.mode if report.cluster else None,
+                      "problems": [p.line for p in report.problems], "exposure": list(report.exposure),
+                      "notes": list(report.notes)}, indent=1))
+    if not report.problems:
+        return ExitCode.OK
+    return ExitCode.USAGE if all(p.usage for p in report.problems) else ExitCode.ENVIRONMENT
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
@@ -196,8 +257,9 @@ def _cmd_lint(args: argparse.Namespace) -> ExitCode:
     return ExitCode.GATE_FAILED if policy_lint.has_errors(findings) else ExitCode.OK
 
 
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_run, _add_evaluate, _add_cleanup,
-                                                                       _add_plan_sweep, _add_lint)
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_run, _add_preflight,
+                                                                       _add_evaluate, _add_cleanup, _add_plan_sweep,
+                                                                       _add_lint)
 
 
 def _progress(line: str) -> None:

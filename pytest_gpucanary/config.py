@@ -27,10 +27,30 @@ import yaml
 from pytest_gpucanary.errors import ConfigError
 
 # --- files shipped beside the package ----------------------------------------------------------------
-# From a checkout they sit at the repository root; an installed wheel carries them under
-# <prefix>/share/gpucanary (see pyproject's data-files).
+# From a checkout (and an editable install) they sit at the repository root; an installed wheel
+# carries them as data files under <scheme data>/share/gpucanary (see pyproject's data-files), which
+# is sys.prefix in a venv but the user base for `pip install --user`: the wheel's own RECORD says where.
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_BASE = REPO_ROOT if (REPO_ROOT / "fixtures").is_dir() else Path(sys.prefix) / "share" / "gpucanary"
+DISTRIBUTION = "pytest-gpucanary"
+_MARKER = "share/gpucanary/canaries/test_driver_rollout.py"
+
+
+def _shipped_base() -> Path:
+    if (REPO_ROOT / "fixtures").is_dir() and (REPO_ROOT / "canaries").is_dir():
+        return REPO_ROOT
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution(DISTRIBUTION).files or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for entry in files:
+        if entry.as_posix().endswith(_MARKER):
+            return Path(entry.locate()).resolve().parents[1]
+    return Path(sys.prefix) / "share" / "gpucanary"
+
+
+_BASE = _shipped_base()
 FIXTURES = _BASE / "fixtures"
 CANARIES = _BASE / "canaries"
 
@@ -92,6 +112,33 @@ def url_rule(value: str) -> str | None:
     return None
 
 
+_IMAGE = re.compile(r"^[a-z0-9]([a-z0-9._:/-]*[a-z0-9])?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+_REGISTRY = re.compile(r"^[a-z0-9]([a-z0-9._:/-]*[a-z0-9])?$")
+
+
+def image_rule(value: str) -> str | None:
+    return None if _IMAGE.match(value) else "must be an image reference such as registry.example.com/path/name:tag"
+
+
+def registry_rule(value: str) -> str | None:
+    return None if _REGISTRY.match(value) and "://" not in value else "must be a registry host with an optional path, e.g. mirror.example.com:5000/gpu"
+
+
+# The default workloads' images, public and pinned; fixtures/workloads/*.yaml name the same ones and
+# say where each tag was checked as published. A mirror serves each under its own path.
+GPU_JOB_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0-ubuntu22.04"
+SERVICE_IMAGE = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+PROBE_IMAGE = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
+
+
+def mirrored(image: str, registry: str) -> str:
+    """`nvcr.io/nvidia/x:1` with registry `mirror:5000/gpu` -> `mirror:5000/gpu/nvidia/x:1` (the path is kept)."""
+    first, _, rest = image.partition("/")
+    if not rest or not ("." in first or ":" in first or first == "localhost"):
+        first, rest = "docker.io", image if "/" in image else f"library/{image}"
+    return f"{registry.rstrip('/')}/{rest}"
+
+
 def evictions_rule(value: str) -> str | None:
     return None if value == "gpu" else selector(value)
 
@@ -119,8 +166,11 @@ class Settings:
     probe_interval_s: float = knob(15.0, "Seconds between customer start probes", check=positive)
     baseline_s: float = knob(30.0, "Seconds of load and probes before the policy is applied (the before phase)",
                              check=positive)
-    job_duration_s: float = knob(600.0, "How long the representative GPU job runs (it must span the upgrade)",
-                                 check=positive)
+    # from its creation: 30 s of baseline plus a whole upgrade (about 50 s on operator v25.3.4, about
+    # 140 s on v26.x on the local fleet) plus a margin; a replacement pod after an eviction works on
+    # until the same deadline, so the run waits for the job's completion at most this long plus a grace
+    job_duration_s: float = knob(210.0, "Seconds of GPU work the representative GPU job does, counted from its "
+                                        "creation (it must span the upgrade)", check=positive)
     # validation alone may take 600 s (fixed in the operator), so the budget leaves room beyond it
     upgrade_budget_s: float = knob(1200.0, "Time budget for the pool to reach upgrade-done", check=positive,
                                    threshold=True)
@@ -140,6 +190,18 @@ class Settings:
     load_spawn_rate: float = knob(10.0, "Users started per second", check=positive)
     load_workers: int = knob(0, "Locust worker processes (0: one process; N: one master and N workers)",
                              check=at_least(0))
+    # each default workload image, and the registry they come from; a mirror keeps each image's path
+    image_registry: str | None = knob(None, "Registry (host[:port][/path]) that replaces the registry of every "
+                                            "default workload image, for air-gapped mirrors", check=registry_rule)
+    gpu_job_image: str | None = knob(None, f"Image of the default GPU job (default {GPU_JOB_IMAGE})",
+                                     check=image_rule)
+    service_image: str | None = knob(None, f"Image of the default non-GPU service (default {SERVICE_IMAGE})",
+                                     check=image_rule)
+    probe_image: str | None = knob(None, f"Image of the default start probe (default {PROBE_IMAGE})",
+                                   check=image_rule)
+    # a CUDA image is gigabytes: a cold node may take minutes to pull it
+    image_pull_timeout_s: float = knob(600.0, "Longest the pool node may take to pull each workload image",
+                                       check=positive)
     locustfile: Path | None = knob(None, "Locustfile for the service load (default fixtures/load/locustfile.py)")
     max_error_ratio: float = knob(0.01, "Highest failed-request ratio of the service in any upgrade phase (0..1)",
                                   check=fraction, threshold=True)
@@ -188,6 +250,12 @@ class Settings:
             raise ConfigError(f"unknown threshold(s) {sorted(unknown)}",
                               hint=f"thresholds are {', '.join(k.name for k in KNOBS if k.threshold)}")
         return dataclasses.replace(self, **{name: BY_NAME[name].convert(v) for name, v in values.items()})
+
+    def images(self) -> dict[str, str]:
+        """Each default workload image -> the image this run uses for it (its knob, else the mirror)."""
+        chosen = {GPU_JOB_IMAGE: self.gpu_job_image, SERVICE_IMAGE: self.service_image, PROBE_IMAGE: self.probe_image}
+        return {default: override or (mirrored(default, self.image_registry) if self.image_registry else default)
+                for default, override in chosen.items()}
 
     def require_gate_inputs(self) -> None:
         """What a canary run cannot start without; checked before the cluster is touched."""

@@ -161,6 +161,27 @@ class Kube:
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         self._call(f"evict pod {namespace}/{name}", self.dynamic.request, "post", path, body=body)
 
+    def can_i(self, verb: str, resource: str, *, group: str = "", namespace: str | None = None,
+              name: str | None = None) -> bool:
+        """Whether the caller may `verb` the resource (plural, `pods/eviction` for a subresource), asked
+        of the apiserver's authorizer with a SelfSubjectAccessReview: a read-only question."""
+        plural, _, subresource = resource.partition("/")
+        attributes = {"verb": verb, "resource": plural, "group": group, "subresource": subresource,
+                      "namespace": namespace or "", "name": name or ""}
+        review = self.create({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                              "metadata": {},
+                              "spec": {"resourceAttributes": attributes}})
+        return bool(review.get("status", {}).get("allowed"))
+
+    def request_token(self, service_account: str, *, namespace: str, expiration_s: int = 3600) -> str:
+        """A bound token of a ServiceAccount (TokenRequest API), e.g. for a kubeconfig that acts as it."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": expiration_s}}
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
+        answer = self._call(f"request a token of {namespace}/{service_account}", self.dynamic.request, "post", path,
+                            body=body)
+        return answer.to_dict()["status"]["token"] if hasattr(answer, "to_dict") else answer["status"]["token"]
+
     def watch_until(self, api_version: str, kind: str, done: Callable[[dict[str, dict]], T | None], *,
                     timeout_s: float, namespace: str | None = None, label_selector: str | None = None,
                     field_selector: str | None = None) -> T:

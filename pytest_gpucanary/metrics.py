@@ -227,6 +227,32 @@ def check_dcgm_driver_version(prom: Prometheus, *, nodes: Sequence[str], target:
     return judge_driver_version(series, nodes=nodes, target=target, node_label=node_label)
 
 
+# what the shipped checks read, each as a query that returns a series only when the data is there
+NEEDED_SERIES = (
+    ("count(gpu_operator_nodes_upgrades_failed)", "gpu_operator_nodes_upgrades_failed", "the rollout check",
+     "scrape the GPU Operator's metrics endpoint"),
+    ("count(DCGM_FI_DEV_XID_ERRORS)", "DCGM_FI_DEV_XID_ERRORS", "the XID check", "scrape dcgm-exporter"),
+    (f'count({DRIVER_CARRIER}{{{DRIVER_LABEL}!=""}})', f"{DRIVER_CARRIER} with a {DRIVER_LABEL} label",
+     "the driver-version check", "scrape dcgm-exporter with its default counters"),
+)
+
+
+def missing_series(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                   read_timeout_s: float = READ_TIMEOUT_S) -> list[str]:
+    """One line per series the shipped checks need that Prometheus at `url` does not have (or one line
+    saying it does not answer); empty when every check can be judged."""
+    lines = []
+    with Prometheus(url, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s) as prom:
+        for promql, series, needed_by, fix in NEEDED_SERIES:
+            try:
+                found = prom.query(promql)
+            except MetricsError as err:
+                return [f"Prometheus does not answer: {err}"]
+            if not found or not any(s.value > 0 for s in found):
+                lines.append(f"Prometheus at {prom.url} has no {series} series ({needed_by} needs it); {fix}")
+    return lines
+
+
 def default_checks(url: str, *, nodes: Sequence[str], target_driver: str, start_wall_ns: int, end_wall_ns: int,
                    connect_timeout_s: float = CONNECT_TIMEOUT_S, read_timeout_s: float = READ_TIMEOUT_S,
                    node_label: str = NODE_LABEL) -> tuple[MetricCheck, ...]:

@@ -196,6 +196,11 @@ def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings)
 @pytest.hookimpl(trylast=True)
 def pytest_gpucanary_make_pool(config: pytest.Config, settings: Settings) -> PoolProvider:
     """The default: fresh KWOK nodes on the local fleet (or where asked for), else carve out existing nodes."""
+    return default_pool_provider(settings)
+
+
+def default_pool_provider(settings: Settings) -> PoolProvider:
+    """The pool a run gets without a hook of its own (also what `gpucanary preflight` checks)."""
     if settings.pool_provider == "kwok" or (settings.pool_provider is None and settings.kubeconfig is None):
         from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider   # the local fleet's own pools
 

@@ -1,14 +1,97 @@
 """Read-only checks before any write: what the target cluster's GPU Operator looks like (which mode it
-runs, where, whether NVIDIADrivers carry their own upgrade policy). Never changes the cluster.
+runs, where, whether NVIDIADrivers carry their own upgrade policy), every permission the run needs
+(SelfSubjectAccessReviews), the pool's eligibility, and the service and Prometheus answering with the
+series the metric checks read. Never changes the cluster; every problem found is one line.
+
+`PERMISSIONS` is the run's, cleanup's and preflight's whole need of the API; deploy/rbac.yaml grants
+exactly these (a unit test holds the two equal) and the local fleet's e2e runs a gate under it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary import metrics
+from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound
+
+if TYPE_CHECKING:
+    from pytest_gpucanary.pool import PoolProvider
+
+RBAC_FILE = "deploy/rbac.yaml"
+
+
+@dataclass(frozen=True)
+class Permission:
+    """One verb on one resource, where the run needs it: `cluster` (cluster-scoped kinds, or namespaced
+    kinds in every namespace: the run's namespaces do not exist before it runs, so no Role can name
+    them), or `operator` (the GPU Operator's namespace; ClusterPolicy mode only)."""
+
+    verb: str
+    resource: str                 # plural; `kind/sub` for a subresource
+    group: str = ""
+    why: str = ""
+    scope: str = "cluster"
+    name: str = ""                # a resourceName the rule is limited to
+
+    def text(self) -> str:
+        where = " in the operator's namespace" if self.scope == "operator" else ""
+        named = f" {self.name}" if self.name else ""
+        return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''}{named}{where}"
+
+
+def _perms(verbs: str, resource: str, group: str = "", *, why: str, **kw: str) -> tuple[Permission, ...]:
+    return tuple(Permission(verb, resource, group, why, **kw) for verb in verbs.split())
+
+
+PERMISSIONS: tuple[Permission, ...] = (
+    *_perms("get list patch", "clusterpolicies", "nvidia.com", why="read the operator's mode; apply and restore "
+                                                                  "the policy"),
+    *_perms("get list patch", "nvidiadrivers", "nvidia.com", why="find the pool's NVIDIADriver; set its version"),
+    *_perms("get", "customresourcedefinitions", "apiextensions.k8s.io", name=op.NVIDIADRIVER_CRD,
+            why="tell whether NVIDIADrivers carry their own upgradePolicy"),
+    *_perms("get list watch patch", "nodes", why="carve out, record, hold back and restore GPU nodes"),
+    *_perms("list watch", "pods", why="find the operator's pods; record every pod on the pool"),
+    *_perms("create delete", "pods", why="pull each workload image on the pool node"),
+    *_perms("list watch", "events", why="record the upgrade's events"),
+    *_perms("create delete list watch", "namespaces", why="the run's own namespaces, found again by cleanup"),
+    *_perms("create get patch", "leases", "coordination.k8s.io", why="say the run is alive"),
+    *_perms("list watch", "serviceaccounts", why="wait for the run namespace's default ServiceAccount"),
+    *_perms("create list watch", "jobs", "batch", why="the GPU job and the start probes"),
+    *_perms("create", "deployments", "apps", why="the non-GPU service"),
+    *_perms("create", "services", why="the non-GPU service"),
+    *_perms("create", "poddisruptionbudgets", "policy", why="the non-GPU service's budget"),
+    *_perms("list watch", "daemonsets", "apps", scope="operator", why="wait for the driver DaemonSets on restore"),
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    line: str
+    usage: bool = False          # the user's input (exit 4), not the environment (exit 6)
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    """What the read-only checks found: problems (one line each), notes, and what the run will expose."""
+
+    cluster: ClusterInfo | None
+    problems: tuple[Problem, ...] = ()
+    notes: tuple[str, ...] = ()
+    exposure: tuple[str, ...] = ()
+    checked: tuple[str, ...] = field(default=())
+
+    def raise_first(self) -> None:
+        """The first problem as the run's error (all of them are in `problems`)."""
+        if not self.problems:
+            return
+        first = self.problems[0]
+        more = f" (and {len(self.problems) - 1} more: `gpucanary preflight` lists them)" if len(self.problems) > 1 else ""
+        raise (ConfigError if first.usage else EnvError)(first.line + more)
 
 
 @dataclass(frozen=True)
@@ -59,3 +142,73 @@ def _nvidiadriver_has_upgrade_policy(kube: Kube) -> bool:
     return any("upgradePolicy" in v.get("schema", {}).get("openAPIV3Schema", {}).get("properties", {})
                .get("spec", {}).get("properties", {}) for v in versions)
 
+
+
+def missing_permissions(kube: Kube, permissions: Iterable[Permission], *, operator_namespace: str,
+                        cluster_policy_mode: bool) -> list[Problem]:
+    problems = []
+    for perm in permissions:
+        if perm.scope == "operator" and not cluster_policy_mode:
+            continue
+        namespace = operator_namespace if perm.scope == "operator" else None
+        if not kube.can_i(perm.verb, perm.resource, group=perm.group, namespace=namespace, name=perm.name or None):
+            problems.append(Problem(f"missing permission: {perm.text()} (to {perm.why}); grant the rules of "
+                                    f"{RBAC_FILE}"))
+    return problems
+
+
+def exposure(cluster: ClusterInfo, *, pool_nodes: Iterable[str] = (), target: str = "",
+             held: Iterable[str] | None = None) -> tuple[str, ...]:
+    """What the run changes beyond its pool, one line each; nothing in NVIDIADriver mode with a per-driver
+    upgradePolicy (operator v26.7+), where only the pool's own NVIDIADriver changes."""
+    if cluster.nvidiadriver_mode and cluster.per_driver_policy:
+        return ()
+    if cluster.nvidiadriver_mode:
+        return (f"NVIDIADriver mode without a per-driver upgradePolicy (operator before v26.7): for the run's "
+                f"duration the policy under test is ClusterPolicy {cluster.cluster_policy}'s upgradePolicy, read for "
+                "every NVIDIADriver's nodes; the version changes on the pool's NVIDIADriver only",)
+    pool = set(pool_nodes)
+    others = sorted(held) if held is not None else [n for n in cluster.gpu_nodes if n not in pool]
+    names = ", ".join(others[:10]) + (f" and {len(others) - 10} more" if len(others) > 10 else "")
+    return (f"ClusterPolicy mode: for the run's duration the cluster-wide driver version in ClusterPolicy "
+            f"{cluster.cluster_policy} is {target or 'the target'}, and its upgradePolicy the policy under test",
+            f"held back by the skip label {op.SKIP_LABEL}=true for the run's duration: {len(others)} GPU node(s)"
+            + (f": {names}" if others else ""),
+            "recommended: NVIDIADriver mode (spec.driver.useNvidiaDriverCRD: true) with an NVIDIADriver for the "
+            "canary pool alone, so a run touches nothing beyond its pool")
+
+
+def answers_http(url: str, *, timeout_s: float = 5.0) -> str | None:
+    """None when something answers HTTP at `url` (any status: the run's own service does not exist yet),
+    else why not."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        return str(getattr(err, "reason", err))[:120]
+
+
+def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: str | None,
+          service_url: str | None) -> PreflightReport:
+    """Every read-only check, each problem one line; nothing is written."""
+    try:
+        cluster = discover(kube)
+    except GpucanaryError as err:
+        return PreflightReport(None, (Problem(str(err), isinstance(err, ConfigError)),))
+    problems = missing_permissions(kube, (*PERMISSIONS, *getattr(provider, "permissions", ())),
+                                   operator_namespace=cluster.operator_namespace,
+                                   cluster_policy_mode=not cluster.nvidiadriver_mode)
+    try:
+        provider.check(kube, cluster)
+    except GpucanaryError as err:
+        problems.append(Problem(str(err), isinstance(err, ConfigError)))
+    notes = []
+    if service_url and (why := answers_http(service_url)):
+        problems.append(Problem(f"service URL {service_url} does not answer ({why})"))
+    if prometheus_url:
+        problems += [Problem(line) for line in metrics.missing_series(prometheus_url)]
+    else:
+        notes.append("no Prometheus URL: the metric checks will not run")
+    return PreflightReport(cluster, tuple(problems), tuple(notes), exposure(cluster, target=target))

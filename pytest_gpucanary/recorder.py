@@ -46,6 +46,9 @@ def trim(kind: str, obj: dict) -> dict:
             "gpus": gpus_requested(spec.get("containers", [])),
             "emptyDirs": [v["name"] for v in spec.get("volumes", []) or [] if "emptyDir" in v],
         }
+    if kind == "Job":   # its completion is in status; the pod template is the manifest the run wrote
+        spec = obj.get("spec", {})
+        trimmed["spec"] = {k: spec.get(k) for k in ("completions", "parallelism", "backoffLimit")}
     if kind == "Node":
         trimmed["status"] = {k: v for k, v in obj.get("status", {}).items() if k not in ("images", "nodeInfo")}
     return trimmed

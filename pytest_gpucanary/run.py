@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, TextIO
 
 from pytest_gpucanary import ladder, metrics, preflight, workloads
 from pytest_gpucanary.config import DEFAULTS, Settings, flag
-from pytest_gpucanary.errors import ConfigError, GpucanaryError
+from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
 from pytest_gpucanary.ladder import (
     LadderResult, MetricCheck, Outcome, PhaseStats, RatePoint, RunEvidence, Stage, StageVerdict, WorkloadRef, timeline,
@@ -46,6 +46,9 @@ class LocalEndpoints(Protocol):
 
 STEPS_FILE = "steps.json"
 WORKLOAD_READY_TIMEOUT_S = 180
+# past the GPU job's deadline: a replacement pod evicted late in the upgrade is scheduled again after the
+# uncordon and must start and finish its last round
+JOB_COMPLETION_GRACE_S = 120
 NAMESPACE_GONE_TIMEOUT_S = 180
 WARM_UP_REQUESTS = 20
 
@@ -126,6 +129,9 @@ class _Measured:
     load_measured_from_ns: int = 0
     upgrade_policy: dict = field(default_factory=dict)
     upgrade_started_wall_ns: int = 0
+    gpu_job_until_wall_ns: int = 0
+    exposure: tuple[str, ...] = ()
+    held_nodes: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager
@@ -168,11 +174,18 @@ class CanaryRun:
         settings, clock = self.settings, StepClock()
         clock.next("preflight")
         policy = check_inputs(settings)                  # refuse bad input before touching the cluster
-        cluster = preflight.discover(self.kube)          # read-only
-        self.provider.check(self.kube, cluster)         # read-only: an unknown node changes nothing
+        checked = preflight.check(self.kube, self.provider, target=settings.driver_version,   # read-only
+                                  prometheus_url=self._prometheus_url(), service_url=settings.service_url)
+        for problem in checked.problems:
+            self.progress.line(f"preflight: {problem.line}")
+        checked.raise_first()
+        cluster = checked.cluster
+        assert cluster is not None, "a preflight without problems found the operator"
         run_id = settings.run_id or new_run_id()
         report_dir = settings.reports_dir / run_id
         self.progress.line(f"run {run_id}: operator in {cluster.mode} mode, namespace {cluster.operator_namespace}")
+        for line in checked.exposure:
+            self.progress.line(f"exposure: {line}")
         try:
             with sigterm_as_interrupt(), contextlib.ExitStack() as cleanup:
                 cleanup.callback(self.progress.line, "cleanup done: the cluster is as the run found it")
@@ -187,12 +200,13 @@ class CanaryRun:
                 clock.next("workloads")
                 placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
                 self._create_namespace(placement, cleanup)
+                self._pull_images(placement)
                 recorder = Recorder(self.kube, report_dir / "timeline.jsonl", self._streams(pool, placement))
                 cleanup.enter_context(recorder)
                 self._place_workloads(placement, run, recorder)
                 clock.next("baseline")
                 load = self._start_load(run, report_dir, cleanup)
-                probes = ProbeLoop(self.kube, placement, manifest=settings.probe,
+                probes = ProbeLoop(self.kube, placement, manifest=settings.probe, images=settings.images(),
                                    interval_s=settings.probe_interval_s, pool_nodes=pool.nodes)
                 cleanup.callback(probes.stop)
                 probes.start()
@@ -202,10 +216,15 @@ class CanaryRun:
                                         driver_to=settings.driver_version, run_id=run_id)
                 cleanup.callback(self._restore, applied, placement)
                 run.upgrade_started_wall_ns = time.time_ns()
+                run.held_nodes = tuple(applied.skipped_nodes)
+                run.exposure = preflight.exposure(cluster, pool_nodes=pool.nodes, target=settings.driver_version,
+                                                  held=run.held_nodes)
+                if run.held_nodes:
+                    self.progress.line(f"exposure: {run.exposure[1]}")
                 self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
                 self._watch_upgrade(pool, recorder)
                 clock.next("settle")
-                self._settle(pool, recorder, probes, placement)
+                self._settle(pool, recorder, probes, run)
                 clock.next("evaluate")
                 outcome = self._judge(run, recorder, probes, load, report_dir)
                 clock.next("restore")
@@ -231,7 +250,8 @@ class CanaryRun:
             metric_checks=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
             service_phases=service_phases, service_rate=service_rate, upgrade_policy=run.upgrade_policy,
             run_id=run.run_id, policy_path=str(settings.policy), finished_wall_ns=finished_wall_ns,
-            ci=ci_identity(os.environ))
+            ci=ci_identity(os.environ), gpu_job_work_s=settings.job_duration_s,
+            gpu_job_until_wall_ns=run.gpu_job_until_wall_ns, exposure=run.exposure, held_nodes=run.held_nodes)
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)
 
@@ -261,13 +281,47 @@ class CanaryRun:
         finally:
             upgrade.restore(self.kube, applied)
 
-    def _delete_quietly(self, api_version: str, kind: str, name: str) -> None:
+    def _delete_quietly(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:
         with contextlib.suppress(NotFound):
-            self.kube.delete(api_version, kind, name)
+            self.kube.delete(api_version, kind, name, namespace=namespace)
+
+    def _pull_images(self, placement: workloads.Placement) -> None:
+        """Before the policy is touched: every workload image pulled on the pool node by a short pod of the
+        run's own; one that cannot be pulled (a missing tag, an unreachable registry) stops the run."""
+        images = workloads.images_of(workloads.rendered(self.settings, placement))
+        timeout_s = self.settings.image_pull_timeout_s
+        self.progress.line(f"pulling {len(images)} image(s) on {placement.node}: {', '.join(images)}")
+        pods = [workloads.image_pull_pod(image, placement, index=i) for i, image in enumerate(images)]
+        for pod in pods:
+            self.kube.create(pod)
+
+        def settled(seen: dict[str, dict]) -> dict[str, tuple[bool | None, str]] | None:
+            states = {p["spec"]["containers"][0]["image"]: workloads.pull_state(p) for p in seen.values()}
+            if any(ok is False for ok, _ in states.values()) or (
+                    len(states) == len(images) and all(ok for ok, _ in states.values())):
+                return states
+            return None
+        try:
+            states = self.kube.watch_until("v1", "Pod", settled, timeout_s=timeout_s, namespace=placement.namespace,
+                                           label_selector=f"{workloads.ROLE_LABEL}={workloads.IMAGE_PULL_ROLE}")
+        except TimeoutError as err:
+            raise EnvError(f"the workload images were not all pulled on {placement.node} within {timeout_s:.0f} s "
+                           f"({err})", hint=f"mirror them ({flag('image_registry')}) or raise "
+                                            f"{flag('image_pull_timeout_s')}") from None
+        for image, (ok, why) in states.items():
+            if ok is False:
+                raise EnvError(f"image {image} cannot be pulled on {placement.node}: {why}",
+                               hint=f"publish or mirror it, then pass {flag('image_registry')} or the image's own "
+                                    "--gpucanary-*-image option")
+        for pod in pods:
+            self._delete_quietly("v1", "Pod", pod["metadata"]["name"], namespace=placement.namespace)
+        self.progress.line(f"images pulled on {placement.node}")
 
     def _streams(self, pool: Pool, placement: workloads.Placement) -> list[StreamSpec]:
         streams = [StreamSpec("canary-pods", "v1", "Pod", namespace=placement.namespace),
-                   StreamSpec("canary-events", "v1", "Event", namespace=placement.namespace)]
+                   StreamSpec("canary-events", "v1", "Event", namespace=placement.namespace),
+                   StreamSpec("canary-jobs", "batch/v1", "Job", namespace=placement.namespace,
+                              label_selector=f"{workloads.ROLE_LABEL}=gpu-job")]
         for node in pool.nodes:
             streams += [
                 StreamSpec(f"node-{node}", "v1", "Node", field_selector=f"metadata.name={node}"),
@@ -279,10 +333,12 @@ class CanaryRun:
 
     def _place_workloads(self, placement: workloads.Placement, run: _Measured, recorder: Recorder) -> None:
         settings = self.settings
-        job = workloads.gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s)
+        images = settings.images()
+        job = workloads.gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s, images=images)
+        run.gpu_job_until_wall_ns = int((workloads.work_until_wall_s(job) or 0) * 1e9)
         created = self.kube.create(job)
         run.gpu_job = WorkloadRef(placement.namespace, job["metadata"]["name"], created["metadata"]["uid"])
-        for manifest in workloads.service(settings.service, placement):
+        for manifest in workloads.service(settings.service, placement, images=images):
             self.kube.create(manifest)
             if manifest["kind"] == "Deployment":
                 run.service = WorkloadRef(placement.namespace, manifest["metadata"]["name"])
@@ -325,8 +381,11 @@ class CanaryRun:
         return (phase_stats(samples, records, run.pool.nodes[0], since_wall_ns=run.upgrade_started_wall_ns),
                 tuple(rate_series(samples)))
 
+    def _prometheus_url(self) -> str | None:
+        return self.settings.prometheus_url or (self.fleet.prometheus_url if self.fleet else None)
+
     def _collect_metrics(self, pool: Pool, start_wall_ns: int, end_wall_ns: int) -> tuple[MetricCheck, ...]:
-        url = self.settings.prometheus_url or (self.fleet.prometheus_url if self.fleet else None)
+        url = self._prometheus_url()
         if url is None:
             self.progress.line(f"no Prometheus URL: metric checks not run (give {flag('prometheus_url')})")
             return ()
@@ -354,17 +413,20 @@ class CanaryRun:
         last = events[-1].message.replace("Successfully updated node state label to ", "state -> ") if events else "-"
         return f"{node}: {states[-1] if states else '?'} | {elapsed_s:.0f}/{self.settings.upgrade_budget_s:.0f} s | {last}"
 
-    def _settle(self, pool: Pool, recorder: Recorder, probes: ProbeLoop, placement: workloads.Placement) -> None:
-        """After the upgrade, give new work the chance to land again, then let the probes in flight
-        finish (all bounded): what has not happened by then is reported, not waited for."""
+    def _settle(self, pool: Pool, recorder: Recorder, probes: ProbeLoop, run: _Measured) -> None:
+        """After the upgrade, give new work the chance to land again and the GPU job the time to complete
+        (it works until its deadline, a replacement pod too), then let the probes in flight finish. All
+        bounded: what has not happened by then is reported, not waited for."""
         wait_s = 2 * self.settings.probe_interval_s + 60
         if all(timeline.terminal_state(recorder.records, n) == "upgrade-done" for n in pool.nodes):
             done_ns = time.time_ns()
             self._wait_quietly(recorder, lambda rs: True if any(
                 p.scope == "pool" and p.created_wall_ns > done_ns and p.running_wall_ns
                 for p in probes.results(rs)) else None, wait_s, "a pool probe running after the upgrade")
-            self._wait_quietly(recorder, lambda rs: _running(rs, placement.namespace, "gpu-job", finished_ok=True),
-                               wait_s, "the GPU job running or finished after the upgrade")
+        job = run.gpu_job
+        bound_s = max(0.0, (run.gpu_job_until_wall_ns - time.time_ns()) / 1e9) + JOB_COMPLETION_GRACE_S
+        self.progress.line(f"waiting for GPU job {job} to complete (at most {bound_s:.0f} s)")
+        self._wait_quietly(recorder, lambda rs: _job_over(rs, job), bound_s, f"GPU job {job} complete")
         probes.stop()
         # a probe whose pod was evicted before it ran (a Job of backoffLimit 0) is over, not in flight
         self._wait_quietly(recorder, lambda rs: True if all(p.running_wall_ns or p.ended_wall_ns
@@ -376,6 +438,12 @@ class CanaryRun:
             recorder.wait_for(predicate, timeout_s=timeout_s, what=what)
         except TimeoutError as err:
             self.progress.line(str(err))
+
+
+def _job_over(records: list, job: WorkloadRef) -> bool | None:
+    """The Job completed or failed for good, as the Job controller says."""
+    seen = timeline.latest_job(records, namespace=job.namespace, name=job.name)
+    return True if seen is not None and (seen.complete_wall_ns or seen.failed_reason) else None
 
 
 def _running(records: list, namespace: str, role: str, *, finished_ok: bool = False) -> bool | None:

@@ -14,7 +14,9 @@ import copy
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Mapping
 
 from pytest_gpucanary.config import FIXTURES, Settings, read_text, yaml_documents
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
@@ -25,9 +27,13 @@ from pytest_gpucanary.ladder.model import ProbeSeen
 from pytest_gpucanary.ladder.timeline import Record
 
 WORKLOADS = FIXTURES / "workloads"
+# How long a pod runs on the local fleet's KWOK nodes (fixtures/fleet/stage-pod-complete.yaml): a Go
+# duration from the pod's start, or an RFC 3339 time to run until (kwok's durationFrom takes both)
 RUN_DURATION_ANNOTATION = "gpucanary.io/run-duration"
+WORK_UNTIL_ENV = "GPUCANARY_WORK_UNTIL_EPOCH_S"   # the GPU job's deadline, Unix seconds (gpu-job.yaml)
 PROBE_SCOPE_LABEL = "gpucanary.io/probe-scope"
 ROLE_LABEL = "gpucanary.io/role"
+IMAGE_PULL_ROLE = "image-pull"
 
 
 def load_manifests(path: Path) -> list[dict]:
@@ -42,6 +48,30 @@ class Placement:
     namespace: str
     run_id: str
     node: str
+
+
+def _containers(spec: dict) -> list[dict]:
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+
+
+def _with_images(obj: dict, images: Mapping[str, str]) -> dict:
+    """Every container that runs a shipped default image gets the image the run chose for it
+    (its override or the mirror); a user's own images stay as they are."""
+    if obj.get("kind") in ("Pod", "Job", "Deployment"):
+        _, spec = _pod_spec(obj)
+        for container in _containers(spec):
+            container["image"] = images.get(container.get("image", ""), container.get("image", ""))
+    return obj
+
+
+def images_of(manifests: list[dict]) -> list[str]:
+    """The images the manifests' pods run, each once, in order."""
+    found: list[str] = []
+    for obj in manifests:
+        if obj.get("kind") in ("Pod", "Job", "Deployment"):
+            _, spec = _pod_spec(obj)
+            found += [c["image"] for c in _containers(spec) if c.get("image") and c["image"] not in found]
+    return found
 
 
 def _stamp(obj: dict, placement: Placement, role: str) -> dict:
@@ -74,28 +104,49 @@ def _pin(obj: dict, placement: Placement, role: str) -> dict:
     return obj
 
 
-def gpu_job(path: Path | None, placement: Placement, *, duration_s: float) -> dict:
+def work_until_wall_s(job: dict) -> float | None:
+    """The deadline the canary wrote into a GPU job (Unix s), None if it carries none."""
+    _, spec = _pod_spec(job)
+    for container in spec["containers"]:
+        for env in container.get("env") or []:
+            if env.get("name") == WORK_UNTIL_ENV:
+                return float(env["value"])
+    return None
+
+
+def gpu_job(path: Path | None, placement: Placement, *, duration_s: float, images: Mapping[str, str] | None = None,
+            now_wall_s: float | None = None) -> dict:
+    """The GPU Job, working until now + `duration_s`: the deadline goes into every container's
+    environment and, for KWOK, into the pod template's run-duration annotation as an RFC 3339 time,
+    so every pod of the Job (a replacement after an eviction too) ends at the same moment."""
     [job] = [d for d in load_manifests(path or WORKLOADS / "gpu-job.yaml") if d["kind"] == "Job"] or [None]
     if job is None:
         raise ConfigError(f"{path} holds no Job", hint="the GPU workload must be a batch/v1 Job")
-    job = _pin(job, placement, "gpu-job")
-    meta, _ = _pod_spec(job)
-    meta.setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = f"{int(duration_s)}s"
+    job = _with_images(_pin(job, placement, "gpu-job"), images or {})
+    until_s = int((time.time() if now_wall_s is None else now_wall_s) + duration_s)
+    meta, spec = _pod_spec(job)
+    meta.setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
+        datetime.fromtimestamp(until_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    for container in spec["containers"]:
+        env = [e for e in container.get("env") or [] if e.get("name") != WORK_UNTIL_ENV]
+        container["env"] = [*env, {"name": WORK_UNTIL_ENV, "value": str(until_s)}]
     return job
 
 
-def service(path: Path | None, placement: Placement) -> list[dict]:
+def service(path: Path | None, placement: Placement, *, images: Mapping[str, str] | None = None) -> list[dict]:
     docs = load_manifests(path or WORKLOADS / "service.yaml")
     if not any(d["kind"] == "Deployment" for d in docs):
         raise ConfigError(f"{path} holds no Deployment", hint="the service must be a Deployment (+ Service, PDB)")
-    return [_pin(d, placement, "service") if d["kind"] == "Deployment" else _stamp(d, placement, "service")
-            for d in docs]
+    return [_with_images(_pin(d, placement, "service"), images or {}) if d["kind"] == "Deployment"
+            else _stamp(d, placement, "service") for d in docs]
 
 
-def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool_nodes: tuple[str, ...]) -> dict:
+def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool_nodes: tuple[str, ...],
+          images: Mapping[str, str] | None = None) -> dict:
     [job] = [d for d in load_manifests(path or WORKLOADS / "probe.yaml") if d["kind"] == "Job"] or [None]
     if job is None:
         raise ConfigError(f"{path} holds no Job", hint="a probe is a short batch/v1 Job")
+    job = _with_images(job, images or {})
     if scope == "pool":
         job = _pin(job, placement, "probe")
     else:
@@ -111,17 +162,58 @@ def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool
     return job
 
 
+def rendered(settings: Settings, placement: Placement) -> list[dict]:
+    """Every workload the run places, rendered (the GPU job, the service's objects, one probe)."""
+    images = settings.images()
+    return [gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s, images=images),
+            *service(settings.service, placement, images=images),
+            probe(settings.probe, placement, scope="fleet", seq=0, pool_nodes=(placement.node,), images=images)]
+
+
 def check(settings: Settings) -> None:
     """Render every workload once, before the cluster is touched: a missing or malformed manifest is one line."""
-    placement = Placement("gpucanary-check", "check", "check-node")
-    gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s)
-    service(settings.service, placement)
-    probe(settings.probe, placement, scope="fleet", seq=0, pool_nodes=("check-node",))
+    rendered(settings, Placement("gpucanary-check", "check", "check-node"))
+
+
+def image_pull_pod(image: str, placement: Placement, *, index: int) -> dict:
+    """A pod on the pool node that only makes the node pull `image`: pulled once its container ran or
+    ended (with any exit code, so an image without a shell is fine too); never a GPU."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"image-pull-{index}", "namespace": placement.namespace,
+                         "labels": {**owned_labels(placement.run_id), ROLE_LABEL: IMAGE_PULL_ROLE},
+                         "annotations": {RUN_DURATION_ANNOTATION: "1s"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {"kubernetes.io/hostname": placement.node},
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "pull", "image": image, "imagePullPolicy": "IfNotPresent",
+                                     "command": ["/bin/sh", "-c", "exit 0"],
+                                     "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}
+
+
+# container waiting reasons that mean the image will not come (kubelet: images.ErrImagePull and friends)
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable",
+                 "SignatureValidationFailed")
+
+
+def pull_state(pod: dict) -> tuple[bool | None, str]:
+    """(True: pulled; False: cannot be pulled; None: not yet), with the kubelet's words."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = status.get("state") or {}
+        if "running" in state or "terminated" in state:
+            return True, "pulled"
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in PULL_FAILURES:
+            return False, f"{waiting['reason']}: {' '.join(str(waiting.get('message', '')).split())[:200]}"
+    if (pod.get("status") or {}).get("phase") in ("Running", "Succeeded"):
+        return True, "pulled"
+    return None, (pod.get("status") or {}).get("phase") or "Pending"
 
 
 class ProbeLoop:
     def __init__(self, kube: Kube, placement: Placement, *, manifest: Path | None, interval_s: float,
-                 pool_nodes: tuple[str, ...], scopes: tuple[str, ...] = ("pool", "fleet")) -> None:
+                 pool_nodes: tuple[str, ...], scopes: tuple[str, ...] = ("pool", "fleet"),
+                 images: Mapping[str, str] | None = None) -> None:
+        self.images = dict(images or {})
         self.kube, self.placement, self.manifest, self.pool_nodes = kube, placement, manifest, pool_nodes
         self.interval_s, self.scopes = interval_s, scopes
         self.created: dict[str, tuple[str, int]] = {}   # name -> (scope, created_wall_ns)
@@ -141,7 +233,8 @@ class ProbeLoop:
         seq = 0
         while not self._stop.is_set():
             for scope in self.scopes:
-                job = probe(self.manifest, self.placement, scope=scope, seq=seq, pool_nodes=self.pool_nodes)
+                job = probe(self.manifest, self.placement, scope=scope, seq=seq, pool_nodes=self.pool_nodes,
+                            images=self.images)
                 created_wall_ns = time.time_ns()  # before the call, so no watch event can precede it
                 try:
                     self.kube.create(job)

@@ -20,6 +20,10 @@ from typing import Iterable, Iterator
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 LONG_RUNNING_VERBS = frozenset({"watch"})
+# "created" but never stored: the apiserver answers the question and keeps nothing (the preflight's
+# SelfSubjectAccessReviews), so they change no state and are not writes
+REVIEW_RESOURCES = frozenset({"selfsubjectaccessreviews", "selfsubjectrulesreviews", "subjectaccessreviews",
+                              "tokenreviews", "selfsubjectreviews"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +45,7 @@ class AuditRecord:
 
     @property
     def is_write(self) -> bool:
-        return self.verb in WRITE_VERBS
+        return self.verb in WRITE_VERBS and self.resource not in REVIEW_RESOURCES
 
     @property
     def is_watch(self) -> bool:

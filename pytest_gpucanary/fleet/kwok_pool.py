@@ -18,7 +18,7 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL, Pool
-from pytest_gpucanary.preflight import ClusterInfo
+from pytest_gpucanary.preflight import ClusterInfo, Permission
 
 
 @dataclass
@@ -69,11 +69,18 @@ def fleet_driver_version(kube: Kube) -> str:
     return versions.most_common(1)[0][0]
 
 
+# beyond preflight.PERMISSIONS: the pool's own nodes and NVIDIADriver (deploy/local-fleet-kwok-pool.yaml)
+KWOK_POOL_PERMISSIONS = tuple(Permission(verb, resource, group, "create and delete the pool's simulated nodes")
+                              for resource, group in (("nodes", ""), ("nvidiadrivers", "nvidia.com"))
+                              for verb in ("create", "delete"))
+
+
 @dataclass
 class KwokPoolProvider:
     size: int = 1
     name: str = "kwok"
     pool: KwokPool | None = None
+    permissions: tuple[Permission, ...] = KWOK_POOL_PERMISSIONS
 
     def check(self, kube: Kube, cluster: ClusterInfo) -> None:
         fleet_driver_version(kube)

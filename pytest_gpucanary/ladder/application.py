@@ -1,4 +1,4 @@
-"""Application: no evictions beyond the allowed ones, the GPU job finished or resumed, the service kept
+"""Application: no evictions beyond the allowed ones, the GPU job completed, the service kept
 its SLO in every upgrade phase. Pure: judges a RunEvidence.
 """
 
@@ -60,24 +60,36 @@ def evictions(evidence: RunEvidence, settings: Settings | None = None) -> list[E
 
 
 def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
+    """The Job's own completion (the Job controller's Complete condition), not a pod's state: a replacement
+    pod that is Running has not done the work yet. A timeline without Job records (recorded before the
+    canary watched Jobs) falls back to a Succeeded pod, which is what completes a one-pod Job."""
     job = ev.gpu_job
     pods = [p for p in timeline.latest_pods(ev.records) if p.namespace == job.namespace
             and p.labels.get("job-name") == job.name]
     items = [Evidence(p.received_wall_ns, ev.offset_s(p.received_wall_ns), "Pod", f"{p.namespace}/{p.name}",
                       f"GPU job pod {p.phase or 'unknown'}" + (" (removed)" if p.removed_wall_ns else ""))
              for p in pods]
-    if not pods:
+    seen = timeline.latest_job(ev.records, namespace=job.namespace, name=job.name)
+    if seen is not None:
+        items.append(Evidence(seen.received_wall_ns, ev.offset_s(seen.received_wall_ns), "Job", str(job),
+                              f"succeeded={seen.succeeded} failed={seen.failed} active={seen.active}"
+                              + (" Complete" if seen.complete_wall_ns else "")
+                              + (f" Failed ({seen.failed_reason})" if seen.failed_reason else "")))
+    if seen is None and not pods:
         return Finding(Outcome.INCONCLUSIVE, f"no pods of GPU job {job} recorded (label job-name={job.name})"), items
-    if done := next((p for p in pods if p.phase == "Succeeded"), None):
+    evicted = sum(1 for p in pods if p.disruption_reason)
+    if seen is not None and seen.complete_wall_ns:
+        return Finding(Outcome.PASS, f"GPU job {job} completed at +{ev.offset_s(seen.complete_wall_ns):.0f}s "
+                                     f"({len(pods)} pod(s), {evicted} evicted)"), items
+    if seen is None and (done := next((p for p in pods if p.phase == "Succeeded"), None)):
         return Finding(Outcome.PASS, f"GPU job {job} succeeded (pod {done.name})"), items
-    removed = [p.removed_wall_ns for p in pods if p.removed_wall_ns]
-    replacement = next((p for p in pods if removed and p.phase == "Running" and p.removed_wall_ns is None
-                        and p.first_seen_wall_ns >= min(removed)), None)
-    if replacement is not None:
-        return Finding(Outcome.PASS, f"GPU job {job} resumed (replacement pod {replacement.name} Running)"), items
-    phases = ", ".join(f"{p.name} {p.phase or 'unknown'}" for p in pods)
+    phases = ", ".join(f"{p.name} {p.phase or 'unknown'}" for p in pods) or "no pods"
+    worked_s = timeline.run_seconds(ev.records, namespace=job.namespace, job_name=job.name)
+    asked = f" of {ev.gpu_job_work_s:.0f} s" if ev.gpu_job_work_s else ""
+    deadline = (f", deadline +{ev.offset_s(ev.gpu_job_until_wall_ns):.0f}s" if ev.gpu_job_until_wall_ns else "")
+    why = f"Job Failed ({seen.failed_reason})" if seen is not None and seen.failed_reason else "expected the Job Complete"
     return Finding(Outcome.FAIL, f"GPU job {job} did not finish ({phases} at +{ev.offset_s(ev.end_wall_ns()):.0f}s; "
-                                 f"expected Succeeded, or a replacement Running after eviction)"), items
+                                 f"{why}; its pods ran {worked_s:.0f} s{asked}{deadline}, {evicted} evicted)"), items
 
 
 def _service_phases(ev: RunEvidence, settings: Settings) -> tuple[list[Finding], list[Evidence]]:
@@ -107,7 +119,7 @@ def _service_phases(ev: RunEvidence, settings: Settings) -> tuple[list[Finding],
 
 
 def check_application(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageVerdict:
-    """No evictions beyond the allowed ones; the GPU job finished or resumed; the service kept its SLO per phase."""
+    """No evictions beyond the allowed ones; the GPU job completed; the service kept its SLO per phase."""
     removed = evictions(evidence, settings)
     findings = [Finding(Outcome.FAIL, e.line()) for e in removed if not e.allowed]
     items = [Evidence(e.received_wall_ns, evidence.offset_s(e.received_wall_ns), "Pod", f"{e.namespace}/{e.name}",

@@ -50,9 +50,16 @@ class RunEvidence:
     policy_path: str = ""
     finished_wall_ns: int = 0
     ci: Mapping[str, str] = field(default_factory=dict, hash=False)
+    gpu_job_work_s: float = 0.0        # the GPU work asked of the job (--gpucanary-job-duration-s); 0: not known
+    gpu_job_until_wall_ns: int = 0     # its deadline (canary's wall clock, 1 s resolution); 0: not known
+    # what the run changed beyond its pool, said out loud (ClusterPolicy mode: the cluster-wide version
+    # and the nodes held back by the skip label); one line each
+    exposure: tuple[str, ...] = ()
+    held_nodes: tuple[str, ...] = ()   # GPU nodes the run held back with the operator's skip label
 
     def __post_init__(self) -> None:
-        for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate"):
+        for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate", "exposure",
+                     "held_nodes"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def offset_s(self, wall_ns: int) -> float:
@@ -115,7 +122,9 @@ class RunEvidence:
                    service_phases=tuple(PhaseStats(**s) for s in doc["service_phases"]),
                    service_rate=tuple(RatePoint(**r) for r in doc["service_rate"]),
                    upgrade_policy=doc["upgrade_policy"], run_id=doc["run_id"], policy_path=doc["policy_path"],
-                   finished_wall_ns=doc["finished_wall_ns"], ci=doc["ci"])
+                   finished_wall_ns=doc["finished_wall_ns"], ci=doc["ci"],
+                   gpu_job_work_s=doc.get("gpu_job_work_s", 0.0), gpu_job_until_wall_ns=doc.get("gpu_job_until_wall_ns", 0),
+                   exposure=tuple(doc.get("exposure", ())), held_nodes=tuple(doc.get("held_nodes", ())))
 
     def write(self, report_dir: Path) -> Path:
         """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""

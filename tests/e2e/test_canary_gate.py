@@ -25,8 +25,9 @@ from pytest_gpucanary.config import FIXTURES
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TARGET = "580.95.05"
-FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-job-duration-s=900", "--gpucanary-upgrade-budget-s=420",
-        "--gpucanary-max-p99-s=3"]  # a 2-core CI machine runs the fleet, the operator and locust at once
+# a 2-core CI machine runs the fleet, the operator and locust at once; the GPU job keeps the default
+# --gpucanary-job-duration-s, as the run now waits for the Job to complete
+FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3"]
 UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
 
 

@@ -1,0 +1,77 @@
+"""The gate under least privilege: a ServiceAccount bound to exactly deploy/'s rules runs a whole gate on
+the local fleet (so a rule the run needs and deploy/ lacks fails it), and one rule removed is one line
+from the preflight, exit 6, before anything is written.
+
+The other canary e2e tests keep the fleet's admin kubeconfig: they read the fleet's own ingress and
+Prometheus through the plugin's fleet fixture, which a --gpucanary-kubeconfig run does not use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.kube import Kube
+
+pytestmark = [pytest.mark.e2e]
+
+TARGET = "580.95.05"
+POLICY = f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}"
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def gpucanary(*args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
+                          timeout=timeout_s, env=ENV)
+
+
+def test_one_rule_removed_is_one_preflight_line_and_the_run_writes_nothing(
+        canary_service_account, kube: Kube, tmp_path: Path) -> None:
+    kubeconfig = canary_service_account("gpucanary-nojobs", without=("create", "jobs"))
+    args = (f"--gpucanary-kubeconfig={kubeconfig}", "--gpucanary-pool-provider=kwok", POLICY,
+            f"--gpucanary-driver-version={TARGET}")
+    result = gpucanary("preflight", *args, timeout_s=60)
+    assert result.returncode == 6, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("gpucanary: error:")]
+    assert errors == ["gpucanary: error: missing permission: create jobs.batch (to the GPU job and the start "
+                      "probes); grant the rules of deploy/rbac.yaml"], result.stderr
+    assert json.loads(result.stdout)["problems"] == [errors[0].removeprefix("gpucanary: error: ")]
+    before = {n["metadata"]["name"] for n in kube.list("v1", "Namespace")}
+    run = gpucanary("run", *args, "--gpucanary-run-id=nojobs", f"--gpucanary-reports-dir={tmp_path}", timeout_s=120)
+    assert run.returncode == 6, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "missing permission: create jobs.batch" in run.stdout and "Traceback" not in run.stdout
+    assert {n["metadata"]["name"] for n in kube.list("v1", "Namespace")} == before
+
+
+@pytest.mark.slow
+def test_a_whole_gate_passes_under_exactly_the_shipped_rules(canary_service_account, gpucanary_fleet,
+                                                             kube: Kube, tmp_path: Path) -> None:
+    kubeconfig = canary_service_account("gpucanary")
+    sa = Kube.connect(kubeconfig)
+    assert not sa.can_i("list", "secrets") and not sa.can_i("create", "clusterrolebindings",
+                                                            group="rbac.authorization.k8s.io")
+    fleet = gpucanary_fleet.fleet
+    run_id = "least-privilege"
+    preflight = gpucanary("preflight", f"--gpucanary-kubeconfig={kubeconfig}", "--gpucanary-pool-provider=kwok",
+                          POLICY, f"--gpucanary-driver-version={TARGET}", timeout_s=60)
+    assert preflight.returncode == 0, preflight.stderr
+    result = gpucanary("run", f"--gpucanary-kubeconfig={kubeconfig}", "--gpucanary-pool-provider=kwok", POLICY,
+                       f"--gpucanary-driver-version={TARGET}", f"--gpucanary-run-id={run_id}",
+                       f"--gpucanary-service-url={fleet.service_url(f'gpucanary-{run_id}', 'sched-api')}",
+                       f"--gpucanary-prometheus-url={fleet.prometheus_url}", "--gpucanary-probe-interval-s=10",
+                       "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+                       f"--gpucanary-reports-dir={tmp_path}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    receipt = json.loads((tmp_path / run_id / "receipt.json").read_text())
+    assert {v["stage"]: v["outcome"] for v in receipt["verdicts"]} == {
+        "rollout": "pass", "device": "pass", "network": "skipped", "scheduler": "pass", "application": "pass"}
+    application = next(v for v in receipt["verdicts"] if v["stage"] == "application")
+    assert f"GPU job gpucanary-{run_id}/gpu-train completed at +" in application["summary"]
+    assert not [n["metadata"]["name"] for n in kube.list("v1", "Namespace")
+                if n["metadata"]["name"].startswith(f"gpucanary-{run_id}") and not n["metadata"].get("deletionTimestamp")]
