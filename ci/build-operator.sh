@@ -73,8 +73,9 @@ build_from_module() {
   module_dir() { go mod download -json "$MOD@$pseudo" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'; }
   if [ -f "$out/.complete" ]; then
     dir=$(sed -n 's/^GPU_OPERATOR_MODULE_DIR=//p' "$out/paths.env" 2>/dev/null || true)
-    if [ -z "$dir" ] || [ ! -d "$dir/assets" ]; then
-      echo "operator module gone from the module cache; fetching it again" >&2
+    # Also rewrites a paths.env from before it named the commit.
+    if [ -z "$dir" ] || [ ! -d "$dir/assets" ] || ! grep -q '^GPU_OPERATOR_COMMIT=' "$out/paths.env"; then
+      echo "operator module gone from the module cache or paths.env out of date; resolving it again" >&2
       dir=$(module_dir)
       write_paths_env "$out" "$dir" "$(tree_version "$dir")" "${pseudo##*-}" "module $MOD@$pseudo"
     fi
