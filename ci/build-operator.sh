@@ -8,7 +8,8 @@
 #                             $GPUCANARY_OPERATOR_ARCHIVE_DIR/gpu-operator-<tag>.tar.gz (default
 #                             ../shared/third-party from the repo root), or, with
 #                             GPUCANARY_OPERATOR_SOURCE=git, `git clone --depth 1 --branch <tag>` of
-#                             $GPUCANARY_OPERATOR_GIT_URL (default https://github.com/NVIDIA/gpu-operator).
+#                             $GPUCANARY_OPERATOR_GIT_URL (default https://github.com/NVIDIA/gpu-operator;
+#                             a clone of upstream must be the tag's known commit, a mirror's is stamped as is).
 #                             Built with `go build -mod=vendor` (the tree vendors its dependencies).
 #   v25.3.4                   the Go module pinned by pseudo-version in ci/operator/go.mod (its release
 #                             tags are not valid Go versions for the module path).
@@ -39,6 +40,7 @@ fi
 
 cache=${GPUCANARY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpucanary}
 MOD=github.com/NVIDIA/gpu-operator
+UPSTREAM=https://$MOD
 info=$MOD/internal/info
 export GOTOOLCHAIN=local CGO_ENABLED=0
 
@@ -97,7 +99,7 @@ build_from_module() {
 build_from_tree() {
   local source=${GPUCANARY_OPERATOR_SOURCE:-archive} commit=${COMMITS[$RELEASE]} key archive out tmp start
   local archive_dir=${GPUCANARY_OPERATOR_ARCHIVE_DIR:-$(dirname "$repo")/shared/third-party}
-  local url=${GPUCANARY_OPERATOR_GIT_URL:-https://github.com/NVIDIA/gpu-operator}
+  local url=${GPUCANARY_OPERATOR_GIT_URL:-$UPSTREAM}
   case "$source" in
     archive)
       archive="$archive_dir/gpu-operator-$RELEASE.tar.gz"
@@ -107,7 +109,7 @@ build_from_tree() {
       fi
       # Keyed by size and mtime, not a checksum, so a warm run stays well under 0.1 s.
       key=$(stat -c '%s-%Y' "$archive" | sha256sum | cut -c1-12) ;;
-    git) key=git-${commit:0:12} ;;
+    git) key=git-$(printf %s "$url" | sha256sum | cut -c1-12) ;;
     *) echo "unknown GPUCANARY_OPERATOR_SOURCE '$source'; use archive or git" >&2; exit 2 ;;
   esac
   out="$cache/bin/gpu-operator-$RELEASE-$key"
@@ -125,7 +127,12 @@ build_from_tree() {
     git clone -q --depth 1 --branch "$RELEASE" "$url" "$tmp/src" ||
       { echo "git clone of $url at $RELEASE failed" >&2; exit 3; }
     local head; head=$(git -C "$tmp/src" rev-parse HEAD)
-    [ "$head" = "$commit" ] || { echo "$url tag $RELEASE is commit $head, expected $commit" >&2; exit 1; }
+    if [ "$url" = "$UPSTREAM" ]; then
+      [ "$head" = "$commit" ] || { echo "$url tag $RELEASE is commit $head, expected $commit" >&2; exit 1; }
+    elif [ "$head" != "$commit" ]; then
+      echo "note: $url tag $RELEASE is commit $head, not upstream's $commit; stamping $head" >&2
+      commit=$head
+    fi
     rm -rf "$tmp/src/.git"
   fi
   local rel; rel=$(tree_version "$tmp/src")
