@@ -124,7 +124,7 @@ build_from_tree() {
     mv "$tmp/gpu-operator-$RELEASE" "$tmp/src"
   else
     echo "cloning $url at $RELEASE" >&2
-    git clone -q --depth 1 --branch "$RELEASE" "$url" "$tmp/src" ||
+    git -c advice.detachedHead=false clone -q --depth 1 --branch "$RELEASE" "$url" "$tmp/src" ||
       { echo "git clone of $url at $RELEASE failed" >&2; exit 3; }
     local head; head=$(git -C "$tmp/src" rev-parse HEAD)
     if [ "$url" = "$UPSTREAM" ]; then
