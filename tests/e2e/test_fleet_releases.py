@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,7 +83,8 @@ def test_session_fleet_runs_the_chosen_release_from_one_tree(gpucanary_fleet, ku
 @pytest.mark.slow
 @pytest.mark.parametrize("driver_mode", ["nvidiadriver", "clusterpolicy"])
 @pytest.mark.parametrize("release", _releases())
-def test_fleet_up_runs_release(release: str, driver_mode: str, gpucanary_fleet, tmp_path: Path) -> None:
+def test_fleet_up_runs_release(release: str, driver_mode: str, gpucanary_fleet, tmp_path: Path,
+                              record_property) -> None:
     env = {"GPUCANARY_FLEET_DIR": str(tmp_path / "fleet"), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
            "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_DRIVER_MODE": driver_mode,
            "GPUCANARY_OPERATOR_RELEASE": release, "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir()),
@@ -91,6 +93,10 @@ def test_fleet_up_runs_release(release: str, driver_mode: str, gpucanary_fleet, 
     up = gpucanary(env, "fleet", "up")
     try:
         assert up.returncode == 0, up.stderr[-3000:]
+        # the fleet's own figure (monotonic clock, from start to operands Ready), kept in the JUnit report
+        up_s = re.search(r"^fleet: up in ([0-9.]+) s", up.stderr, re.MULTILINE)
+        assert up_s, up.stderr[-2000:]
+        record_property("fleet_up_s", float(up_s.group(1)))
         status = gpucanary(env, "fleet", "status")
         assert status.returncode == 0, status.stdout + status.stderr
         assert f"gpu-operator release     {release} (" in status.stdout
