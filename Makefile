@@ -41,6 +41,7 @@ $(VENV)/.installed: pyproject.toml
 build:
 	bash ci/build.sh >/dev/null
 	bash ci/build-operator.sh $(GPUCANARY_OPERATOR_RELEASE) >/dev/null
+	bash ci/build-actionlint.sh >/dev/null
 
 # Every release, one build at a time (each takes minutes cold; a warm cache builds nothing).
 build-operators:

@@ -2,7 +2,8 @@
 
 Run it with the policy under review and the target version, e.g.
     pytest canaries --gpucanary-policy policy.yaml --gpucanary-driver-version 580.95.05
-Copy this directory and add tests of your own; `gpucanary_run` gives the recording and verdicts.
+Copy this directory and add tests of your own; `gpucanary_run.evidence` gives the recording and its queries,
+`gpucanary_run.verdict(stage)` the ladder's verdicts.
 The first line of every failure states the measured value, the threshold and the stage.
 """
 
@@ -15,7 +16,7 @@ def assert_stage(run, stage: str) -> None:
     verdict = run.verdict(stage)
     if verdict.outcome.value == "skipped":
         pytest.skip(verdict.summary)
-    if verdict.outcome.value == "fail" or (verdict.outcome.value == "inconclusive" and not run.allow_inconclusive):
+    if run.fails_gate(verdict):
         pytest.fail(verdict.summary, pytrace=False)
 
 

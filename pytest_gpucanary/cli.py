@@ -6,8 +6,10 @@ import argparse
 import enum
 import os
 import sys
+from pathlib import Path
 from typing import Callable
 
+from pytest_gpucanary.config import KNOBS, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 
@@ -82,11 +84,11 @@ def _add_plan_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_plan_sweep(args: argparse.Namespace) -> ExitCode:
-    from pytest_gpucanary import sweep_report
-    from pytest_gpucanary.sweep import Infeasible, NoSweepPlanError
-    from pytest_gpucanary.sweep_compare import compare_strategies
-    from pytest_gpucanary.sweep_inventory import apply_overrides, load_inventory
-    from pytest_gpucanary.sweep_plan import plan_or_infeasible
+    from pytest_gpucanary.sweep import report as sweep_report
+    from pytest_gpucanary.sweep.model import Infeasible, NoSweepPlanError
+    from pytest_gpucanary.sweep.compare import compare_strategies
+    from pytest_gpucanary.sweep.inventory import apply_overrides, load_inventory
+    from pytest_gpucanary.sweep.plan import plan_or_infeasible
 
     if not args.inventory:
         raise ConfigError("plan-sweep needs --inventory PATH", hint="see fixtures/sweep/inventory.yaml")
@@ -107,30 +109,44 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "run", help="Run the shipped canary gate (pytest canaries/ with the given --gpucanary-* options)",
         description="Runs pytest on the shipped gate. Every argument is passed to pytest, e.g. "
-                    "--gpucanary-policy PATH --gpucanary-driver-version VERSION --junitxml report.xml; "
+                    f"{flag('policy')} PATH {flag('driver_version')} VERSION --junitxml report.xml; "
                     "see `pytest --help` for all --gpucanary-* options.")
     parser.set_defaults(handler=_cmd_run, takes_pytest_args=True)
 
 
-def _cmd_run(args: argparse.Namespace) -> ExitCode:
+def _cmd_run(args: argparse.Namespace) -> int:
+    """pytest's own exit code: the session object turns a run that could not happen into 6."""
     import pytest
 
-    from pytest_gpucanary.paths import CANARIES
-    from pytest_gpucanary.plugin import ERROR_KEY
-
-    class Capture:
-        error = ""
-
-        def pytest_unconfigure(self, config: pytest.Config) -> None:
-            Capture.error = config.stash.get(ERROR_KEY, "")
+    from pytest_gpucanary.config import CANARIES
 
     # the plugin is imported already (this module is in its package), so pytest cannot rewrite it
-    code = pytest.main([str(CANARIES), "-p", "no:locust", "-W", "ignore::pytest.PytestAssertRewriteWarning",
-                        *args.pytest_args], plugins=[Capture()])
-    if code == pytest.ExitCode.TESTS_FAILED and Capture.error:
-        return ExitCode.ENVIRONMENT
-    return {0: ExitCode.OK, 1: ExitCode.GATE_FAILED, 2: ExitCode.INTERRUPTED, 3: ExitCode.INTERNAL,
-            4: ExitCode.USAGE, 5: ExitCode.NOTHING_RAN}.get(int(code), ExitCode.INTERNAL)
+    return int(pytest.main([str(CANARIES), "-p", "no:locust", "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                            *args.pytest_args]))
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "evaluate", help="Judge a recorded run again from its report directory and rewrite its receipt",
+        description="Reads REPORT_DIR/evidence.json and timeline.jsonl, judges them with the run's thresholds "
+                    "(each overridable with its --gpucanary-* option) and rewrites the receipt. Offline: "
+                    "never contacts a cluster. Exit 0 when the gate passes, 1 when it does not.")
+    parser.add_argument("report_dir", metavar="REPORT_DIR", help="A run's directory, e.g. reports/<run-id>")
+    for knob in (k for k in KNOBS if k.threshold):
+        kwargs = {"action": "store_const", "const": "true"} if knob.type is bool else {"metavar": knob.name.upper()}
+        parser.add_argument(knob.flag, dest=knob.name, default=None, help=knob.help, **kwargs)
+    parser.set_defaults(handler=_cmd_evaluate)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> ExitCode:
+    from pytest_gpucanary.run import replay
+
+    overrides = {k.name: getattr(args, k.name) for k in KNOBS if k.threshold and getattr(args, k.name) is not None}
+    outcome = replay(Path(args.report_dir), overrides)
+    for verdict in outcome.result.verdicts:
+        _progress(f"{verdict.outcome.value:>12}  {verdict.summary}")
+    print(outcome.receipt["json"])
+    return ExitCode.OK if outcome.result.gate_passed else ExitCode.GATE_FAILED
 
 
 def _add_cleanup(sub: argparse._SubParsersAction) -> None:
@@ -142,11 +158,13 @@ def _add_cleanup(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> ExitCode:
+    if args.run_id is not None and (problem := run_id_rule(args.run_id)):
+        raise ConfigError(f"--run-id={args.run_id!r} {problem}", hint="give the id a canary run printed")
     from pytest_gpucanary.cleanup import cleanup
     from pytest_gpucanary.fleet import Fleet
     from pytest_gpucanary.kube import Kube
 
-    kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context)
+    kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context, option="--kubeconfig")
     count = cleanup(kube, run_id=args.run_id, report=_progress)
     _progress(f"cleanup: {count} objects deleted or restored")
     return ExitCode.OK
@@ -166,8 +184,8 @@ def _add_lint(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_lint(args: argparse.Namespace) -> ExitCode:
-    from pytest_gpucanary import policy_lint
-    from pytest_gpucanary.policy import load_policy
+    from pytest_gpucanary.policy import lint as policy_lint
+    from pytest_gpucanary.policy.parse import load_policy
 
     policy = load_policy(args.policy)
     changes = policy_lint.diff_policies(load_policy(args.against), policy) if args.against else None
@@ -178,7 +196,8 @@ def _cmd_lint(args: argparse.Namespace) -> ExitCode:
     return ExitCode.GATE_FAILED if policy_lint.has_errors(findings) else ExitCode.OK
 
 
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_run, _add_cleanup, _add_plan_sweep, _add_lint)
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_run, _add_evaluate, _add_cleanup,
+                                                                       _add_plan_sweep, _add_lint)
 
 
 def _progress(line: str) -> None:

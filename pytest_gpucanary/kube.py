@@ -1,27 +1,33 @@
-"""The only module that imports `kubernetes`: clients, CRUD on plain dicts, eviction, errors.
+"""The only module that imports `kubernetes`: clients, CRUD on plain dicts, eviction, one watch, errors.
 
 Objects cross this boundary as plain dicts; API failures become our own errors, raised `from` the
-client's, with trimmed messages and never a raw response body.
+client's, with trimmed messages and never a raw response body. Every wait is `watch_until` over the
+one list-then-watch primitive `watch`; nothing here polls.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
+import yaml
 from urllib3.exceptions import HTTPError
 
-from pytest_gpucanary.errors import EnvError, GpucanaryError
+from pytest_gpucanary import __version__
+from pytest_gpucanary.config import flag
+from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
+T = TypeVar("T")
 OWNER_LABEL = "app.kubernetes.io/managed-by"
 RUN_ID_LABEL = "gpucanary.io/run-id"
 
@@ -85,13 +91,19 @@ class Kube:
     dynamic: DynamicClient
 
     @classmethod
-    def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None) -> Kube:
+    def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None,
+                option: str = flag("kubeconfig"), user_agent: str | None = None) -> Kube:
+        """`option` is how the caller's command spells the kubeconfig, for the error line; `user_agent`
+        defaults to gpucanary/<version>, so the apiserver's audit log tells our requests apart."""
         try:
             api = kube_config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None,
                                                     context=context)
-        except (ConfigException, OSError, TypeError) as exc:
-            raise EnvError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {str(exc)[:200]}",
-                           hint="pass --gpucanary-kubeconfig and --gpucanary-context") from exc
+            api.user_agent = user_agent or f"gpucanary/{__version__}"
+        except (ConfigException, OSError, TypeError, ValueError, AttributeError, KeyError, yaml.YAMLError) as exc:
+            # a kubeconfig of any content (binary, not YAML, no contexts) is the caller's input: one line
+            why = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc).split()))[:160]
+            raise ConfigError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {type(exc).__name__}: {why}",
+                              hint=f"pass {option} naming a valid kubeconfig") from None
         try:
             return cls(DynamicClient(api))
         except (ApiException, HTTPError, OSError) as exc:
@@ -102,6 +114,8 @@ class Kube:
             return self.dynamic.resources.get(api_version=api_version, kind=kind)
         except ResourceNotFoundError as exc:
             raise NotFound(f"the cluster serves no {kind} in {api_version}") from exc
+        except (ApiException, HTTPError, OSError) as exc:   # discovery may go to the server
+            raise _translate(exc, f"discover {kind} in {api_version}") from exc
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -146,91 +160,64 @@ class Kube:
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         self._call(f"evict pod {namespace}/{name}", self.dynamic.request, "post", path, body=body)
 
-    def wait_for(self, api_version: str, kind: str, name: str, predicate: Any, *, namespace: str | None = None,
-                 timeout_s: float = 60.0) -> dict:
-        """Watch one object until `predicate(obj)` holds; returns it. Raises TimeoutError with its last state."""
-        resource = self._resource(api_version, kind)
+    def watch_until(self, api_version: str, kind: str, done: Callable[[dict[str, dict]], T | None], *,
+                    timeout_s: float, namespace: str | None = None, label_selector: str | None = None,
+                    field_selector: str | None = None) -> T:
+        """Watch the matching objects until `done(latest objects by name)` returns something other than None,
+        and return that. TimeoutError after `timeout_s`, naming the last state seen. Every wait is this."""
         deadline = time.monotonic() + timeout_s
-        last: dict | None = None
-        while (remaining := deadline - time.monotonic()) > 0:
-            listing = self._call(f"list {kind}", resource.get, namespace=namespace,
-                                 field_selector=f"metadata.name={name}").to_dict()
-            for item in listing["items"]:
-                last = item
-                if predicate(item):
-                    return item
-            stream = self._call(f"watch {kind}", resource.watch, namespace=namespace,
-                                field_selector=f"metadata.name={name}",
-                                resource_version=listing["metadata"]["resourceVersion"],
-                                timeout=max(1, int(remaining)))
-            for event in stream:
-                last = event["object"].to_dict()
-                if event["type"] != "DELETED" and predicate(last):
-                    return last
-        raise TimeoutError(f"{kind} {name} did not reach the expected state in {timeout_s:.0f} s; "
-                           f"last seen: {json.dumps((last or {}).get('status'))[:300]}")
+        latest: dict[str, dict] = {}
+        for event in self.watch(api_version, kind, stop=threading.Event(), namespace=namespace,
+                                label_selector=label_selector, field_selector=field_selector, deadline=deadline):
+            if event.type == "RELISTED":
+                latest = {o["metadata"]["name"]: o for o in event.object["items"]}
+            elif event.type == "DELETED":
+                latest.pop(event.object["metadata"]["name"], None)
+            else:
+                latest[event.object["metadata"]["name"]] = event.object
+            if (result := done(latest)) is not None:
+                return result
+        last = {name: obj.get("status") for name, obj in latest.items()}
+        raise TimeoutError(f"{kind} did not reach the expected state within {timeout_s:.0f} s; "
+                           f"last seen: {json.dumps(last, default=str)[:300]}")
+
+    def wait_for(self, api_version: str, kind: str, name: str, predicate: Callable[[dict], bool], *,
+                 namespace: str | None = None, timeout_s: float = 60.0) -> dict:
+        """Watch one object until `predicate(obj)` holds; returns it."""
+        return self.watch_until(api_version, kind, lambda objs: objs[name] if name in objs and predicate(objs[name])
+                                else None, timeout_s=timeout_s, namespace=namespace,
+                                field_selector=f"metadata.name={name}")
 
     def wait_gone(self, api_version: str, kind: str, name: str, *, namespace: str | None = None,
                   timeout_s: float = 120.0) -> None:
-        """Watch until the object no longer exists (finalizers done); raises TimeoutError after `timeout_s`."""
-        resource = self._resource(api_version, kind)
-        deadline = time.monotonic() + timeout_s
-        while (remaining := deadline - time.monotonic()) > 0:
-            listing = self._call(f"list {kind}", resource.get, namespace=namespace,
-                                 field_selector=f"metadata.name={name}").to_dict()
-            if not listing["items"]:
-                return
-            for event in self._call(f"watch {kind}", resource.watch, namespace=namespace,
-                                    field_selector=f"metadata.name={name}",
-                                    resource_version=listing["metadata"]["resourceVersion"],
-                                    timeout=max(1, int(remaining))):
-                if event["type"] == "DELETED":
-                    return
-        raise TimeoutError(f"{kind} {name} still exists after {timeout_s:.0f} s")
-
-    def watch_until(self, api_version: str, kind: str, done: Callable[[dict[str, dict]], bool], *, timeout_s: float,
-                    namespace: str | None = None, label_selector: str | None = None,
-                    field_selector: str | None = None) -> None:
-        """Watch the matching objects until `done(latest objects by name)` holds; TimeoutError after `timeout_s`."""
-        stop = threading.Event()
-        timer = threading.Timer(timeout_s, stop.set)
-        timer.start()
-        latest: dict[str, dict] = {}
-        try:
-            for event in self.watch(api_version, kind, stop=stop, namespace=namespace, label_selector=label_selector,
-                                    field_selector=field_selector):
-                if event.type == "RELISTED":
-                    latest = {o["metadata"]["name"]: o for o in event.object["items"]}
-                elif event.type == "DELETED":
-                    latest.pop(event.object["metadata"]["name"], None)
-                else:
-                    latest[event.object["metadata"]["name"]] = event.object
-                if done(latest):
-                    return
-        finally:
-            timer.cancel()
-        raise TimeoutError(f"{kind} did not reach the expected state within {timeout_s:.0f} s")
+        """Watch until the object no longer exists (finalizers done)."""
+        self.watch_until(api_version, kind, lambda objs: True if name not in objs else None, timeout_s=timeout_s,
+                         namespace=namespace, field_selector=f"metadata.name={name}")
 
     def watch(self, api_version: str, kind: str, *, stop: threading.Event, namespace: str | None = None,
               label_selector: str | None = None, field_selector: str | None = None,
-              server_timeout_s: int = 60) -> Iterator[WatchEvent]:
+              server_timeout_s: int = 60, deadline: float | None = None) -> Iterator[WatchEvent]:
         """List, then watch from the list's version; re-watch from the newest version when the server
         ends a stream, and relist (yielding a RELISTED event) when that version has expired (410).
 
-        Ends only when `stop` is set, checked at every event and stream end (at least every
-        `server_timeout_s`). A connection lost mid-stream also relists, so nothing is silently skipped.
+        Ends when `stop` is set, checked at every event and stream end (at least every
+        `server_timeout_s`), or at `deadline` (time.monotonic()). A connection lost mid-stream also
+        relists, so nothing is silently skipped. Every client failure leaves as one of our errors.
         """
+        def remaining_s() -> float:
+            return math.inf if deadline is None else deadline - time.monotonic()
+
         resource = self._resource(api_version, kind)
-        while not stop.is_set():
-            listing = self._call(f"list {kind}", resource.get, namespace=namespace, label_selector=label_selector,
-                                 field_selector=field_selector).to_dict()
+        while not stop.is_set() and remaining_s() > 0:
+            listing = self._call(f"list {kind}", lambda: resource.get(
+                namespace=namespace, label_selector=label_selector, field_selector=field_selector).to_dict())
             version = listing["metadata"]["resourceVersion"]
             yield WatchEvent("RELISTED", {"items": listing["items"]}, time.monotonic_ns(), time.time_ns())
             try:
-                while not stop.is_set():
+                while not stop.is_set() and (left := remaining_s()) > 0:
                     stream = self._call(f"watch {kind}", resource.watch, namespace=namespace,
                                         label_selector=label_selector, field_selector=field_selector,
-                                        resource_version=version, timeout=server_timeout_s,
+                                        resource_version=version, timeout=max(1, math.ceil(min(server_timeout_s, left))),
                                         allow_watch_bookmarks=True)
                     for raw in self._guard(f"watch {kind}", stream):  # an ERROR event arrives as ApiException
                         received = (time.monotonic_ns(), time.time_ns())
@@ -238,7 +225,7 @@ class Kube:
                         version = obj.get("metadata", {}).get("resourceVersion", version)
                         if raw["type"] != "BOOKMARK":
                             yield WatchEvent(raw["type"], obj, *received)
-                        if stop.is_set():
+                        if stop.is_set() or remaining_s() <= 0:
                             return
             except Gone:
                 continue

@@ -1,7 +1,8 @@
-"""pytest wiring only: options, markers, fixtures, JUnit properties, terminal summary.
+"""pytest wiring only: options, markers, one session object, fixtures, JUnit properties, terminal summary.
 
 Imports the standard library, pytest and config; everything that talks to a cluster is imported
-lazily inside fixtures, so `pytest --help` never loads `kubernetes`.
+lazily, so `pytest --help` never loads `kubernetes`. `GpucanarySession` (registered as
+"gpucanary-session") owns the settings, the run's outcome, the typed error and the exit status.
 """
 
 from __future__ import annotations
@@ -9,17 +10,23 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
 
 import pytest
 
 from pytest_gpucanary.config import KNOBS, Knob, Settings, env_source
+from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 
-pytest_plugins = ["pytest_gpucanary.sweep_fixtures"]
+if TYPE_CHECKING:
+    from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
+    from pytest_gpucanary.kube import Kube
+    from pytest_gpucanary.pool import PoolProvider
+    from pytest_gpucanary.run import RunOutcome
 
-SETTINGS_KEY = pytest.StashKey["Settings"]()
-OUTCOME_KEY = pytest.StashKey[Any]()
-ERROR_KEY = pytest.StashKey[str]()
+pytest_plugins = ["pytest_gpucanary.sweep.fixtures"]
+
+SESSION_KEY = pytest.StashKey["GpucanarySession"]()
+ENVIRONMENT_EXIT_STATUS = 6   # cli.ExitCode.ENVIRONMENT: the cluster or the fleet could not run the gate
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -32,107 +39,149 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpucanary", "GPU driver upgrade canary")
     for knob in KNOBS:
         kwargs: dict[str, Any] = {"action": "store_true"} if knob.type is bool else {"metavar": knob.name.upper()}
-        group.addoption(knob.flag, dest=f"gpucanary_{knob.name}", default=None, help=f"{knob.help} (env {knob.env})",
-                        **kwargs)
-        parser.addini(f"gpucanary_{knob.name}", knob.help, default=None)
-    group.addoption("--gpucanary-fleet-keep", action="store_true", default=None,
-                    help="Leave the local fleet running after the session (env GPUCANARY_FLEET_KEEP)")
-    parser.addini("gpucanary_fleet_keep", "Leave the local fleet running after the session", default=None)
+        group.addoption(knob.flag, dest=knob.ini, default=None, help=f"{knob.help} (env {knob.env})", **kwargs)
+        parser.addini(knob.ini, knob.help, default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpucanary(stage): ladder stage this test gives evidence for")
     config.addinivalue_line("markers", "e2e: runs against the local GPU fleet")
+    config.stash[SESSION_KEY] = session = GpucanarySession(config)
+    config.pluginmanager.register(session, "gpucanary-session")
 
 
-def _cli(config: pytest.Config):
-    return lambda knob: config.getoption(f"gpucanary_{knob.name}")
+def _cli(config: pytest.Config) -> Callable[[Knob], Any]:
+    return lambda knob: config.getoption(knob.ini)
 
 
-def _ini(config: pytest.Config):
+def _ini(config: pytest.Config) -> Callable[[Knob], Any]:
     def source(knob: Knob) -> Any:
-        value = config.getini(f"gpucanary_{knob.name}")
+        value = config.getini(knob.ini)
         return value if value not in ("", None, []) else None
     return source
 
 
-def settings_from(config: pytest.Config) -> Settings:
-    if SETTINGS_KEY not in config.stash:
-        from pytest_gpucanary.errors import ConfigError
+class GpucanarySession:
+    """Settings, the canary run's outcome or its typed error, and the exit status, for one pytest session."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self._settings: Settings | None = None
+        self.outcome: RunOutcome | None = None
+        self.error: GpucanaryError | None = None
+        self.run_properties_recorded = False
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            try:
+                self._settings = Settings.resolve(_cli(self.config), _ini(self.config), env_source(os.environ))
+            except ConfigError as err:
+                raise pytest.UsageError(f"gpucanary: {err}") from None
+        return self._settings
+
+    @property
+    def error_line(self) -> str:
+        return f"gpucanary: {self.error}" if self.error else ""
+
+    def fail(self, error: GpucanaryError) -> NoReturn:
+        """Stop the session with the error's one line, printed once: exit 4 for the caller's input found on
+        the cluster (an unknown pool node), 6 for a run that could not happen (not a gate that said no)."""
+        self.error = self.error or error
+        code = pytest.ExitCode.USAGE_ERROR if isinstance(self.error, ConfigError) else ENVIRONMENT_EXIT_STATUS
+        pytest.exit(self.error_line, returncode=code)
+
+    def run(self, request: pytest.FixtureRequest, kube: Kube) -> RunOutcome:
+        """The canary run, executed once per session."""
+        if self.outcome is not None:
+            return self.outcome
+        if self.error is not None:
+            self.fail(self.error)
+        from pytest_gpucanary.run import CanaryRun, ProgressLine
+
+        settings = self.settings
+        provider = self.config.hook.pytest_gpucanary_make_pool(config=self.config, settings=settings)
+        fleet = None if settings.kubeconfig else request.getfixturevalue("gpucanary_fleet").fleet
+        try:
+            self.outcome = CanaryRun(settings, kube, provider, fleet=fleet,
+                                     progress=ProgressLine(self.progress_writer())).execute()
+        except GpucanaryError as err:
+            self.fail(err)
+        return self.outcome
+
+    def progress_writer(self) -> Callable[[str], None]:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+
+        def write(line: str) -> None:
+            if reporter is None:
+                print(line, file=sys.stderr)
+            elif self.config.get_verbosity() >= 0:
+                # fixtures run under output capture; progress of minutes-long waits must reach the CI log now
+                with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                    reporter.write_line(line)
+                    reporter.flush()
+        return write
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """A bad --gpucanary-* value (or its ini key or environment variable) stops the session: exit 4, one line."""
+        _ = self.settings
+
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        """Refuse bad gate input before any test runs or the cluster is touched: exit 4, one line."""
+        if not any("gpucanary_run" in getattr(item, "fixturenames", ()) for item in items):
+            return
+        from pytest_gpucanary.run import check_inputs
 
         try:
-            config.stash[SETTINGS_KEY] = Settings.resolve(_cli(config), _ini(config), env_source(os.environ))
+            check_inputs(self.settings)
         except ConfigError as err:
             raise pytest.UsageError(f"gpucanary: {err}") from None
-    return config.stash[SETTINGS_KEY]
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if self.outcome is None:
+            return
+        result = self.outcome.result
+        terminalreporter.section("gpucanary launch receipt")
+        for verdict in result.verdicts:
+            terminalreporter.write_line(f"{verdict.outcome.value:>12}  {verdict.summary}")
+        failed = result.first_failed.value if result.first_failed else "none"
+        where = self.outcome.receipt.get("html", str(self.outcome.report_dir))
+        terminalreporter.write_line(f"gate {'PASSED' if result.gate_passed else 'FAILED'}; "
+                                    f"first failed stage: {failed}; receipt: {where}")
 
 
-def _keep_fleet(config: pytest.Config) -> bool:
-    knob = Knob("fleet_keep", bool, False, "")
-    from pytest_gpucanary.config import convert
-
-    raw = next((v for v in (_cli(config)(knob), _ini(config)(knob), env_source(os.environ)(knob)) if v is not None),
-               False)
-    return bool(convert(knob, raw))
-
-
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse bad gate input before any test runs or the cluster is touched: exit 4, one line."""
-    if not any("gpucanary_run" in getattr(item, "fixturenames", ()) for item in items):
-        return
-    from pytest_gpucanary.errors import ConfigError
-    from pytest_gpucanary.policy import load_policy
-
-    settings = settings_from(config)
-    try:
-        settings.require_gate_inputs()
-        load_policy(settings.policy)
-    except ConfigError as err:
-        raise pytest.UsageError(f"gpucanary: {err}") from None
+def _session(request: pytest.FixtureRequest) -> GpucanarySession:
+    return request.config.stash[SESSION_KEY]
 
 
 @pytest.fixture(scope="session")
 def gpucanary_settings(request: pytest.FixtureRequest) -> Settings:
     """The resolved --gpucanary-* settings (command line > ini > environment > default)."""
-    return settings_from(request.config)
-
-
-def _progress_writer(config: pytest.Config):
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-
-    def write(line: str) -> None:
-        if reporter is None:
-            print(line, file=sys.stderr)
-        elif config.get_verbosity() >= 0:
-            # fixtures run under output capture; progress of minutes-long waits must reach the CI log now
-            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-                reporter.write_line(line)
-                reporter.flush()
-    return write
+    return _session(request).settings
 
 
 @pytest.fixture(scope="session")
-def gpucanary_fleet(request: pytest.FixtureRequest) -> Iterator[Any]:
+def gpucanary_fleet(request: pytest.FixtureRequest) -> Iterator[FleetClusterManager]:
     """A ready local GPU fleet, started once per run (left running if it was up before)."""
-    from pytest_gpucanary.errors import GpucanaryError
     from pytest_gpucanary.fleet import Fleet
     from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
 
-    manager = FleetClusterManager(Fleet.from_env(), progress=_progress_writer(request.config))
+    session = _session(request)
+    manager = FleetClusterManager(Fleet.from_env(), progress=session.progress_writer())
     try:
         manager.create()
     except GpucanaryError as err:
-        pytest.fail(f"local fleet could not start: {err}", pytrace=False)
+        session.fail(EnvError(f"local fleet could not start: {err}"))
     yield manager
-    if not _keep_fleet(request.config):
+    if not session.settings.fleet_keep:
         manager.delete()
 
 
 @pytest.fixture(scope="session")
-def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings) -> Any:
+def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings) -> Kube:
     """A client of the target cluster: --gpucanary-kubeconfig, else the local fleet."""
-    from pytest_gpucanary.errors import GpucanaryError
     from pytest_gpucanary.kube import Kube
 
     kubeconfig = gpucanary_settings.kubeconfig
@@ -141,66 +190,58 @@ def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings)
     try:
         return Kube.connect(kubeconfig, context=gpucanary_settings.context)
     except GpucanaryError as err:
-        request.config.stash[ERROR_KEY] = str(err)
-        pytest.fail(str(err), pytrace=False)
+        _session(request).fail(err)
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_gpucanary_make_pool(config: pytest.Config, settings: Settings) -> Any:
-    from pytest_gpucanary.pool import provider_for
+def pytest_gpucanary_make_pool(config: pytest.Config, settings: Settings) -> PoolProvider:
+    """The default: fresh KWOK nodes on the local fleet (or where asked for), else carve out existing nodes."""
+    if settings.pool_provider == "kwok" or (settings.pool_provider is None and settings.kubeconfig is None):
+        from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider   # the local fleet's own pools
 
-    return provider_for(settings, local_fleet=settings.kubeconfig is None)
+        return KwokPoolProvider(size=settings.pool_size)
+    from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
+
+    return ExistingNodeProvider.from_settings(settings)
 
 
 @pytest.fixture(scope="session")
-def gpucanary_run(request: pytest.FixtureRequest, gpucanary_settings: Settings, gpucanary_kube: Any) -> Any:
+def gpucanary_run(request: pytest.FixtureRequest, gpucanary_kube: Kube) -> RunOutcome:
     """The canary run, executed once per session: pool, policy, workloads, upgrade, ladder, receipt."""
-    from pytest_gpucanary.errors import ConfigError, GpucanaryError
-    from pytest_gpucanary.progress import ProgressLine
-    from pytest_gpucanary.run import CanaryRun
-
-    config = request.config
-    if OUTCOME_KEY in config.stash:
-        return config.stash[OUTCOME_KEY]
-    if ERROR_KEY in config.stash:
-        pytest.fail(config.stash[ERROR_KEY], pytrace=False)
-    provider = config.hook.pytest_gpucanary_make_pool(config=config, settings=gpucanary_settings)
-    fleet = None if gpucanary_settings.kubeconfig else request.getfixturevalue("gpucanary_fleet").fleet
-    try:
-        outcome = CanaryRun(gpucanary_settings, gpucanary_kube, provider, fleet=fleet,
-                            progress=ProgressLine(_progress_writer(config))).execute()
-    except ConfigError as err:  # found on the cluster (an unknown pool node): still the caller's input
-        config.stash[ERROR_KEY] = f"gpucanary: {err}"
-        pytest.exit(config.stash[ERROR_KEY], returncode=pytest.ExitCode.USAGE_ERROR)
-    except GpucanaryError as err:
-        config.stash[ERROR_KEY] = f"gpucanary: {err}"
-        pytest.fail(config.stash[ERROR_KEY], pytrace=False)
-    config.stash[OUTCOME_KEY] = outcome
-    return outcome
+    return _session(request).run(request, gpucanary_kube)
 
 
 @pytest.fixture(autouse=True)
 def _gpucanary_junit_properties(request: pytest.FixtureRequest) -> None:
+    """JUnit <testsuite> properties: the run's facts once, then the stage of each marked test.
+
+    Strict JUnit schemas (Jenkins xUnit's junit-10.xsd) allow <properties> only in a <testsuite>, so
+    nothing goes into the test's own user_properties.
+    """
     marker = request.node.get_closest_marker("gpucanary")
     if marker is None or "gpucanary_run" not in request.fixturenames:
         return
-    outcome = request.getfixturevalue("gpucanary_run")
-    for key, value in (("gpucanary_run_id", outcome.run_id), ("gpucanary_pool", ",".join(outcome.pool.nodes)),
-                       ("gpucanary_driver_from", outcome.pool.driver_from), ("gpucanary_driver_to", outcome.driver_to),
-                       ("gpucanary_stage", marker.args[0] if marker.args else "")):
-        request.node.user_properties.append((key, value))
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    outcome = config.stash.get(OUTCOME_KEY, None)
-    if outcome is None or outcome.result is None:
+    evidence = request.getfixturevalue("gpucanary_run").evidence
+    if not request.config.pluginmanager.has_plugin("junitxml"):
         return
-    result = outcome.result
-    terminalreporter.section("gpucanary launch receipt")
-    for verdict in result.verdicts:
-        terminalreporter.write_line(f"{verdict.outcome.value:>12}  {verdict.summary}")
-    failed = result.first_failed.value if result.first_failed else "none"
-    terminalreporter.write_line(f"gate {'PASSED' if result.gate_passed else 'FAILED'}; first failed stage: {failed}; "
-                                f"receipt: {outcome.receipt.get('html', outcome.report_dir)}")
+    record = request.getfixturevalue("record_testsuite_property")
+    session = _session(request)
+    if not session.run_properties_recorded:
+        session.run_properties_recorded = True
+        for key, value in (("gpucanary_run_id", evidence.run_id), ("gpucanary_pool", ",".join(evidence.pool_nodes)),
+                           ("gpucanary_driver_from", evidence.driver_from),
+                           ("gpucanary_driver_to", evidence.driver_to)):
+            record(key, value)
+    record(f"gpucanary_stage:{request.node.nodeid}", marker.args[0] if marker.args else "")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A stage test failed with pytest.fail(summary, pytrace=False): report the summary alone, so the
+    JUnit failure message starts with `<stage>: <measured> <op> <threshold>`, not `Failed: `."""
+    report = yield
+    excinfo = call.excinfo
+    if (report.failed and excinfo is not None and isinstance(excinfo.value, pytest.fail.Exception)
+            and not excinfo.value.pytrace and item.get_closest_marker("gpucanary") is not None):
+        report.longrepr = excinfo.value.msg
+    return report

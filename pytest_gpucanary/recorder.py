@@ -1,4 +1,4 @@
-"""Flight recorder: append-only JSONL timeline of what the watches saw.
+"""Flight recorder: append-only JSONL timeline (`ladder.timeline.Record` per line) of what the watches saw.
 
 Each record is flushed as it arrives, so a crash loses at most the line being written. Consumes
 `Kube.watch()` events (list, then watch with resume); never polls the API. A watch that fails is
@@ -7,15 +7,18 @@ recorded as a WATCH_ERROR and restarted after a short backoff, so a gap is visib
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from pytest_gpucanary.errors import GpucanaryError
+from pytest_gpucanary.gpu_operator import gpus_requested
 from pytest_gpucanary.kube import Kube, WatchEvent
+from pytest_gpucanary.ladder.timeline import Record, load
+
+__all__ = ["Record", "Recorder", "StreamSpec", "load", "trim"]
 
 T = TypeVar("T")
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
@@ -31,36 +34,6 @@ class StreamSpec:
     field_selector: str | None = None
 
 
-@dataclass(frozen=True)
-class Record:
-    stream: str
-    type: str                 # ADDED, MODIFIED, DELETED, LISTED (from a relist), RELISTED, WATCH_ERROR
-    kind: str
-    namespace: str | None
-    name: str | None
-    received_mono_ns: int     # client receive time, monotonic clock
-    received_wall_ns: int     # client receive time, wall clock (Unix ns)
-    object: dict = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, line: str) -> Record:
-        return cls(**json.loads(line))
-
-
-def load(path: Path) -> list[Record]:
-    """Read a timeline back; a torn last line (a crash mid-write) is skipped."""
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(Record.from_json(line))
-        except (ValueError, TypeError):
-            continue
-    return records
-
-
 def trim(kind: str, obj: dict) -> dict:
     """Keep what the ladder reads; managedFields and pod specs are most of an object's bytes."""
     meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
@@ -70,9 +43,7 @@ def trim(kind: str, obj: dict) -> dict:
         spec = obj.get("spec", {})
         trimmed["spec"] = {
             "nodeName": spec.get("nodeName"),
-            "gpus": sum(int(v) for c in spec.get("containers", []) for key, v in
-                        {**c.get("resources", {}).get("requests", {}), **c.get("resources", {}).get("limits", {})}.items()
-                        if key.startswith(("nvidia.com/gpu", "nvidia.com/mig-"))),
+            "gpus": gpus_requested(spec.get("containers", [])),
             "emptyDirs": [v["name"] for v in spec.get("volumes", []) or [] if "emptyDir" in v],
         }
     if kind == "Node":

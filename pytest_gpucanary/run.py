@@ -9,27 +9,44 @@ killed run left.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, Callable, Iterator, Mapping, Protocol, TextIO
 
-from pytest_gpucanary import cluster as cluster_info
-from pytest_gpucanary import metrics, phases, timeline, upgrade, workloads
-from pytest_gpucanary.config import Settings
+from pytest_gpucanary import ladder, metrics, preflight, workloads
+from pytest_gpucanary.config import DEFAULTS, Settings, flag
+from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
-from pytest_gpucanary.load import LoadRun
+from pytest_gpucanary.ladder import (
+    LadderResult, MetricCheck, Outcome, PhaseStats, RatePoint, RunEvidence, Stage, StageVerdict, WorkloadRef, timeline,
+)
+from pytest_gpucanary.ladder.phases import phase_stats, rate_series
+from pytest_gpucanary.lease import RunLease
+from pytest_gpucanary.load import LoadRun, check_locustfile
+from pytest_gpucanary.policy import apply as upgrade
+from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
 from pytest_gpucanary.pool import Pool, PoolProvider
-from pytest_gpucanary.probes import ProbeLoop, ProbeSeen
-from pytest_gpucanary.progress import ProgressLine
+from pytest_gpucanary.receipt import FILES, write_receipt
+from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.recorder import Recorder, StreamSpec
+from pytest_gpucanary.workloads import ProbeLoop
 
-if TYPE_CHECKING:
-    from pytest_gpucanary.fleet import Fleet
+class LocalEndpoints(Protocol):
+    """What the run asks of a local test bed when it is the target (the fleet's ingress and Prometheus)."""
 
+    prometheus_url: str
+
+    def service_url(self, namespace: str, name: str) -> str: ...
+
+STEPS_FILE = "steps.json"
 WORKLOAD_READY_TIMEOUT_S = 180
+NAMESPACE_GONE_TIMEOUT_S = 180
 WARM_UP_REQUESTS = 20
 
 
@@ -37,60 +54,78 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunOutcome:
-    """Everything a gate test, the receipt and the CLI need after the run."""
+    """One run's evidence, the ladder's judgement of it, and where the receipt was written."""
+
+    evidence: RunEvidence
+    result: LadderResult
+    settings: Settings
+    report_dir: Path
+    receipt: Mapping[str, str] = field(default_factory=dict)
+
+    def verdict(self, stage: Stage | str) -> StageVerdict:
+        return self.result.verdict(stage)
+
+    def fails_gate(self, verdict: StageVerdict) -> bool:
+        return verdict.outcome is Outcome.FAIL or (verdict.outcome is Outcome.INCONCLUSIVE
+                                                   and self.settings.inconclusive_fails)
+
+
+def judge(evidence: RunEvidence, settings: Settings, report_dir: Path) -> RunOutcome:
+    """Judge the evidence and write the receipt: what a run does at its end, and `gpucanary evaluate` again."""
+    result = ladder.evaluate(evidence, settings)
+    paths = write_receipt(report_dir, result, evidence)
+    return RunOutcome(evidence, result, settings, report_dir, {kind: str(path) for kind, path in paths.items()})
+
+
+class StepClock:
+    """Wall time of each step of a run (monotonic clock, s), written to steps.json when the run ends."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._step: str | None = None
+        self._since = time.monotonic()
+
+    def next(self, step: str | None) -> None:
+        now = time.monotonic()
+        if self._step is not None:
+            self.seconds[self._step] = self.seconds.get(self._step, 0.0) + now - self._since
+        self._step, self._since = step, now
+
+    def describe(self) -> str:
+        return ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.seconds.items())
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps({"clock": "monotonic", "seconds": self.seconds}, indent=1) + "\n")
+
+
+def replay(report_dir: Path, overrides: Mapping[str, Any]) -> RunOutcome:
+    """Judge a recorded run again, offline, with the thresholds it was judged with unless overridden, and
+    rewrite its receipt: judging is a pure function of what the run wrote."""
+    try:
+        evidence = RunEvidence.read(report_dir)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{report_dir} holds no readable recorded run ({type(err).__name__}: {str(err)[:120]})",
+                          hint="give a reports/<run-id> directory that a canary run wrote") from None
+    try:
+        recorded = json.loads((report_dir / FILES["json"]).read_text(encoding="utf-8"))["thresholds"]
+    except (OSError, ValueError, KeyError):
+        recorded = {}     # the run ended before its receipt: judge with the defaults
+    return judge(evidence, DEFAULTS.with_thresholds({**recorded, **overrides}), report_dir)
+
+
+@dataclass
+class _Measured:
+    """What the run collects as it goes, frozen into RunEvidence at the end."""
 
     run_id: str
-    report_dir: Path
     pool: Pool
-    driver_to: str
-    upgrade_started_wall_ns: int | None = None
-    finished_wall_ns: int | None = None
-    records: list = field(default_factory=list)
-    probes: list[ProbeSeen] = field(default_factory=list)
-    gpu_job: tuple[str, str] = ("", "")
-    gpu_job_uid: str = ""
-    service: tuple[str, str] = ("", "")
-    allow_inconclusive: bool = False
-    metric_checks: list = field(default_factory=list)    # ladder.MetricCheck from Prometheus
-    service_phases: list = field(default_factory=list)   # ladder.PhaseStats from the load generator
-    load_rate: list = field(default_factory=list)        # phases.RatePoint per second
+    gpu_job: WorkloadRef = WorkloadRef("", "")
+    service: WorkloadRef = WorkloadRef("", "")
     load_measured_from_ns: int = 0
-    upgrade_policy: dict = field(default_factory=dict)   # the CR upgradePolicy the run applied
-    result: object = None          # ladder.LadderResult
-    receipt: dict = field(default_factory=dict)
-
-    def verdict(self, stage: str):
-        return next(v for v in self.result.verdicts if v.stage.value == stage)
-
-    def evictions(self) -> list[timeline.PodGone]:
-        """Pods removed from the pool nodes during the run, in the order first seen."""
-        return [gone for node in self.pool.nodes for gone in timeline.pods_gone(self.records, node)]
-
-    def validator_results(self) -> list[dict]:
-        """The last state seen of each nvidia-operator-validator pod on the pool."""
-        latest: dict[str, dict] = {}
-        for r in self.records:
-            if r.kind == "Pod" and r.object.get("metadata", {}).get("labels", {}).get("app") == "nvidia-operator-validator":
-                latest[r.object["metadata"]["uid"]] = {"name": r.name, "node": r.object["spec"].get("nodeName"),
-                                                       "phase": r.object.get("status", {}).get("phase"),
-                                                       "deleted": r.type == "DELETED"}
-        return list(latest.values())
-
-    def queue_delays_s(self) -> list[float]:
-        """Pool probes: created -> scheduled, client receive times (wall clock)."""
-        return [(p.scheduled_wall_ns - p.created_wall_ns) / 1e9 for p in self.probes
-                if p.scope == "pool" and p.scheduled_wall_ns]
-
-    def start_latencies_s(self) -> list[float]:
-        """Fleet probes: created -> Running, client receive times (wall clock)."""
-        return [(p.running_wall_ns - p.created_wall_ns) / 1e9 for p in self.probes
-                if p.scope == "fleet" and p.running_wall_ns]
-
-    def upgrade_timeline(self) -> list[timeline.Transition]:
-        return [t for node in self.pool.nodes
-                for t in timeline.label_transitions(self.records, node, timeline.UPGRADE_STATE_LABEL)]
+    upgrade_policy: dict = field(default_factory=dict)
+    upgrade_started_wall_ns: int = 0
 
 
 @contextlib.contextmanager
@@ -113,56 +148,99 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def check_inputs(settings: Settings) -> UpgradePolicy:
+    """Everything the user gave, read and checked before the cluster is touched: the policy, the
+    workload manifests, the locustfile and the reports directory. Returns the policy."""
+    settings.require_gate_inputs()
+    policy = load_policy(settings.policy)
+    workloads.check(settings)
+    check_locustfile(settings.locustfile)
+    return policy
+
+
 class CanaryRun:
     def __init__(self, settings: Settings, kube: Kube, provider: PoolProvider, *, progress: ProgressLine,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: LocalEndpoints | None = None) -> None:
         self.settings, self.kube, self.provider, self.progress = settings, kube, provider, progress
         self.fleet = fleet    # the local fleet when it is the target: its ingress and Prometheus
 
     def execute(self) -> RunOutcome:
-        from pytest_gpucanary.policy import load_policy
-
-        settings = self.settings
-        settings.require_gate_inputs()
-        policy = load_policy(settings.policy)           # refuse bad input before touching the cluster
-        cluster = cluster_info.discover(self.kube)       # read-only
+        settings, clock = self.settings, StepClock()
+        clock.next("preflight")
+        policy = check_inputs(settings)                  # refuse bad input before touching the cluster
+        cluster = preflight.discover(self.kube)          # read-only
+        self.provider.check(self.kube, cluster)         # read-only: an unknown node changes nothing
         run_id = settings.run_id or new_run_id()
+        report_dir = settings.reports_dir / run_id
         self.progress.line(f"run {run_id}: operator in {cluster.mode} mode, namespace {cluster.operator_namespace}")
-        with sigterm_as_interrupt(), contextlib.ExitStack() as cleanup:
-            cleanup.callback(self.progress.line, "cleanup done: the cluster is as the run found it")
-            pool = self.provider.provision(self.kube, cluster, run_id=run_id)
-            cleanup.callback(self.provider.release, self.kube)
-            outcome = RunOutcome(run_id, settings.reports_dir / run_id, pool, settings.driver_version,
-                                 allow_inconclusive=settings.allow_inconclusive)
-            self.progress.line(f"pool {', '.join(pool.nodes)} ({self.provider.name}), driver {pool.driver_from} "
-                               f"-> {settings.driver_version}")
-            placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
-            self._create_namespace(placement, cleanup)
-            recorder = Recorder(self.kube, outcome.report_dir / "timeline.jsonl", self._streams(pool, placement))
-            cleanup.enter_context(recorder)
-            self._place_workloads(placement, outcome, recorder)
-            load = self._start_load(outcome, cleanup)
-            probes = ProbeLoop(self.kube, placement, manifest=settings.probe, interval_s=settings.probe_interval_s,
-                               pool_nodes=pool.nodes)
-            cleanup.callback(probes.stop)
-            probes.start()
-            outcome.upgrade_policy = policy.to_cr()
-            applied = upgrade.apply(self.kube, cluster, pool, outcome.upgrade_policy, driver_to=settings.driver_version,
-                                    run_id=run_id)
-            cleanup.callback(self._restore, applied, placement)
-            outcome.upgrade_started_wall_ns = time.time_ns()
-            self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
-            self._watch_upgrade(pool, recorder, probes)
-            self._settle(pool, recorder, probes, placement)
-            outcome.records, outcome.probes = list(recorder.records), probes.results(recorder.records)
-            outcome.finished_wall_ns = time.time_ns()
-            self._collect_load(load, outcome)
-            self._collect_metrics(outcome)
-            from pytest_gpucanary.evaluate import evaluate_and_write
-
-            evaluate_and_write(outcome, settings, policy_path=settings.policy)
-            self.progress.line("restoring the cluster")
+        try:
+            with sigterm_as_interrupt(), contextlib.ExitStack() as cleanup:
+                cleanup.callback(self.progress.line, "cleanup done: the cluster is as the run found it")
+                # the first write: every later change has a live owner that `gpucanary cleanup` leaves alone
+                cleanup.callback(RunLease(self.kube, run_id).acquire().release)
+                clock.next("pool")
+                pool = self.provider.provision(self.kube, cluster, run_id=run_id)
+                cleanup.callback(self.provider.release, self.kube)
+                run = _Measured(run_id, pool, upgrade_policy=policy.to_cr())
+                self.progress.line(f"pool {', '.join(pool.nodes)} ({self.provider.name}), driver {pool.driver_from} "
+                                   f"-> {settings.driver_version}")
+                clock.next("workloads")
+                placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
+                self._create_namespace(placement, cleanup)
+                recorder = Recorder(self.kube, report_dir / "timeline.jsonl", self._streams(pool, placement))
+                cleanup.enter_context(recorder)
+                self._place_workloads(placement, run, recorder)
+                clock.next("baseline")
+                load = self._start_load(run, report_dir, cleanup)
+                probes = ProbeLoop(self.kube, placement, manifest=settings.probe,
+                                   interval_s=settings.probe_interval_s, pool_nodes=pool.nodes)
+                cleanup.callback(probes.stop)
+                probes.start()
+                self._baseline()
+                clock.next("upgrade")
+                applied = upgrade.apply(self.kube, cluster, pool, run.upgrade_policy,
+                                        driver_to=settings.driver_version, run_id=run_id)
+                cleanup.callback(self._restore, applied, placement)
+                run.upgrade_started_wall_ns = time.time_ns()
+                self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
+                self._watch_upgrade(pool, recorder)
+                clock.next("settle")
+                self._settle(pool, recorder, probes, placement)
+                clock.next("evaluate")
+                outcome = self._judge(run, recorder, probes, load, report_dir)
+                clock.next("restore")
+                self.progress.line("restoring the cluster")
+        finally:
+            clock.next(None)
+            if report_dir.is_dir():
+                clock.write(report_dir / STEPS_FILE)
+            self.progress.line(f"steps: {clock.describe()}")
         return outcome
+
+    def _judge(self, run: _Measured, recorder: Recorder, probes: ProbeLoop, load: LoadRun | None,
+               report_dir: Path) -> RunOutcome:
+        """Freeze what was recorded and measured into the run's evidence, judge it, write the receipt."""
+        settings, pool = self.settings, run.pool
+        records = tuple(recorder.records)
+        finished_wall_ns = time.time_ns()
+        service_phases, service_rate = self._collect_load(load, run, records)
+        evidence = RunEvidence(
+            records=records, pool_nodes=pool.nodes, driver_from=pool.driver_from,
+            driver_to=settings.driver_version, upgrade_started_wall_ns=run.upgrade_started_wall_ns,
+            gpu_job=run.gpu_job, service=run.service, probes=tuple(probes.results(list(records))),
+            metric_checks=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
+            service_phases=service_phases, service_rate=service_rate, upgrade_policy=run.upgrade_policy,
+            run_id=run.run_id, policy_path=str(settings.policy), finished_wall_ns=finished_wall_ns,
+            ci=ci_identity(os.environ))
+        evidence.write(report_dir)
+        return judge(evidence, settings, report_dir)
+
+    def _baseline(self) -> None:
+        """Load and probes run unchanged for a while first: the before phase every later one is held against."""
+        end = time.monotonic() + self.settings.baseline_s
+        while (left_s := end - time.monotonic()) > 0:
+            self.progress.status(f"baseline: load and probes before the change, {left_s:.0f} s left")
+            time.sleep(min(1.0, left_s))
 
     def _create_namespace(self, placement: workloads.Placement, cleanup: contextlib.ExitStack) -> None:
         self.kube.create({"apiVersion": "v1", "kind": "Namespace",
@@ -173,13 +251,15 @@ class CanaryRun:
 
     def _restore(self, applied: upgrade.AppliedUpgrade, placement: workloads.Placement) -> None:
         """Take the canary's workloads off first: the rollback to the original version runs under the
-        original policy, which may refuse exactly the pods the canary placed (e.g. the /dev/shm job)."""
-        self._delete_quietly("v1", "Namespace", placement.namespace)
+        original policy, which may refuse exactly the pods the canary placed (e.g. the /dev/shm job).
+        Whatever happens while they go, the policy is restored."""
         try:
-            self.kube.wait_gone("v1", "Namespace", placement.namespace, timeout_s=180)
-        except TimeoutError as err:
-            self.progress.line(f"{err}; restoring anyway")
-        upgrade.restore(self.kube, applied)
+            self._delete_quietly("v1", "Namespace", placement.namespace)
+            self.kube.wait_gone("v1", "Namespace", placement.namespace, timeout_s=NAMESPACE_GONE_TIMEOUT_S)
+        except (TimeoutError, GpucanaryError) as err:
+            self.progress.line(f"the namespace is not gone ({err}); restoring the policy anyway")
+        finally:
+            upgrade.restore(self.kube, applied)
 
     def _delete_quietly(self, api_version: str, kind: str, name: str) -> None:
         with contextlib.suppress(NotFound):
@@ -197,64 +277,63 @@ class CanaryRun:
             ]
         return streams
 
-    def _place_workloads(self, placement: workloads.Placement, outcome: RunOutcome, recorder: Recorder) -> None:
+    def _place_workloads(self, placement: workloads.Placement, run: _Measured, recorder: Recorder) -> None:
         settings = self.settings
         job = workloads.gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s)
         created = self.kube.create(job)
-        outcome.gpu_job = (placement.namespace, job["metadata"]["name"])
-        outcome.gpu_job_uid = created["metadata"]["uid"]
+        run.gpu_job = WorkloadRef(placement.namespace, job["metadata"]["name"], created["metadata"]["uid"])
         for manifest in workloads.service(settings.service, placement):
             self.kube.create(manifest)
             if manifest["kind"] == "Deployment":
-                outcome.service = (placement.namespace, manifest["metadata"]["name"])
+                run.service = WorkloadRef(placement.namespace, manifest["metadata"]["name"])
         self.progress.line(f"workloads placed on {placement.node}: job {job['metadata']['name']}, "
-                           f"service {outcome.service[1]}; waiting for them to run")
+                           f"service {run.service.name}; waiting for them to run")
         for role in ("gpu-job", "service"):
             recorder.wait_for(lambda rs, role=role: _running(rs, placement.namespace, role),
                               timeout_s=WORKLOAD_READY_TIMEOUT_S, what=f"the {role} pod Running on {placement.node}")
 
-    def _start_load(self, outcome: RunOutcome, cleanup: contextlib.ExitStack) -> LoadRun | None:
+    def _start_load(self, run: _Measured, report_dir: Path, cleanup: contextlib.ExitStack) -> LoadRun | None:
         """Load the service from its own process, and see it answer before the upgrade starts."""
         settings = self.settings
-        url = settings.service_url or (self.fleet.service_url(*outcome.service) if self.fleet else None)
+        url = settings.service_url or (self.fleet.service_url(run.service.namespace, run.service.name)
+                                       if self.fleet else None)
         if url is None or settings.load_users == 0:
             self.progress.line("no service URL: the service is judged on evictions only "
-                               "(give --gpucanary-service-url for load)")
+                               f"(give {flag('service_url')} for load)")
             return None
         run_time_s = settings.upgrade_budget_s + 4 * settings.probe_interval_s + 300
         load = LoadRun(url, users=settings.load_users, spawn_rate=settings.load_spawn_rate, run_time_s=run_time_s,
                        workers=settings.load_workers, locustfile=settings.locustfile,
-                       log_dir=outcome.report_dir / "load")
+                       log_dir=report_dir / "load")
         cleanup.callback(load.stop)
         load.start()
         deadline = time.monotonic() + 30
         while sum(s.ok for s in load.samples()) < WARM_UP_REQUESTS and time.monotonic() < deadline and load.running():
             time.sleep(0.5)  # reads the load generator's own files; the cluster is not polled
-        outcome.load_measured_from_ns = time.time_ns()  # warm-up (connections, the ingress's first list) excluded
+        run.load_measured_from_ns = time.time_ns()  # warm-up (connections, the ingress's first list) excluded
         self.progress.line(f"load: {settings.load_users} users on {url}")
         return load
 
-    def _collect_load(self, load: LoadRun | None, outcome: RunOutcome) -> None:
+    def _collect_load(self, load: LoadRun | None, run: _Measured,
+                      records: tuple) -> tuple[tuple[PhaseStats, ...], tuple[RatePoint, ...]]:
         if load is None:
-            return
+            return (), ()
         load.stop()
-        samples = [sample for sample in load.samples() if sample.t_ns >= outcome.load_measured_from_ns]
+        samples = [sample for sample in load.samples() if sample.t_ns >= run.load_measured_from_ns]
         if error := load.error():
             self.progress.line(f"load: {error}")
-        outcome.service_phases = list(phases.phase_stats(samples, outcome.records, outcome.pool.nodes[0],
-                                                         since_wall_ns=outcome.upgrade_started_wall_ns or 0))
-        outcome.load_rate = phases.rate_series(samples)
+        return (phase_stats(samples, records, run.pool.nodes[0], since_wall_ns=run.upgrade_started_wall_ns),
+                tuple(rate_series(samples)))
 
-    def _collect_metrics(self, outcome: RunOutcome) -> None:
+    def _collect_metrics(self, pool: Pool, start_wall_ns: int, end_wall_ns: int) -> tuple[MetricCheck, ...]:
         url = self.settings.prometheus_url or (self.fleet.prometheus_url if self.fleet else None)
         if url is None:
-            self.progress.line("no Prometheus URL: metric checks not run (give --gpucanary-prometheus-url)")
-            return
-        outcome.metric_checks = list(metrics.default_checks(
-            url, nodes=outcome.pool.nodes, target_driver=outcome.driver_to,
-            start_wall_ns=outcome.upgrade_started_wall_ns or 0, end_wall_ns=outcome.finished_wall_ns or 0))
+            self.progress.line(f"no Prometheus URL: metric checks not run (give {flag('prometheus_url')})")
+            return ()
+        return metrics.default_checks(url, nodes=pool.nodes, target_driver=self.settings.driver_version,
+                                      start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns)
 
-    def _watch_upgrade(self, pool: Pool, recorder: Recorder, probes: ProbeLoop) -> None:
+    def _watch_upgrade(self, pool: Pool, recorder: Recorder) -> None:
         started = time.monotonic()
         budget_s = self.settings.upgrade_budget_s
         while time.monotonic() - started < budget_s:
@@ -287,8 +366,10 @@ class CanaryRun:
             self._wait_quietly(recorder, lambda rs: _running(rs, placement.namespace, "gpu-job", finished_ok=True),
                                wait_s, "the GPU job running or finished after the upgrade")
         probes.stop()
-        self._wait_quietly(recorder, lambda rs: True if all(p.running_wall_ns for p in probes.results(rs)) else None,
-                           self.settings.max_start_latency_s + 10, "every probe in flight running")
+        # a probe whose pod was evicted before it ran (a Job of backoffLimit 0) is over, not in flight
+        self._wait_quietly(recorder, lambda rs: True if all(p.running_wall_ns or p.ended_wall_ns
+                                                            for p in probes.results(rs)) else None,
+                           self.settings.max_start_latency_s + 10, "every probe in flight running or ended")
 
     def _wait_quietly(self, recorder: Recorder, predicate, timeout_s: float, what: str) -> None:
         try:
@@ -298,12 +379,37 @@ class CanaryRun:
 
 
 def _running(records: list, namespace: str, role: str, *, finished_ok: bool = False) -> bool | None:
-    latest: dict[str, dict] = {}
-    for r in records:
-        if r.kind == "Pod" and r.namespace == namespace and \
-                r.object.get("metadata", {}).get("labels", {}).get(workloads.ROLE_LABEL) == role:
-            latest[r.object["metadata"]["uid"]] = {} if r.type == "DELETED" else r.object
     phases = ("Running", "Succeeded") if finished_ok else ("Running",)
-    ok = any(p.get("status", {}).get("phase") in phases and not p["metadata"].get("deletionTimestamp")
-             for p in latest.values() if p)
-    return True if ok else None
+    pods = timeline.live_pods(records, namespace=namespace, label=(workloads.ROLE_LABEL, role))
+    return True if any(p.phase in phases for p in pods) else None
+
+
+class ProgressLine:
+    """Progress while minutes-long waits run: one updating line on a terminal, plain lines otherwise."""
+
+    def __init__(self, write: Callable[[str], None] | None = None, *, stream: TextIO = sys.stderr) -> None:
+        self._stream = stream
+        self._write = write
+        self._tty = write is None and stream.isatty()
+        self._last = ""
+        self._started = time.monotonic()
+
+    def line(self, text: str) -> None:
+        """A message that stays (a step began or ended)."""
+        self._emit(text, final=True)
+
+    def status(self, text: str) -> None:
+        """A status that replaces the previous one on a terminal; printed only when it changes elsewhere."""
+        if text != self._last:
+            self._emit(text, final=False)
+            self._last = text
+
+    def _emit(self, text: str, *, final: bool) -> None:
+        stamped = f"[gpucanary +{time.monotonic() - self._started:5.0f}s] {text}"
+        if self._write is not None:
+            self._write(stamped)
+        elif self._tty:
+            self._stream.write("\r\033[K" + stamped + ("\n" if final else ""))
+            self._stream.flush()
+        else:
+            print(stamped, file=self._stream, flush=True)

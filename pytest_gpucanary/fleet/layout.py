@@ -15,6 +15,7 @@ from pytest_gpucanary.errors import ConfigError
 HOST = "127.0.0.1"
 DEFAULT_PORT_BASE = 26400
 DEFAULT_GPU_NODES = 4
+MAX_GPU_NODES = 1000   # measured on 2 cores (README); KWOK itself holds more
 # The GPU Operator releases the fleet can build and run (ci/build-operator.sh), newest first.
 OPERATOR_RELEASES = ("v26.7.0", "v26.3.3", "v25.10.1", "v25.3.4")
 DEFAULT_OPERATOR_RELEASE = OPERATOR_RELEASES[0]
@@ -77,8 +78,8 @@ class FleetLayout:
         return layout.with_gpu_nodes(layout.gpu_nodes)
 
     def with_gpu_nodes(self, count: int) -> FleetLayout:
-        if not 1 <= count <= 64:
-            raise ConfigError(f"GPU node count {count} is out of range", hint="use 1 to 64")
+        if not 1 <= count <= MAX_GPU_NODES:
+            raise ConfigError(f"GPU node count {count} is out of range", hint=f"use 1 to {MAX_GPU_NODES}")
         return replace(self, gpu_nodes=count)
 
     def port(self, component: str) -> int:
@@ -103,6 +104,15 @@ class FleetLayout:
     @property
     def data(self) -> Path:
         return self.root / "data"
+
+    @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log; rotated files sit next to it as audit-<time>.log."""
+        return self.logs / "audit.log"
 
     @property
     def state_file(self) -> Path:

@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from pytest_gpucanary.cluster import DRIVER_COMPONENT_SELECTOR, ClusterInfo, driver_version_of
+from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
+from pytest_gpucanary.gpu_operator import (
+    DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_STATE_LABEL,
+    driver_version_of, is_driver_pod,
+)
 from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
 from pytest_gpucanary.pool import Pool
-from pytest_gpucanary.timeline import UPGRADE_STATE_LABEL
+from pytest_gpucanary.preflight import ClusterInfo
 
 SAVED_STATE_ANNOTATION = "gpucanary.io/saved-node-state"
 
@@ -31,21 +35,33 @@ class ExistingNodeProvider:
     carved: list[str] = field(default_factory=list)
     driver_from: str = ""
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ExistingNodeProvider:
+        return cls(node=settings.pool_node, selector=settings.pool_selector, size=settings.pool_size,
+                   allow_foreign_pods=settings.allow_foreign_pods, restore_timeout_s=settings.upgrade_budget_s)
+
     def _candidates(self, kube: Kube) -> list[dict]:
         if self.node:
             try:
                 return [kube.get("v1", "Node", self.node)]
             except NotFound:
                 raise ConfigError(f"node {self.node!r} does not exist in the cluster",
-                                  hint="check --gpucanary-pool-node") from None
+                                  hint=f"check {flag('pool_node')}") from None
         if not self.selector:
             raise ConfigError("the existing-node pool needs a node",
-                              hint="pass --gpucanary-pool-node NAME or --gpucanary-pool-selector SELECTOR")
+                              hint=f"pass {flag('pool_node')} NAME or {flag('pool_selector')} SELECTOR")
         nodes = sorted(kube.list("v1", "Node", label_selector=self.selector), key=lambda n: n["metadata"]["name"])
         if len(nodes) < self.size:
             raise ConfigError(f"pool selector {self.selector!r} matched {len(nodes)} nodes, {self.size} needed",
-                              hint="free a node or use --gpucanary-pool-provider=kwok on the local fleet")
+                              hint=f"free a node or use {flag('pool_provider')}=kwok on the local fleet")
         return nodes[:self.size]
+
+    def check(self, kube: Kube, cluster: ClusterInfo) -> None:
+        nodes = self._candidates(kube)
+        for node in nodes:
+            self._check(kube, cluster, node)
+        if cluster.nvidiadriver_mode:
+            self._pool_driver(kube, tuple(n["metadata"]["name"] for n in nodes))
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         nodes = self._candidates(kube)
@@ -59,26 +75,25 @@ class ExistingNodeProvider:
 
     def _check(self, kube: Kube, cluster: ClusterInfo, node: dict) -> str:
         name = node["metadata"]["name"]
-        if node["metadata"].get("labels", {}).get("nvidia.com/gpu.present") != "true":
-            raise ConfigError(f"node {name} is not a GPU node (no nvidia.com/gpu.present=true label)",
+        if node["metadata"].get("labels", {}).get(GPU_PRESENT_LABEL) != "true":
+            raise ConfigError(f"node {name} is not a GPU node (no {GPU_PRESENT_SELECTOR} label)",
                               hint="pick a node the GPU Operator manages")
         on_node = kube.list("v1", "Pod", field_selector=f"spec.nodeName={name}")
-        drivers = [p for p in on_node if p["metadata"].get("labels", {}).get("app.kubernetes.io/component")
-                   == "nvidia-driver" or p["metadata"].get("labels", {}).get("app") == "nvidia-driver-daemonset"]
+        drivers = [p for p in on_node if is_driver_pod(p["metadata"].get("labels", {}))]
         if not drivers:
             raise ConfigError(f"node {name} has no GPU Operator driver pod", hint="pick a node the operator drives")
         foreign = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node if not _expected(p)]
         if foreign and not self.allow_foreign_pods:
             raise ConfigError(f"node {name} runs {len(foreign)} pods the canary did not put there ({foreign[0]}...)",
-                              hint="drain it first or pass --gpucanary-allow-foreign-pods")
+                              hint=f"drain it first or pass {flag('allow_foreign_pods')}")
         if RUN_ID_LABEL in node["metadata"].get("labels", {}):
             raise ConfigError(f"node {name} is already in canary run {node['metadata']['labels'][RUN_ID_LABEL]}",
                               hint="wait for it or run `gpucanary cleanup`")
         return driver_version_of(drivers[0])
 
     def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> str:
-        for driver in kube.list("nvidia.com/v1alpha1", "NVIDIADriver"):
-            selector = driver.get("spec", {}).get("nodeSelector") or {"nvidia.com/gpu.present": "true"}
+        for driver in kube.list(*NVIDIADRIVER):
+            selector = driver.get("spec", {}).get("nodeSelector") or {GPU_PRESENT_LABEL: "true"}
             label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
             selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=label_selector)}
             if set(names) & selected:
@@ -128,9 +143,10 @@ def _expected(pod: dict) -> bool:
 
 def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float) -> None:
     """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done."""
-    def back(nodes: dict[str, dict]) -> bool:
+    def back(nodes: dict[str, dict]) -> bool | None:
         labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
-        return labels.get(UPGRADE_STATE_LABEL) == "upgrade-done" and _driver_version_on(kube, node) == version
+        done = labels.get(UPGRADE_STATE_LABEL) == UPGRADE_DONE and _driver_version_on(kube, node) == version
+        return True if done else None
 
     try:
         kube.watch_until("v1", "Node", back, timeout_s=timeout_s, field_selector=f"metadata.name={node}")

@@ -17,8 +17,8 @@ import random
 import sys
 import time
 
-from pytest_gpucanary.sweep import Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
-from pytest_gpucanary.sweep_plan import plan_sweep
+from pytest_gpucanary.sweep.model import Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
+from pytest_gpucanary.sweep.plan import plan_sweep
 
 SHARES_PER_NODE = 32
 WORKLOADS_PER_NODE = 20

@@ -13,7 +13,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from pytest_gpucanary import recorder, timeline
+from pytest_gpucanary import recorder
+from pytest_gpucanary.ladder import timeline
 
 
 def durations(path: Path) -> tuple[dict[str, list[float]], list[float]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.paths import FIXTURES
+from pytest_gpucanary.config import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -39,6 +39,19 @@ def gpucanary(*args: str, reports: Path, timeout_s: float = 900) -> subprocess.C
 def receipt_of(reports: Path) -> dict:
     [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
     return json.loads((run_dir / "receipt.json").read_text())
+
+
+def assert_replay_reproduces(reports: Path, *, returncode: int) -> None:
+    """`gpucanary evaluate` judges the recorded run again, offline, and gets exactly the run's verdicts."""
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    before = json.loads((run_dir / "receipt.json").read_text())
+    blanked = {**before, "verdicts": [], "first_failed": None, "evictions": []}   # only its thresholds are read
+    (run_dir / "receipt.json").write_text(json.dumps(blanked))
+    replayed = gpucanary("evaluate", str(run_dir), reports=reports)
+    assert replayed.returncode == returncode, replayed.stderr[-2000:]
+    again = json.loads((run_dir / "receipt.json").read_text())
+    assert again["verdicts"] == before["verdicts"] and again["first_failed"] == before["first_failed"]
+    assert again["evictions"] == before["evictions"] and again["thresholds"] == before["thresholds"]
 
 
 def live(items: list[dict]) -> list[str]:
@@ -73,8 +86,9 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
     assert outcomes == {"rollout": "pass", "device": "pass", "network": "skipped", "scheduler": "pass",
                         "application": "pass"}, receipt["verdicts"]
     junit = (tmp_path / "junit.xml").read_text()
-    assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage"' in junit
+    assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage:' in junit
     assert_nothing_left(kube, policy_before)
+    assert_replay_reproduces(tmp_path / "reports", returncode=0)
 
 
 def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(
@@ -94,6 +108,7 @@ def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(
     assert failed["drain"] > 0, load        # customers saw the drain: requests failed while the pod was gone
     assert failed["before"] == 0, load
     assert_nothing_left(kube, policy_before)
+    assert_replay_reproduces(tmp_path / "reports", returncode=1)
 
 
 def test_operator_default_policy_with_the_shm_job_fails_at_rollout_saying_why(
@@ -233,7 +248,7 @@ def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp
 def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, kube: Kube, tmp_path: Path,
                                                                policy_before: dict) -> None:
     """A standing canary node with an NVIDIADriver of its own, as GPU clouds keep one, used in place."""
-    from pytest_gpucanary.pool.kwok import KwokPool, fleet_driver_version
+    from pytest_gpucanary.fleet.kwok_pool import KwokPool, fleet_driver_version
 
     standing = KwokPool(kube, name=f"standing-{uuid.uuid4().hex[:6]}", run_id="standing")
     [node] = standing.create(driver_version=fleet_driver_version(kube))

@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.paths import FIXTURES
+from pytest_gpucanary.config import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -16,9 +16,9 @@ from typing import Iterator
 
 import pytest
 
-from pytest_gpucanary import timeline
+from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.kube import Kube, NotFound
-from pytest_gpucanary.pool.kwok import KwokPool
+from pytest_gpucanary.fleet.kwok_pool import KwokPool
 from pytest_gpucanary.recorder import Record, Recorder, StreamSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

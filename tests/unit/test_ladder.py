@@ -12,13 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary import recorder
+from pytest_gpucanary.config import Settings, parse_selector
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.ladder import (
-    MetricCheck, Outcome, PhaseStats, ProbeResult, RunEvidence, Stage, StageVerdict, Thresholds, WorkloadRef,
-    check_network, check_rollout, check_scheduler, decide, evaluate, evictions, parse_selector, summarize,
+    MetricCheck, Outcome, PhaseStats, ProbeSeen, RunEvidence, Stage, StageVerdict, WorkloadRef, decide, evaluate,
+    evictions, summarize,
 )
+from pytest_gpucanary.ladder.network import check_network
+from pytest_gpucanary.ladder.rollout import check_rollout
+from pytest_gpucanary.ladder.scheduler import check_scheduler
 from pytest_gpucanary.recorder import Record
-from pytest_gpucanary.timeline import UPGRADE_STATE_LABEL, UpgradePhase, phase_windows
+from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
+from pytest_gpucanary.ladder.model import UpgradePhase
+from pytest_gpucanary.ladder.timeline import phase_windows
 
 T0 = 1_767_000_000 * 10**9          # upgrade start, wall clock ns
 OLD, NEW = "580.82.07", "580.95.05"
@@ -108,10 +114,10 @@ def workloads(*, evicted_at_s: float = 20, sched_api_evicted_at_s: float | None 
     return records
 
 
-def probes(n: int = 3, *, queue_delay_s: float = 100.0, start_latency_s: float = 2.0) -> tuple[ProbeResult, ...]:
-    pool = [ProbeResult(f"pool-{i}", "pool", at(10 + i), at(10 + i + queue_delay_s), at(12 + i + queue_delay_s),
+def probes(n: int = 3, *, queue_delay_s: float = 100.0, start_latency_s: float = 2.0) -> tuple[ProbeSeen, ...]:
+    pool = [ProbeSeen(f"pool-{i}", "pool", at(10 + i), at(10 + i + queue_delay_s), at(12 + i + queue_delay_s),
                         NODE) for i in range(n)]
-    fleet = [ProbeResult(f"fleet-{i}", "fleet", at(20 * i), at(20 * i + 0.5), at(20 * i + start_latency_s),
+    fleet = [ProbeSeen(f"fleet-{i}", "fleet", at(20 * i), at(20 * i + 0.5), at(20 * i + start_latency_s),
                          "other-3") for i in range(n)]
     return tuple(pool + fleet)
 
@@ -138,8 +144,8 @@ def field_note_run(**overrides) -> RunEvidence:
     return run(records, **overrides)
 
 
-def outcomes(evidence: RunEvidence, thresholds: Thresholds = Thresholds()) -> dict[Stage, Outcome]:
-    return {v.stage: v.outcome for v in evaluate(evidence, thresholds).verdicts}
+def outcomes(evidence: RunEvidence, settings: Settings = Settings()) -> dict[Stage, Outcome]:
+    return {v.stage: v.outcome for v in evaluate(evidence, settings).verdicts}
 
 
 def test_clean_upgrade_passes_every_stage_and_skips_network_with_the_reason() -> None:
@@ -168,12 +174,12 @@ def test_field_note_non_gpu_pod_evicted_by_drain_fails_application_with_the_exac
 
 
 def test_a_selector_can_allow_the_drained_service_and_gpu_evictions_before_drain_are_by_pod_deletion() -> None:
-    found = evictions(field_note_run(), Thresholds(allowed_evictions="app in (gpu-job,sched-api)"))
+    found = evictions(field_note_run(), Settings(allowed_evictions="app in (gpu-job,sched-api)"))
     assert [(e.name, e.by_drain, e.allowed) for e in found] == [("train-a1", True, True),
                                                                 ("sched-api-7f9c", True, True)]
     clean = evictions(clean_run())
     assert [(e.name, e.by_drain, e.disruption_reason) for e in clean] == [("train-a1", False, "EvictionByEvictionAPI")]
-    result = evaluate(clean_run(), Thresholds(allowed_evictions="app!=gpu-job"))
+    result = evaluate(clean_run(), Settings(allowed_evictions="app!=gpu-job"))
     assert result.verdict(Stage.APPLICATION).summary.startswith(
         "application: GPU pod default/train-a1 evicted by pod deletion at +20s (allowed: pods matching app!=gpu-job)")
 
@@ -188,7 +194,7 @@ def test_missing_records_are_inconclusive_and_fail_the_gate() -> None:
 
 
 def test_inconclusive_does_not_fail_the_gate_when_told_so() -> None:
-    result = evaluate(clean_run(probes=probes(2)), Thresholds(inconclusive_fails=False))
+    result = evaluate(clean_run(probes=probes(2)), Settings(allow_inconclusive=True))
     assert result.verdict(Stage.SCHEDULER).outcome is Outcome.INCONCLUSIVE
     assert result.gate_passed and result.first_failed is None
 
@@ -239,13 +245,13 @@ def test_rollout_without_a_terminal_state_fails_only_once_the_budget_has_passed(
 
 
 def test_probes_below_min_samples_are_inconclusive() -> None:
-    verdict = check_scheduler(clean_run(probes=probes(2)), Thresholds())
+    verdict = check_scheduler(clean_run(probes=probes(2)), Settings())
     assert verdict.outcome is Outcome.INCONCLUSIVE
     assert verdict.summary == "scheduler: pool probe queue delay n=2 < min 3 samples (+1 more inconclusive)"
 
 
 def test_scheduler_reports_the_slowest_pool_probe_against_its_threshold() -> None:
-    verdict = check_scheduler(clean_run(probes=probes(6, queue_delay_s=131.0)), Thresholds(max_queue_delay_s=120))
+    verdict = check_scheduler(clean_run(probes=probes(6, queue_delay_s=131.0)), Settings(max_queue_delay_s=120))
     assert verdict.summary == ("scheduler: pool probe queue delay p100 = 131.0 s (n=6; client receive time) "
                                "> 120 s")
     stats = [e.text for e in verdict.evidence if e.kind == "ProbeStats"]
@@ -254,7 +260,7 @@ def test_scheduler_reports_the_slowest_pool_probe_against_its_threshold() -> Non
 
 
 def test_a_probe_that_never_started_fails_naming_it() -> None:
-    stuck = ProbeResult("fleet-9", "fleet", at(40), None, None, None)
+    stuck = ProbeSeen("fleet-9", "fleet", at(40), None, None, None)
     verdict = check_scheduler(clean_run(probes=probes() + (stuck,)))
     assert verdict.outcome is Outcome.FAIL
     assert verdict.summary.startswith("scheduler: fleet probe fleet-9 never running (created at +40s;")
@@ -331,7 +337,7 @@ def test_label_selectors(selector: str, labels: dict, expected: bool) -> None:
 @pytest.mark.parametrize("bad", ["app in a", "=x", "app=a,,b=c", ""])
 def test_bad_selector_is_a_config_error_with_the_accepted_forms(bad: str) -> None:
     with pytest.raises(ConfigError, match="key in"):
-        Thresholds(allowed_evictions=bad)
+        Settings(allowed_evictions=bad)
 
 
 def test_ladder_and_receipt_import_neither_kubernetes_nor_kube() -> None:
@@ -360,7 +366,7 @@ def test_first_failed_is_the_earliest_stage_that_did_not_pass(verdicts: list[Sta
                                                               rng) -> None:
     shuffled = list(verdicts)
     rng.shuffle(shuffled)
-    result = decide(shuffled, inconclusive_fails=strict)
+    result = decide(shuffled, Settings(allow_inconclusive=not strict))
     failing = {Outcome.FAIL} | ({Outcome.INCONCLUSIVE} if strict else set())
     earliest = next((v.stage for v in verdicts if v.outcome in failing), None)
     assert result.first_failed is earliest

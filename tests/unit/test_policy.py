@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.policy import (POLICY_PATHS, Drain, PodDeletion, SourceKind, UpgradePolicy, WaitForCompletion,
+from pytest_gpucanary.policy.parse import (POLICY_PATHS, Drain, PodDeletion, SourceKind, UpgradePolicy, WaitForCompletion,
                                      load_policy, parse_policy)
-from pytest_gpucanary.policy_lint import Severity, diff_policies, lint_policy
+from pytest_gpucanary.policy.lint import Severity, diff_policies, lint_policy
 
 POLICIES = Path(__file__).resolve().parents[2] / "fixtures" / "policies"
 
@@ -285,7 +285,7 @@ def test_every_finding_a_diff_adds_or_removes_belongs_to_exactly_one_change(old:
 
 
 def test_policy_modules_load_neither_kubernetes_nor_pytest() -> None:
-    code = ("import sys, pytest_gpucanary.policy, pytest_gpucanary.policy_lint\n"
+    code = ("import sys, pytest_gpucanary.policy, pytest_gpucanary.policy.lint\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'kubernetes', 'pytest', '_pytest'}"
             " or m == 'pytest_gpucanary.kube')\n"
             "assert not bad, bad\n")

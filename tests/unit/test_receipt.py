@@ -10,20 +10,25 @@ from pathlib import Path
 import pytest
 from test_ladder import NEW, OLD, T0, at, clean_run, field_note_run, probes  # canned runs, shared
 
+from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.ladder import LadderResult, PhaseStats, RunEvidence, Stage, Thresholds, evaluate
-from pytest_gpucanary.receipt import (
-    RunInfo, ci_identity, parse_json, render_html, render_json, render_markdown, render_stage_junit, write_receipt,
-)
+from pytest_gpucanary.ladder import LadderResult, PhaseStats, RunEvidence, Stage, WorkloadRef, evaluate
+from pytest_gpucanary.receipt import write_receipt
+from pytest_gpucanary.receipt.ci import ci_identity
+from pytest_gpucanary.receipt.html import render_html
+from pytest_gpucanary.receipt.json import parse_json, render_json
+from pytest_gpucanary.receipt.junit import render_stage_junit
+from pytest_gpucanary.receipt.markdown import render_markdown
 
 
-def info_of(evidence: RunEvidence, **ci: str) -> RunInfo:
-    return RunInfo("r-7f3a", evidence.pool_nodes, OLD, NEW, "policies/drain-fallback.yaml", "train",
-                   "5d1c-uid", T0, at(600), dict(ci))
+def with_identity(evidence: RunEvidence) -> RunEvidence:
+    return dataclasses.replace(evidence, run_id="r-7f3a", policy_path="policies/drain-fallback.yaml",
+                               gpu_job=WorkloadRef("default", "train", "5d1c-uid"), finished_wall_ns=at(600))
 
 
-def judged(evidence: RunEvidence, thresholds: Thresholds = Thresholds()) -> tuple[LadderResult, RunInfo]:
-    return evaluate(evidence, thresholds), info_of(evidence)
+def judged(evidence: RunEvidence, settings: Settings = Settings()) -> tuple[LadderResult, RunEvidence]:
+    evidence = with_identity(evidence)
+    return evaluate(evidence, settings), evidence
 
 
 def junit_cases(xml_text: str) -> dict[str, ET.Element]:
@@ -31,8 +36,18 @@ def junit_cases(xml_text: str) -> dict[str, ET.Element]:
 
 
 def test_json_round_trips() -> None:
-    result, info = judged(field_note_run(), Thresholds(max_p99_s=2.0))
-    assert parse_json(render_json(result, info)) == (result, info)
+    result, evidence = judged(field_note_run(), Settings(max_p99_s=2.0))
+    assert parse_json(render_json(result, evidence)) == result
+    assert result.evictions and result.phase_windows and result.state_spans
+
+
+def test_evidence_round_trips_without_its_records(tmp_path: Path) -> None:
+    phases = tuple(PhaseStats(p, 900, 9, 0.02, 0.05, 0.2) for p in ("before", "drain", "restart", "after"))
+    _, evidence = judged(field_note_run(service_phases=phases))
+    assert RunEvidence.from_json(evidence.to_json(), evidence.records) == evidence
+    (tmp_path / "timeline.jsonl").write_text("".join(r.to_json() + "\n" for r in evidence.records))
+    evidence.write(tmp_path)
+    assert RunEvidence.read(tmp_path) == evidence
 
 
 def test_json_names_the_gate_and_the_first_failed_stage() -> None:
@@ -46,8 +61,8 @@ def test_json_names_the_gate_and_the_first_failed_stage() -> None:
 def test_html_is_one_offline_page_with_the_timeline_and_the_failed_stage() -> None:
     evidence = field_note_run(service_phases=tuple(PhaseStats(p, 900, 9, 0.02, 0.05, 0.2)
                                                    for p in ("before", "drain", "restart", "after")))
-    result, info = judged(evidence)
-    page = render_html(result, info, evidence)
+    result, evidence = judged(evidence)
+    page = render_html(result, evidence)
     assert "<svg" in page and "</svg>" in page
     assert "Gate FAILED at stage application" in page
     assert "sched-api-7f9c +212s" in page and "#c62828" in page          # the red eviction marker, labelled
@@ -57,15 +72,15 @@ def test_html_is_one_offline_page_with_the_timeline_and_the_failed_stage() -> No
 
 def test_html_of_a_clean_run_without_records_still_renders() -> None:
     evidence = dataclasses.replace(clean_run(probes=probes(1)), records=())
-    result, info = judged(evidence)
-    page = render_html(result, info, evidence)
+    result, evidence = judged(evidence)
+    page = render_html(result, evidence)
     assert "<svg" in page and "no Node records" in page and "Gate FAILED at stage rollout" in page
 
 
 def test_junit_has_one_case_per_stage_with_failure_text_and_skip_reason() -> None:
-    result, info = judged(field_note_run())
-    root = ET.fromstring(render_stage_junit(result, info))
-    cases = junit_cases(render_stage_junit(result, info))
+    result, evidence = judged(field_note_run())
+    root = ET.fromstring(render_stage_junit(result, evidence))
+    cases = junit_cases(render_stage_junit(result, evidence))
     assert list(cases) == [s.value for s in Stage]
     assert {c.get("classname") for c in cases.values()} == {"gpucanary.ladder"}
     failure = cases["application"].find("failure")
@@ -78,15 +93,15 @@ def test_junit_has_one_case_per_stage_with_failure_text_and_skip_reason() -> Non
 
 
 def test_junit_inconclusive_is_a_failure_with_its_text() -> None:
-    result, info = judged(clean_run(probes=probes(2)))
-    failure = junit_cases(render_stage_junit(result, info))["scheduler"].find("failure")
+    result, evidence = judged(clean_run(probes=probes(2)))
+    failure = junit_cases(render_stage_junit(result, evidence))["scheduler"].find("failure")
     assert failure is not None and failure.get("type") == "inconclusive"
     assert failure.get("message").startswith("scheduler: pool probe queue delay n=2 < min 3")
 
 
 def test_markdown_leads_with_the_verdict_and_lists_every_stage() -> None:
-    result, info = judged(field_note_run())
-    text = render_markdown(result, info)
+    result, evidence = judged(field_note_run())
+    text = render_markdown(result, evidence)
     assert text.startswith("# gpucanary launch receipt: Gate FAILED at stage application")
     assert "| network | skipped | network: one-node pool" in text
     assert "| upgrade policy | policies/drain-fallback.yaml |" in text
@@ -96,10 +111,10 @@ def test_markdown_leads_with_the_verdict_and_lists_every_stage() -> None:
 
 def test_write_receipt_writes_the_four_files(tmp_path: Path) -> None:
     evidence = clean_run()
-    result, info = judged(evidence)
-    paths = write_receipt(tmp_path / "run", result, info, evidence)
+    result, evidence = judged(evidence)
+    paths = write_receipt(tmp_path / "run", result, evidence)
     assert {p.name for p in paths.values()} == {"receipt.json", "receipt.md", "receipt.html", "stages.junit.xml"}
-    assert parse_json(paths["json"].read_text()) == (result, info)
+    assert parse_json(paths["json"].read_text()) == result
     ET.parse(paths["junit"])
 
 
@@ -108,7 +123,7 @@ def test_unwritable_receipt_dir_is_one_line_error(tmp_path: Path) -> None:
     blocker.write_text("")
     evidence = clean_run()
     with pytest.raises(EnvError, match="cannot write the receipt"):
-        write_receipt(blocker / "run", *judged(evidence), evidence)
+        write_receipt(blocker / "run", *judged(evidence))
 
 
 @pytest.mark.parametrize(("environ", "expected"), [

@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.sweep import (
+from pytest_gpucanary.sweep.model import (
     Change, CheckpointFate, Component, Fleet, MoveKind, Node, NoSweepPlanError, ShortfallKind, SweepLimits,
     SweepPlan, VersionSet, Workload, checkpoint_fate, parse_change, restores_on,
 )
-from pytest_gpucanary.sweep_plan import plan_sweep
+from pytest_gpucanary.sweep.plan import plan_sweep
 
 OLD = VersionSet(driver="570.172.08", cuda="12.8", engine="vllm-0.10.1", model="llama-70b@1")
 NEW_VALUE = {Component.DRIVER: "580.95.05", Component.CUDA: "13.0", Component.ENGINE: "vllm-0.11.0",

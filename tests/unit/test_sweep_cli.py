@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucanary.sweep import Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
-from pytest_gpucanary.sweep_compare import compare_strategies
-from pytest_gpucanary.sweep_plan import plan_or_infeasible
-from pytest_gpucanary.sweep_report import render_html, render_json, render_table
+from pytest_gpucanary.sweep.model import Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
+from pytest_gpucanary.sweep.compare import compare_strategies
+from pytest_gpucanary.sweep.plan import plan_or_infeasible
+from pytest_gpucanary.sweep.report import render_html, render_json, render_table
 
 pytest_plugins = ["pytester"]
 
@@ -112,7 +112,7 @@ def test_renderers_escape_names_in_html() -> None:
 def test_fixture_plans_from_a_path_a_dict_and_expects_no_plan(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(f"""
         import pytest
-        from pytest_gpucanary.sweep import NoSweepPlanError
+        from pytest_gpucanary.sweep.model import NoSweepPlanError
 
         EXAMPLE = {str(EXAMPLE)!r}
 
@@ -132,7 +132,7 @@ def test_fixture_plans_from_a_path_a_dict_and_expects_no_plan(pytester: pytest.P
             with pytest.raises(NoSweepPlanError, match="hold back 24 GPUs"):
                 gpucanary_plan_sweep(EXAMPLE, limits={{"max_parallel": 2, "hold_back_gpus": 8}})
     """)
-    result = pytester.runpytest_subprocess("-p", "pytest_gpucanary.sweep_fixtures", "-p", "no:locust")
+    result = pytester.runpytest_subprocess("-p", "pytest_gpucanary.sweep.fixtures", "-p", "no:locust")
     result.assert_outcomes(passed=3)
 
 
@@ -141,7 +141,7 @@ def test_fixture_fails_bad_input_in_one_line(pytester: pytest.Pytester) -> None:
         def test_bad_change(gpucanary_plan_sweep):
             gpucanary_plan_sweep({"nodes": []}, change="kernel=6.8")
     """)
-    result = pytester.runpytest_subprocess("-p", "pytest_gpucanary.sweep_fixtures", "-p", "no:locust")
+    result = pytester.runpytest_subprocess("-p", "pytest_gpucanary.sweep.fixtures", "-p", "no:locust")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*gpucanary_plan_sweep: unknown component 'kernel' in change 'kernel=6.8'*"])
     assert "Traceback" not in result.stdout.str()

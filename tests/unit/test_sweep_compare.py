@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpucanary.sweep import Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
-from pytest_gpucanary.sweep_compare import Strategy, compare_strategies
+from pytest_gpucanary.sweep.model import Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
+from pytest_gpucanary.sweep.compare import Strategy, compare_strategies
 
 OLD = VersionSet(driver="570.172.08", cuda="12.8")
 CHANGE = parse_change(["driver=580.95.05"], node_upgrade_s=900)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.sweep import VersionSet
-from pytest_gpucanary.sweep_inventory import (
+from pytest_gpucanary.sweep.model import VersionSet
+from pytest_gpucanary.sweep.inventory import (
     CHECKPOINT_VERSIONS_ANNOTATION, COLD_START_SECONDS_ANNOTATION, REMAINING_SECONDS_ANNOTATION,
     RESTORE_SECONDS_ANNOTATION, apply_overrides, fleet_from_cluster, inventory_from_dict, load_inventory,
 )

@@ -1,0 +1,89 @@
+"""A pool of fresh simulated GPU nodes in the local fleet (the `kwok` pool provider).
+
+In NVIDIADriver mode each pool gets an NVIDIADriver of its own, created at the version the rest of
+the fleet runs. Creates only objects named after the pool and labelled with the run id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+
+import yaml
+
+from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, NVIDIADRIVER, driver_version_of
+from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
+from pytest_gpucanary.kube import Kube, NotFound, owned_labels
+from pytest_gpucanary.pool import DRIVER_POOL_LABEL, Pool
+from pytest_gpucanary.preflight import ClusterInfo
+
+
+@dataclass
+class KwokPool:
+    """Nodes plus (optionally) their own NVIDIADriver; used by the provider and by fleet tests."""
+
+    kube: Kube
+    name: str
+    run_id: str
+    size: int = 1
+    nodes: list[str] = field(default_factory=list)
+    has_driver: bool = False
+
+    def create(self, *, driver_version: str | None) -> list[str]:
+        """Create the nodes, and the pool's NVIDIADriver at `driver_version` unless it is None."""
+        for index in range(self.size):
+            manifest = node("gpu-node.yaml", f"{self.name}-{index}")
+            manifest["metadata"]["labels"].update({**owned_labels(self.run_id), DRIVER_POOL_LABEL: self.name})
+            self.kube.create(manifest)
+            self.nodes.append(manifest["metadata"]["name"])
+        if driver_version is not None:
+            self.kube.create(self._driver(driver_version))
+            self.has_driver = True
+        return list(self.nodes)
+
+    def _driver(self, version: str) -> dict:
+        driver = copy.deepcopy(yaml.safe_load((FLEET_FIXTURES / "nvidiadriver.yaml").read_text()))
+        driver["metadata"] = {"name": self.name, "labels": owned_labels(self.run_id)}
+        driver["spec"].update(version=version, nodeSelector={DRIVER_POOL_LABEL: self.name})
+        return driver
+
+    def set_driver_version(self, version: str) -> None:
+        self.kube.patch(*NVIDIADRIVER, self.name, {"spec": {"version": version}})
+
+    def delete(self) -> None:
+        with contextlib.suppress(NotFound):
+            self.kube.delete(*NVIDIADRIVER, self.name)
+        for name in self.nodes:
+            with contextlib.suppress(NotFound):
+                self.kube.delete("v1", "Node", name)
+
+
+def fleet_driver_version(kube: Kube) -> str:
+    """The driver version most GPU nodes run now: what a fresh node of the fleet would get."""
+    versions = Counter(driver_version_of(p) for p in kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR))
+    if not versions:
+        raise EnvError("no driver pods in the cluster", hint="is the GPU Operator ready?")
+    return versions.most_common(1)[0][0]
+
+
+@dataclass
+class KwokPoolProvider:
+    size: int = 1
+    name: str = "kwok"
+    pool: KwokPool | None = None
+
+    def check(self, kube: Kube, cluster: ClusterInfo) -> None:
+        fleet_driver_version(kube)
+
+    def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
+        driver_from = fleet_driver_version(kube)
+        self.pool = KwokPool(kube, name=f"canary-{run_id}", run_id=run_id, size=self.size)
+        self.pool.create(driver_version=driver_from if cluster.nvidiadriver_mode else None)
+        return Pool(tuple(self.pool.nodes), self.pool.name if self.pool.has_driver else None, driver_from)
+
+    def release(self, kube: Kube) -> None:
+        if self.pool is not None:
+            self.pool.delete()

@@ -1,0 +1,81 @@
+"""The NVIDIA GPU Operator's vocabulary: the labels, selectors, resources and image tags it reads and writes.
+
+Pure names and parsing, the one place these strings live. Each comes from the operator's source
+(github.com/NVIDIA/gpu-operator and its upgrade library github.com/NVIDIA/k8s-operator-libs,
+pkg/upgrade); the file and constant are named beside it. Never talks to a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+# API kinds (api/nvidia/v1/clusterpolicy_types.go, api/nvidia/v1alpha1/nvidiadriver_types.go)
+CLUSTER_POLICY = ("nvidia.com/v1", "ClusterPolicy")
+NVIDIADRIVER = ("nvidia.com/v1alpha1", "NVIDIADriver")
+NVIDIADRIVER_CRD = "nvidiadrivers.nvidia.com"
+
+# Node labels. k8s-operator-libs pkg/upgrade/consts.go: UpgradeStateLabelKeyFmt, UpgradeSkipNodeLabelKeyFmt
+# with the driver name "gpu"; the states are its UpgradeState* constants.
+UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
+SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"        # set by NFD rules / the operator (commonGPULabelKey)
+GPU_PRESENT_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
+UPGRADE_REQUIRED = "upgrade-required"
+UPGRADE_DONE = "upgrade-done"
+UPGRADE_FAILED = "upgrade-failed"
+DRAIN_REQUIRED = "drain-required"
+POD_DELETION_REQUIRED = "pod-deletion-required"
+TERMINAL_STATES = (UPGRADE_DONE, UPGRADE_FAILED)
+UPGRADE_STATES = (
+    "", UPGRADE_REQUIRED, "cordon-required", "wait-for-jobs-required", POD_DELETION_REQUIRED, DRAIN_REQUIRED,
+    "node-maintenance-required", "post-maintenance-required",          # requestor mode only
+    "pod-restart-required", "validation-required", "uncordon-required", UPGRADE_DONE, UPGRADE_FAILED,
+)
+# The upgrade library's event reason (pkg/upgrade/util.go: GetEventReason, "<DRIVERNAME>DriverUpgrade").
+UPGRADE_EVENT_REASON = "GPUDriverUpgrade"
+
+# Resources a GPU pod asks for: the device plugin's nvidia.com/gpu, and MIG profiles nvidia.com/mig-*.
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE_PREFIXES = (GPU_RESOURCE, "nvidia.com/mig-")
+
+# Operand pods (assets/state-driver/0500_daemonset.yaml, assets/state-operator-validation/0500_daemonset.yaml).
+DRIVER_POD_LABELS = (("app.kubernetes.io/component", "nvidia-driver"), ("app", "nvidia-driver-daemonset"))
+DRIVER_COMPONENT_SELECTOR = "app.kubernetes.io/component=nvidia-driver"
+VALIDATOR_APP = "nvidia-operator-validator"
+VALIDATOR_SELECTOR = f"app={VALIDATOR_APP}"
+
+
+def is_driver_pod(labels: Mapping[str, str]) -> bool:
+    return any(labels.get(key) == value for key, value in DRIVER_POD_LABELS)
+
+
+def is_validator_pod(labels: Mapping[str, str]) -> bool:
+    return labels.get("app") == VALIDATOR_APP
+
+
+def gpus_requested(containers: list[dict]) -> int:
+    """GPUs (and MIG slices) a pod's containers request or are limited to."""
+    return sum(int(value) for c in containers for key, value in
+               {**c.get("resources", {}).get("requests", {}), **c.get("resources", {}).get("limits", {})}.items()
+               if key.startswith(GPU_RESOURCE_PREFIXES))
+
+
+def image_tag(image: str) -> str:
+    """`nvcr.io/nvidia/driver:580.82.07-ubuntu22.04@sha256:...` -> `580.82.07-ubuntu22.04`; "" without a tag."""
+    name = image.split("@", 1)[0]
+    return name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
+
+
+def driver_version_of_image(image: str) -> str:
+    """The driver image tag is `<version>-<os>` (the operator appends the node's OS to the version): the version."""
+    return image_tag(image).split("-", 1)[0]
+
+
+def driver_version_of(pod: Mapping[str, Any]) -> str:
+    """The driver version a driver pod runs, from its first tagged container image."""
+    images = [c.get("image", "") for c in pod.get("spec", {}).get("containers", [])]
+    return next((v for i in images if (v := driver_version_of_image(i))), "")
+
+
+def image_at_version(image: str, version: str) -> bool:
+    return image_tag(image).startswith(version)

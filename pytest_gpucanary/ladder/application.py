@@ -1,0 +1,129 @@
+"""Application: no evictions beyond the allowed ones, the GPU job finished or resumed, the service kept
+its SLO in every upgrade phase. Pure: judges a RunEvidence.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from pytest_gpucanary.config import DEFAULTS, Settings, parse_selector
+from pytest_gpucanary.gpu_operator import DRAIN_REQUIRED, TERMINAL_STATES
+from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder.evidence import RunEvidence
+from pytest_gpucanary.ladder.model import Eviction, Evidence, Outcome, Stage, StageVerdict, UpgradePhase
+from pytest_gpucanary.ladder.rules import Finding, stage_metrics, metrics_note, verdict
+
+PROBE_LABEL = ("gpucanary.io/role", "probe")     # workloads.ROLE_LABEL on the canary's probe Jobs
+
+
+def allows_eviction(settings: Settings, *, gpus: int, labels: Mapping[str, str]) -> bool:
+    if settings.allowed_evictions == "gpu":
+        return gpus > 0
+    return all(req(labels) for req in parse_selector(settings.allowed_evictions))
+
+
+def allowed_text(rule: str) -> str:
+    """How a receipt names the --gpucanary-allowed-evictions rule."""
+    return "GPU pods only" if rule == "gpu" else f"pods matching {rule}"
+
+
+def _is_probe(labels: Mapping[str, str]) -> bool:
+    """The canary's own start probes are instruments: their latency is judged, not their eviction."""
+    return labels.get(PROBE_LABEL[0]) == PROBE_LABEL[1]
+
+
+def evictions(evidence: RunEvidence, settings: Settings | None = None) -> list[Eviction]:
+    """Non-DaemonSet pods removed from pool nodes between upgrade start and the node's terminal state.
+
+    DaemonSet pods are left out: the operator restarts its own operands (driver, validators) by design,
+    and neither pod deletion nor drain touches DaemonSet pods. So are the canary's probes."""
+    settings = settings or DEFAULTS
+    pods = {(p.namespace, p.name): p for p in timeline.latest_pods(evidence.records)}
+    found = []
+    for node in evidence.pool_nodes:
+        cycle = timeline.upgrade_cycle(evidence.records, node, since_wall_ns=evidence.upgrade_started_wall_ns)
+        drain_ns = next((t.received_wall_ns for t in cycle if t.state == DRAIN_REQUIRED), None)
+        end_ns = next((t.received_wall_ns for t in cycle if t.state in TERMINAL_STATES), None)
+        for gone in timeline.pods_gone(evidence.records, node):
+            seen = pods.get((gone.namespace, gone.name))
+            if gone.received_wall_ns < evidence.upgrade_started_wall_ns or (
+                    end_ns is not None and gone.received_wall_ns > end_ns):
+                continue
+            if seen is not None and ("DaemonSet" in seen.owner_kinds or _is_probe(seen.labels)):
+                continue
+            allowed = allows_eviction(settings, gpus=gone.gpus, labels=seen.labels if seen else {})
+            found.append(Eviction(node, gone.namespace, gone.name, gone.gpus, gone.disruption_reason,
+                                  drain_ns is not None and drain_ns <= gone.received_wall_ns, allowed,
+                                  gone.received_wall_ns, evidence.offset_s(gone.received_wall_ns),
+                                  allowed_text(settings.allowed_evictions)))
+    return sorted(found, key=lambda e: e.received_wall_ns)
+
+
+def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
+    job = ev.gpu_job
+    pods = [p for p in timeline.latest_pods(ev.records) if p.namespace == job.namespace
+            and p.labels.get("job-name") == job.name]
+    items = [Evidence(p.received_wall_ns, ev.offset_s(p.received_wall_ns), "Pod", f"{p.namespace}/{p.name}",
+                      f"GPU job pod {p.phase or 'unknown'}" + (" (removed)" if p.removed_wall_ns else ""))
+             for p in pods]
+    if not pods:
+        return Finding(Outcome.INCONCLUSIVE, f"no pods of GPU job {job} recorded (label job-name={job.name})"), items
+    if done := next((p for p in pods if p.phase == "Succeeded"), None):
+        return Finding(Outcome.PASS, f"GPU job {job} succeeded (pod {done.name})"), items
+    removed = [p.removed_wall_ns for p in pods if p.removed_wall_ns]
+    replacement = next((p for p in pods if removed and p.phase == "Running" and p.removed_wall_ns is None
+                        and p.first_seen_wall_ns >= min(removed)), None)
+    if replacement is not None:
+        return Finding(Outcome.PASS, f"GPU job {job} resumed (replacement pod {replacement.name} Running)"), items
+    phases = ", ".join(f"{p.name} {p.phase or 'unknown'}" for p in pods)
+    return Finding(Outcome.FAIL, f"GPU job {job} did not finish ({phases} at +{ev.offset_s(ev.end_wall_ns()):.0f}s; "
+                                 f"expected Succeeded, or a replacement Running after eviction)"), items
+
+
+def _service_phases(ev: RunEvidence, settings: Settings) -> tuple[list[Finding], list[Evidence]]:
+    findings, items = [], []
+    by_phase = {s.phase: s for s in ev.service_phases}
+    for phase in UpgradePhase:
+        s = by_phase.get(phase)
+        if s is None or s.requests < settings.min_phase_requests:
+            findings.append(Finding(Outcome.INCONCLUSIVE, f"service {ev.service} has too few requests in phase "
+                                                          f"{phase.value} to judge (n={s.requests if s else 0} < "
+                                                          f"min {settings.min_phase_requests})"))
+            continue
+        ratio = s.failures / s.requests
+        items.append(Evidence(None, None, "LoadStats", f"{ev.service}@{phase.value}",
+                              f"{s.requests} requests, {s.failures} failed (ratio {ratio:.4f}), p50 = {s.p50_s} s, "
+                              f"p95 = {s.p95_s} s, p99 = {s.p99_s} s (n={s.requests}; load generator clock)"))
+        if ratio > settings.max_error_ratio:
+            findings.append(Finding(Outcome.FAIL, f"service {ev.service} error ratio {ratio:.3f} in phase "
+                                                  f"{phase.value} ({s.failures}/{s.requests} requests) > "
+                                                  f"{settings.max_error_ratio:g}"))
+        if s.p99_s is None:
+            findings.append(Finding(Outcome.INCONCLUSIVE, f"service {ev.service} p99 missing in phase {phase.value}"))
+        elif s.p99_s > settings.max_p99_s:
+            findings.append(Finding(Outcome.FAIL, f"service {ev.service} p99 = {s.p99_s:.3f} s in phase {phase.value} "
+                                                  f"(n={s.requests}) > {settings.max_p99_s:g} s"))
+    return findings, items
+
+
+def check_application(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageVerdict:
+    """No evictions beyond the allowed ones; the GPU job finished or resumed; the service kept its SLO per phase."""
+    removed = evictions(evidence, settings)
+    findings = [Finding(Outcome.FAIL, e.line()) for e in removed if not e.allowed]
+    items = [Evidence(e.received_wall_ns, evidence.offset_s(e.received_wall_ns), "Pod", f"{e.namespace}/{e.name}",
+                      f"{e.line()}; DisruptionTarget={e.disruption_reason or 'not seen'}; "
+                      f"{'allowed' if e.allowed else 'NOT allowed'}") for e in removed]
+    job_finding, job_items = _gpu_job(evidence)
+    findings.append(job_finding)
+    if evidence.service_phases:
+        service_findings, service_items = _service_phases(evidence, settings)
+        service_note = f"service {evidence.service} within SLO in all {len(UpgradePhase)} phases"
+    else:
+        service_findings, service_items = [], []
+        service_note = f"service {evidence.service} judged on evictions only (no load stats)"
+    metric_findings, metric_items = stage_metrics(evidence, Stage.APPLICATION)
+    allowed = sum(e.allowed for e in removed)
+    pass_line = (f"{allowed} allowed eviction(s), 0 others ({allowed_text(settings.allowed_evictions)}); {job_finding.line}; "
+                 f"{service_note}{metrics_note(metric_findings)}")
+    return verdict(Stage.APPLICATION, findings + service_findings + metric_findings,
+                    items + job_items + service_items + metric_items, pass_line)

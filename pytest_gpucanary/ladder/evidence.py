@@ -1,0 +1,138 @@
+"""One run's evidence: the single frozen record a canary run builds, the ladder judges and the receipt draws.
+
+It holds the recorded timeline plus what was measured beside it (probes, load per phase, Prometheus
+checks) and who/what/when (ids, pool, versions, applied policy, CI identity). The query helpers a
+gate test uses (`evictions()`, `queue_delays_s()`, ...) live here and delegate to the timeline
+queries. `to_json`/`from_json` carry everything but the records, which live in timeline.jsonl, so
+`gpucanary evaluate` can judge a recorded run again from what the run wrote. The recorder goes on
+appending while the run restores the cluster, so the evidence names how many timeline lines it holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
+from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder.model import (
+    MetricCheck, PhaseStats, ProbeScope, ProbeSeen, RatePoint, WorkloadRef,
+)
+from pytest_gpucanary.ladder.timeline import Record
+
+if TYPE_CHECKING:
+    from pytest_gpucanary.config import Settings
+    from pytest_gpucanary.ladder.model import Eviction
+
+EVIDENCE_FILE = "evidence.json"
+TIMELINE_FILE = "timeline.jsonl"
+SCHEMA = "gpucanary-evidence/1"
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    records: tuple[Record, ...]
+    pool_nodes: tuple[str, ...]
+    driver_from: str
+    driver_to: str
+    upgrade_started_wall_ns: int
+    gpu_job: WorkloadRef
+    service: WorkloadRef           # a Deployment
+    probes: tuple[ProbeSeen, ...] = ()
+    metric_checks: tuple[MetricCheck, ...] = ()
+    service_phases: tuple[PhaseStats, ...] = ()
+    service_rate: tuple[RatePoint, ...] = ()
+    upgrade_policy: Mapping[str, Any] = field(default_factory=dict, hash=False)  # the CR upgradePolicy applied
+    run_id: str = ""
+    policy_path: str = ""
+    finished_wall_ns: int = 0
+    ci: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def offset_s(self, wall_ns: int) -> float:
+        return (wall_ns - self.upgrade_started_wall_ns) / 1e9
+
+    def end_wall_ns(self) -> int:
+        span = timeline.recording_span(self.records)
+        return span[1] if span else self.upgrade_started_wall_ns
+
+    # --- what a gate test asks -------------------------------------------------------------------------
+
+    def evictions(self, settings: Settings | None = None) -> list[Eviction]:
+        """Non-DaemonSet pods removed from pool nodes during the upgrade, judged against `settings`."""
+        from pytest_gpucanary.ladder.application import evictions   # the rule lives with its stage
+
+        return evictions(self, settings)
+
+    def pods_gone(self) -> list[timeline.PodGone]:
+        """Every pod removed from the pool nodes during the recording, in the order first seen."""
+        return [gone for node in self.pool_nodes for gone in timeline.pods_gone(self.records, node)]
+
+    def validator_results(self) -> list[timeline.PodSeen]:
+        """The last state seen of each operator validator pod on the pool."""
+        return timeline.validator_pods(self.records, self.pool_nodes)
+
+    def queue_delays_s(self) -> list[float]:
+        """Pool probes: created -> scheduled, client receive times (wall clock)."""
+        return [(p.scheduled_wall_ns - p.created_wall_ns) / 1e9 for p in self.probes
+                if p.scope is ProbeScope.POOL and p.scheduled_wall_ns]
+
+    def start_latencies_s(self) -> list[float]:
+        """Fleet probes: created -> Running, client receive times (wall clock)."""
+        return [(p.running_wall_ns - p.created_wall_ns) / 1e9 for p in self.probes
+                if p.scope is ProbeScope.FLEET and p.running_wall_ns]
+
+    def upgrade_timeline(self) -> list[timeline.Transition]:
+        return [t for node in self.pool_nodes
+                for t in timeline.label_transitions(self.records, node, UPGRADE_STATE_LABEL)]
+
+    # --- on disk ---------------------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        document = {"schema": SCHEMA, "timeline_records": len(self.records),
+                    **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "records"}}
+        return json.dumps(document, indent=1, default=_plain) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, records: tuple[Record, ...]) -> RunEvidence:
+        """The evidence of `text` over the timeline's first records (as many as it was judged on)."""
+        doc = json.loads(text)
+        if doc.pop("schema", None) != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} document")
+        if len(records) < doc["timeline_records"]:
+            raise ValueError(f"the timeline holds {len(records)} records, the evidence {doc['timeline_records']}")
+        return cls(records=records[:doc["timeline_records"]], pool_nodes=tuple(doc["pool_nodes"]), driver_from=doc["driver_from"],
+                   driver_to=doc["driver_to"], upgrade_started_wall_ns=doc["upgrade_started_wall_ns"],
+                   gpu_job=WorkloadRef(**doc["gpu_job"]), service=WorkloadRef(**doc["service"]),
+                   probes=tuple(ProbeSeen(**p) for p in doc["probes"]),
+                   metric_checks=tuple(MetricCheck(**m) for m in doc["metric_checks"]),
+                   service_phases=tuple(PhaseStats(**s) for s in doc["service_phases"]),
+                   service_rate=tuple(RatePoint(**r) for r in doc["service_rate"]),
+                   upgrade_policy=doc["upgrade_policy"], run_id=doc["run_id"], policy_path=doc["policy_path"],
+                   finished_wall_ns=doc["finished_wall_ns"], ci=doc["ci"])
+
+    def write(self, report_dir: Path) -> Path:
+        """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""
+        path = report_dir / EVIDENCE_FILE
+        path.write_text(self.to_json(), encoding="utf-8")
+        return path
+
+    @classmethod
+    def read(cls, report_dir: Path) -> RunEvidence:
+        text = (report_dir / EVIDENCE_FILE).read_text(encoding="utf-8")
+        count = json.loads(text).get("timeline_records", 0)
+        return cls.from_json(text, tuple(timeline.load(report_dir / TIMELINE_FILE)[:count]))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"cannot write {type(value).__name__} into the evidence")

@@ -1,0 +1,237 @@
+"""The ladder's vocabulary: stages, outcomes, the records a run's evidence is made of, verdicts, the result.
+
+Pure frozen data; no rules here (those are the stage modules) and no I/O. Times are client receive
+times (wall clock, Unix ns) unless a field says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from pytest_gpucanary.gpu_operator import (
+    DRAIN_REQUIRED, POD_DELETION_REQUIRED, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED,
+)
+
+if TYPE_CHECKING:
+    from pytest_gpucanary.config import Settings
+
+
+class Stage(str, Enum):
+    ROLLOUT = "rollout"
+    DEVICE = "device"
+    NETWORK = "network"
+    SCHEDULER = "scheduler"
+    APPLICATION = "application"
+
+
+class Outcome(str, Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    SKIPPED = "skipped"
+
+
+class ProbeScope(str, Enum):
+    POOL = "pool"      # pinned to the canary pool: measures queue delay while it is cordoned
+    FLEET = "fleet"    # anywhere: measures the customer's start latency
+
+
+class UpgradePhase(str, Enum):
+    """Coarse upgrade phases, as the load generator's stats are cut."""
+
+    BEFORE = "before"
+    DRAIN = "drain"          # cordon, wait for jobs, pod deletion, drain
+    RESTART = "restart"      # driver pod restart, validation, uncordon
+    AFTER = "after"          # upgrade-done or upgrade-failed
+
+
+# States outside this table (the operator's requestor mode) keep the phase they occur in.
+PHASE_OF_STATE: Mapping[str, UpgradePhase] = {
+    "": UpgradePhase.BEFORE, UPGRADE_REQUIRED: UpgradePhase.BEFORE,
+    "cordon-required": UpgradePhase.DRAIN, "wait-for-jobs-required": UpgradePhase.DRAIN,
+    POD_DELETION_REQUIRED: UpgradePhase.DRAIN, DRAIN_REQUIRED: UpgradePhase.DRAIN,
+    "pod-restart-required": UpgradePhase.RESTART, "validation-required": UpgradePhase.RESTART,
+    "uncordon-required": UpgradePhase.RESTART,
+    UPGRADE_DONE: UpgradePhase.AFTER, UPGRADE_FAILED: UpgradePhase.AFTER,
+}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One item a verdict points at in the recorded timeline."""
+
+    received_wall_ns: int | None   # client receive time; None for figures computed elsewhere (metrics, load)
+    offset_s: float | None         # seconds from upgrade start, same clock
+    kind: str
+    ref: str                       # namespace/name, or the name of a cluster-scoped object
+    text: str
+
+
+@dataclass(frozen=True)
+class StageVerdict:
+    stage: Stage
+    outcome: Outcome
+    summary: str                   # one line: stage, measured value, threshold
+    evidence: tuple[Evidence, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkloadRef:
+    namespace: str
+    name: str
+    uid: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class ProbeSeen:
+    """One customer start probe: when it was created, and when the watch first saw it scheduled and running."""
+
+    name: str
+    scope: ProbeScope
+    created_wall_ns: int            # client clock just before the create call
+    scheduled_wall_ns: int | None   # first watch event with PodScheduled=True (client receive time)
+    running_wall_ns: int | None     # first watch event with phase Running or Succeeded (client receive time)
+    node: str | None
+    ended_wall_ns: int | None = None   # its pod failed or went away before running (e.g. evicted by a drain)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scope", ProbeScope(self.scope))
+
+
+@dataclass(frozen=True)
+class MetricCheck:
+    name: str
+    stage: Stage
+    outcome: Outcome               # Prometheus unreachable arrives as INCONCLUSIVE
+    value: float | None
+    detail: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stage", Stage(self.stage))
+        object.__setattr__(self, "outcome", Outcome(self.outcome))
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    phase: UpgradePhase
+    requests: int
+    failures: int
+    p50_s: float | None            # load generator's clock
+    p95_s: float | None
+    p99_s: float | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", UpgradePhase(self.phase))
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    start_wall_ns: int            # bucket start, a multiple of the bucket width (load generator's wall clock)
+    bucket_s: float
+    requests: int
+    errors: int
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.bucket_s
+
+    @property
+    def errors_per_s(self) -> float:
+        return self.errors / self.bucket_s
+
+
+@dataclass(frozen=True)
+class PhaseWindow:
+    phase: UpgradePhase
+    start_wall_ns: int
+    end_wall_ns: int
+
+
+@dataclass(frozen=True)
+class StateSpan:
+    """One stretch of a node's upgrade-state label, as the receipt draws it."""
+
+    node: str
+    state: str
+    start_wall_ns: int
+    end_wall_ns: int
+
+
+@dataclass(frozen=True)
+class Eviction:
+    node: str
+    namespace: str
+    name: str
+    gpus: int
+    disruption_reason: str         # e.g. EvictionByEvictionAPI; "" when the pod was deleted without one
+    by_drain: bool                 # the node passed through drain-required before the removal
+    allowed: bool
+    received_wall_ns: int
+    offset_s: float                # from the upgrade start
+    allowed_text: str              # what the run allowed, e.g. "GPU pods only"
+
+    def line(self) -> str:
+        what = "GPU pod" if self.gpus else "non-GPU pod"
+        verb = "evicted" if self.disruption_reason else "deleted"
+        how = "by drain" if self.by_drain else "by pod deletion"
+        return f"{what} {self.namespace}/{self.name} {verb} {how} at +{self.offset_s:.0f}s (allowed: {self.allowed_text})"
+
+
+# --- latency summaries -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LatencySummary:
+    n: int
+    min_s: float
+    p50_s: float
+    p95_s: float
+    p99_s: float
+    max_s: float
+
+    def describe(self, what: str, clock: str = "client receive time") -> str:
+        return (f"{what} p50 = {self.p50_s:.1f} s, p95 = {self.p95_s:.1f} s, p99 = {self.p99_s:.1f} s, "
+                f"max = {self.max_s:.1f} s (n={self.n}; {clock})")
+
+
+def summarize(samples_s: Sequence[float]) -> LatencySummary | None:
+    """Nearest-rank quantiles, so each is a real sample; None without samples."""
+    ordered = sorted(samples_s)
+    if not ordered:
+        return None
+
+    def rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+    return LatencySummary(len(ordered), ordered[0], rank(0.50), rank(0.95), rank(0.99), ordered[-1])
+
+
+# --- the result ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LadderResult:
+    """The verdicts, the gate, and what the ladder computed on the way that the receipt draws."""
+
+    verdicts: tuple[StageVerdict, ...]
+    first_failed: Stage | None
+    gate_passed: bool
+    thresholds: Mapping[str, Any] = field(default_factory=dict, hash=False)   # Settings.thresholds()
+    evictions: tuple[Eviction, ...] = ()
+    phase_windows: tuple[PhaseWindow, ...] = ()     # of the first pool node, as the service load is cut
+    state_spans: tuple[StateSpan, ...] = ()
+
+    def verdict(self, stage: Stage | str) -> StageVerdict:
+        return next(v for v in self.verdicts if v.stage is Stage(stage))
+
+
+def decide(verdicts: Sequence[StageVerdict], settings: Settings, **computed: Any) -> LadderResult:
+    """The gate: first_failed is the earliest stage (ladder order) whose outcome fails the gate."""
+    failing = {Outcome.FAIL, Outcome.INCONCLUSIVE} if settings.inconclusive_fails else {Outcome.FAIL}
+    ordered = tuple(sorted(verdicts, key=lambda v: list(Stage).index(v.stage)))
+    first = next((v.stage for v in ordered if v.outcome in failing), None)
+    return LadderResult(ordered, first, first is None, settings.thresholds(), **computed)

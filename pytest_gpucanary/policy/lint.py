@@ -1,0 +1,258 @@
+"""Lint and diff of valid upgrade policies: the predicted blast radius and the legal-but-risky traps.
+
+Pure: takes `UpgradePolicy` records (from `policy.py`) and returns findings; never touches a cluster.
+Each rule reads only the CR keys it declares in `knobs`, so a diff can say which changed knob
+introduced or removed a finding. The facts behind the rules are the upgrade controller's
+(k8s-operator-libs `pkg/upgrade`, as vendored by gpu-operator v25.3.4 to v25.10.1):
+- pod deletion touches only pods requesting `nvidia.com/gpu*`; if the helper would skip one of
+  them (emptyDir without deleteEmptyDir, unmanaged without force), the step fails;
+- a failed pod deletion goes to drain when `drain.enable`, else to `upgrade-failed`;
+- a drain evicts every non-DaemonSet pod matching `drain.podSelector`, GPU or not;
+- an `upgrade-failed` node counts as in progress and stays cordoned.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from pytest_gpucanary.policy.parse import UpgradePolicy
+
+
+class Severity(enum.StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    severity: Severity
+    code: str        # stable id, e.g. "drain-evicts-non-gpu"
+    message: str     # one line: what happens, then what to do
+    path: str        # where the deciding knob sits in the source document
+
+    def line(self) -> str:
+        return f"{self.severity} {self.code} {self.path}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    knob: str                          # CR-shaped key, e.g. "drain.enable"
+    path: str                          # where it sits in the new document
+    old: bool | int | str
+    new: bool | int | str
+    introduced: tuple[Finding, ...]    # findings the new policy has and the old one had not
+    removed: tuple[Finding, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    severity: Severity
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    code: str
+    knobs: tuple[str, ...]   # every CR key the check reads; the finding points at the first
+    check: Callable[[UpgradePolicy], _Flag | None]
+
+
+RULES: list[Rule] = []
+
+
+def _rule(code: str, *knobs: str) -> Callable[[Callable[[UpgradePolicy], _Flag | None]], Rule]:
+    def register(check: Callable[[UpgradePolicy], _Flag | None]) -> Rule:
+        RULES.append(rule := Rule(code, knobs, check))
+        return rule
+    return register
+
+
+@_rule("auto-upgrade-off", "autoUpgrade")
+def _auto_upgrade_off(p: UpgradePolicy) -> _Flag | None:
+    if p.auto_upgrade:
+        return None
+    return _Flag(Severity.ERROR, "the controller removes the upgrade-state label from every node and upgrades "
+                                 "nothing; set autoUpgrade: true")
+
+
+@_rule("drain-evicts-non-gpu", "drain.enable", "drain.podSelector")
+def _drain_evicts_non_gpu(p: UpgradePolicy) -> _Flag | None:
+    if not p.drain.enable:
+        return None
+    if p.drain.pod_selector:
+        return _Flag(Severity.WARNING, "a failed GPU pod deletion falls back to a drain that evicts every "
+                                       f"non-DaemonSet pod matching {p.drain.pod_selector!r}, GPU or not; "
+                                       "make sure no non-GPU service matches it")
+    return _Flag(Severity.ERROR, "a failed GPU pod deletion falls back to a drain that evicts every non-DaemonSet "
+                                 "pod on the node, GPU or not (e.g. a scheduler API pod); set drain.enable: false "
+                                 "or narrow drain.podSelector")
+
+
+@_rule("emptydir-blocks-pod-deletion", "podDeletion.deleteEmptyDir", "drain.enable")
+def _emptydir_blocks_pod_deletion(p: UpgradePolicy) -> _Flag | None:
+    if p.pod_deletion.delete_empty_dir:
+        return None
+    then = "the node falls back to a full drain" if p.drain.enable else "the node goes to upgrade-failed"
+    return _Flag(Severity.WARNING, "GPU pods with an emptyDir volume (PyTorch's /dev/shm) fail pod deletion and "
+                                   f"{then}; set podDeletion.deleteEmptyDir: true")
+
+
+@_rule("pod-deletion-loses-emptydir", "podDeletion.deleteEmptyDir")
+def _pod_deletion_loses_emptydir(p: UpgradePolicy) -> _Flag | None:
+    if not p.pod_deletion.delete_empty_dir:
+        return None
+    return _Flag(Severity.INFO, "deleted GPU pods lose their emptyDir data (fine for /dev/shm, not for a scratch "
+                                "checkpoint); non-GPU pods are not touched")
+
+
+@_rule("drain-aborts-on-emptydir", "drain.deleteEmptyDir", "drain.enable")
+def _drain_aborts_on_emptydir(p: UpgradePolicy) -> _Flag | None:
+    if not p.drain.enable or p.drain.delete_empty_dir:
+        return None
+    return _Flag(Severity.WARNING, "a drain aborts before evicting anything if any selected pod has an emptyDir, so "
+                                   "the node goes to upgrade-failed; set drain.deleteEmptyDir: true or disable drain")
+
+
+@_rule("drain-loses-emptydir", "drain.deleteEmptyDir", "drain.enable")
+def _drain_loses_emptydir(p: UpgradePolicy) -> _Flag | None:
+    if not (p.drain.enable and p.drain.delete_empty_dir):
+        return None
+    return _Flag(Severity.INFO, "a drain deletes the emptyDir data of every pod it evicts, GPU or not")
+
+
+@_rule("pod-deletion-waits-forever", "podDeletion.timeoutSeconds")
+def _pod_deletion_waits_forever(p: UpgradePolicy) -> _Flag | None:
+    if p.pod_deletion.timeout_s:
+        return None
+    return _Flag(Severity.WARNING, "0 waits forever: a PodDisruptionBudget that never allows the eviction keeps "
+                                   "the node cordoned, with no fallback and no upgrade-failed; set e.g. 300")
+
+
+@_rule("drain-waits-forever", "drain.timeoutSeconds", "drain.enable")
+def _drain_waits_forever(p: UpgradePolicy) -> _Flag | None:
+    if not p.drain.enable or p.drain.timeout_s:
+        return None
+    return _Flag(Severity.WARNING, "0 waits forever: a PodDisruptionBudget that never allows the eviction keeps "
+                                   "the node cordoned and draining; set e.g. 300")
+
+
+@_rule("wait-for-completion-forever", "waitForCompletion.timeoutSeconds", "waitForCompletion.podSelector")
+def _wait_forever(p: UpgradePolicy) -> _Flag | None:
+    wait = p.wait_for_completion
+    if not wait.pod_selector or wait.timeout_s:
+        return None
+    return _Flag(Severity.WARNING, f"a pod matching {wait.pod_selector!r} that never finishes keeps the node "
+                                   "cordoned forever; set a timeout (its expiry moves on to pod deletion)")
+
+
+@_rule("wait-timeout-is-not-failure", "waitForCompletion.timeoutSeconds", "waitForCompletion.podSelector")
+def _wait_timeout_is_not_failure(p: UpgradePolicy) -> _Flag | None:
+    wait = p.wait_for_completion
+    if not wait.pod_selector or not wait.timeout_s:
+        return None
+    return _Flag(Severity.INFO, f"after {wait.timeout_s} s (checked only at reconciles, up to ~2 min late) the "
+                                "upgrade stops waiting and deletes the still-running GPU pods; it is not a failure")
+
+
+@_rule("max-unavailable-zero", "maxUnavailable")
+def _max_unavailable_zero(p: UpgradePolicy) -> _Flag | None:
+    if p.max_unavailable not in (0, "0%"):
+        return None
+    return _Flag(Severity.ERROR, "0 lets no node start an upgrade; only nodes already cordoned move on; "
+                                 'set 1 or a percentage such as "25%"')
+
+
+@_rule("no-parallel-limit", "maxParallelUpgrades")
+def _no_parallel_limit(p: UpgradePolicy) -> _Flag | None:
+    if p.max_parallel_upgrades:
+        return None
+    return _Flag(Severity.WARNING, "0 means no limit: every node that needs the upgrade starts at once, capped only "
+                                   "by maxUnavailable; set 1 or a small number")
+
+
+@_rule("failed-node-blocks-others", "maxParallelUpgrades")
+def _failed_node_blocks_others(p: UpgradePolicy) -> _Flag | None:
+    if p.max_parallel_upgrades != 1:
+        return None
+    return _Flag(Severity.INFO, "an upgrade-failed node counts as in progress and stays cordoned, so one failure "
+                                "stops every other node until someone clears it")
+
+
+@_rule("pod-deletion-force-deletes-unmanaged", "podDeletion.force")
+def _pod_deletion_force(p: UpgradePolicy) -> _Flag | None:
+    if not p.pod_deletion.force:
+        return None
+    return _Flag(Severity.WARNING, "unmanaged GPU pods (no controller owner) are deleted and nothing recreates them; "
+                                   "set podDeletion.force: false unless that is intended")
+
+
+@_rule("drain-force-deletes-unmanaged", "drain.force", "drain.enable")
+def _drain_force(p: UpgradePolicy) -> _Flag | None:
+    if not (p.drain.enable and p.drain.force):
+        return None
+    return _Flag(Severity.WARNING, "a drain deletes unmanaged pods, GPU or not, and nothing recreates them; "
+                                   "set drain.force: false unless that is intended")
+
+
+def lint_policy(policy: UpgradePolicy) -> list[Finding]:
+    """Every finding, errors first, then in rule order."""
+    findings = [Finding(flag.severity, rule.code, flag.message, policy.path_of(rule.knobs[0]))
+                for rule in RULES if (flag := rule.check(policy)) is not None]
+    order = list(Severity)
+    return sorted(findings, key=lambda f: order.index(f.severity))
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    return any(f.severity is Severity.ERROR for f in findings)
+
+
+def diff_policies(old: UpgradePolicy, new: UpgradePolicy) -> list[Change]:
+    """The knobs that differ, in CR order, each with the findings its change adds or removes."""
+    before, after = _flatten(old.to_cr()), _flatten(new.to_cr())
+    changed = [knob for knob in after if before[knob] != after[knob]]
+    old_findings = {(f.code, f.severity): f for f in lint_policy(old)}
+    new_findings = {(f.code, f.severity): f for f in lint_policy(new)}
+    introduced = [f for key, f in new_findings.items() if key not in old_findings]
+    removed = [f for key, f in old_findings.items() if key not in new_findings]
+    owners = {rule.code: next((k for k in rule.knobs if k in changed), None) for rule in RULES}
+    return [Change(knob=knob, path=new.path_of(knob), old=before[knob], new=after[knob],
+                   introduced=tuple(f for f in introduced if owners[f.code] == knob),
+                   removed=tuple(f for f in removed if owners[f.code] == knob))
+            for knob in changed]
+
+
+def _flatten(cr: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in cr.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def render_lines(findings: list[Finding], changes: list[Change] | None = None) -> str:
+    """`change PATH: OLD -> NEW` with `  + finding` / `  - finding` under it, then one finding per line."""
+    lines: list[str] = []
+    for change in changes or ():
+        lines.append(f"change {change.path}: {json.dumps(change.old)} -> {json.dumps(change.new)}")
+        lines += [f"  + {f.line()}" for f in change.introduced] + [f"  - {f.line()}" for f in change.removed]
+    return "\n".join(lines + [f.line() for f in findings])
+
+
+def render_json(findings: list[Finding], changes: list[Change] | None = None) -> str:
+    document: dict[str, Any] = {"findings": [_finding_dict(f) for f in findings]}
+    if changes is not None:
+        document["changes"] = [{"knob": c.knob, "path": c.path, "old": c.old, "new": c.new,
+                                "introduced": [_finding_dict(f) for f in c.introduced],
+                                "removed": [_finding_dict(f) for f in c.removed]} for c in changes]
+    return json.dumps(document, indent=2)
+
+
+def _finding_dict(finding: Finding) -> dict[str, str]:
+    return {"severity": finding.severity.value, "code": finding.code, "path": finding.path,
+            "message": finding.message}

@@ -1,0 +1,31 @@
+"""What every receipt format shows the same way: the headline, the run's rows, times and offsets."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from pytest_gpucanary.ladder import Evidence, LadderResult, RunEvidence
+
+
+def utc(wall_ns: int | None) -> str:
+    if wall_ns is None:
+        return "-"
+    return datetime.fromtimestamp(wall_ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def headline(result: LadderResult) -> str:
+    if result.gate_passed:
+        return "Gate PASSED: wider rollout may proceed"
+    return f"Gate FAILED at stage {result.first_failed.value}: do not roll out wider"
+
+
+def offset(evidence: Evidence) -> str:
+    return "" if evidence.offset_s is None else f"{evidence.offset_s:+.1f} s"
+
+
+def run_rows(ev: RunEvidence) -> list[tuple[str, str]]:
+    ci = ", ".join(f"{k}={v}" for k, v in ev.ci.items()) or "not in CI"
+    return [("run id", ev.run_id), ("pool", ", ".join(ev.pool_nodes)),
+            ("driver", f"{ev.driver_from} -> {ev.driver_to}"), ("upgrade policy", ev.policy_path),
+            ("GPU job", f"{ev.gpu_job.name} (uid {ev.gpu_job.uid or 'unknown'})"),
+            ("started", utc(ev.upgrade_started_wall_ns)), ("finished", utc(ev.finished_wall_ns)), ("CI", ci)]

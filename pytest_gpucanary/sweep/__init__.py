@@ -1,0 +1,1 @@
+"""The checkpoint-aware sweep planner: model, plan, compare, inventory, report (and its pytest fixtures)."""
