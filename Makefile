@@ -2,8 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# The GPU Operator release the fleet builds and runs: v26.7.0, v26.3.3, v25.10.1 or v25.3.4.
+GPUCANARY_OPERATOR_RELEASE ?= v26.7.0
+OPERATOR_RELEASES := v26.7.0 v26.3.3 v25.10.1 v25.3.4
 
-.PHONY: demo test unit setup deps build fleet-up fleet-down clean
+.PHONY: demo test unit setup deps build build-operators test-releases fleet-up fleet-down clean
 
 # The demo gate on the local fleet: the policy that spares the service passes; the field note's
 # policy (pod deletion refuses /dev/shm, drain fallback) fails at the application stage.
@@ -37,11 +40,19 @@ $(VENV)/.installed: pyproject.toml
 
 build:
 	bash ci/build.sh >/dev/null
-	bash ci/build-operator.sh >/dev/null
+	bash ci/build-operator.sh $(GPUCANARY_OPERATOR_RELEASE) >/dev/null
 	bash ci/build-actionlint.sh >/dev/null
 
+# Every release, one build at a time (each takes minutes cold; a warm cache builds nothing).
+build-operators:
+	for release in $(OPERATOR_RELEASES); do bash ci/build-operator.sh $$release >/dev/null || exit 1; done
+
+# The release smoke on every release and both driver modes, beside the session fleet.
+test-releases: setup build build-operators
+	GPUCANARY_E2E_OPERATOR_RELEASES=all $(PY) -m pytest tests/e2e/test_fleet_releases.py $(PYTEST_ARGS)
+
 fleet-up: setup build
-	$(VENV)/bin/gpucanary fleet up
+	GPUCANARY_OPERATOR_RELEASE=$(GPUCANARY_OPERATOR_RELEASE) $(VENV)/bin/gpucanary fleet up
 
 fleet-down: setup
 	$(VENV)/bin/gpucanary fleet down

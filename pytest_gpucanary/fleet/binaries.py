@@ -1,5 +1,5 @@
 """Find the fleet's binaries: an explicit directory from the environment, else the repo's cached Go
-builds (built on first use by ci/build.sh and ci/build-operator.sh)."""
+builds (built on first use by ci/build.sh and ci/build-operator.sh <release>)."""
 
 from __future__ import annotations
 
@@ -27,13 +27,14 @@ CONTROL_PLANE = Build("GPUCANARY_BIN_DIR", "build.sh",
 GPU_OPERATOR = Build("GPUCANARY_OPERATOR_BIN_DIR", "build-operator.sh", ("gpu-operator", "paths.env"))
 
 
-def find_bin_dir(build: Build, progress: Callable[[str], None]) -> Path:
+def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> Path:
+    """`args` go to the build script (the operator's: the release to build)."""
     explicit = os.environ.get(build.env_var)
     script = CI_DIR / build.script
     if explicit:
         bin_dir = Path(explicit)
     elif script.exists():
-        bin_dir = _build(script, progress)
+        bin_dir = _build(script, progress, args)
     else:
         raise EnvError(f"no {build.required[0]} binaries found",
                        hint=f"set {build.env_var} to a directory with " + ", ".join(build.required))
@@ -44,18 +45,33 @@ def find_bin_dir(build: Build, progress: Callable[[str], None]) -> Path:
     return bin_dir
 
 
+def find_operator_bin_dir(release: str, progress: Callable[[str], None]) -> Path:
+    """The operator build for `release`; an explicit GPUCANARY_OPERATOR_BIN_DIR must hold that release."""
+    bin_dir = find_bin_dir(GPU_OPERATOR, progress, release)
+    built = operator_release(bin_dir)
+    if built != release:
+        raise EnvError(f"the GPU Operator in {bin_dir} is {built}, not {release}",
+                       hint=f"set GPUCANARY_OPERATOR_RELEASE={built} or point {GPU_OPERATOR.env_var} at a "
+                            f"{release} build (bash ci/build-operator.sh {release})")
+    return bin_dir
+
+
+def operator_release(bin_dir: Path) -> str:
+    return read_paths_env(bin_dir).get("GPU_OPERATOR_VERSION", "unknown")
+
+
 def read_paths_env(bin_dir: Path) -> dict[str, str]:
     """KEY=VALUE lines that ci/build-operator.sh writes beside the operator binary."""
     pairs = (line.split("=", 1) for line in (bin_dir / "paths.env").read_text().splitlines() if "=" in line)
     return {key: value for key, value in pairs}
 
 
-def _build(script: Path, progress: Callable[[str], None]) -> Path:
+def _build(script: Path, progress: Callable[[str], None], args: tuple[str, ...]) -> Path:
     if shutil.which("go") is None:
         raise EnvError("Go is not installed, so the fleet cannot be built",
                        hint="install Go >= 1.26 or set GPUCANARY_BIN_DIR and GPUCANARY_OPERATOR_BIN_DIR")
-    progress(f"fleet: ensuring binaries ({script.name}; a cold build takes minutes)")
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress(f"fleet: ensuring binaries ({' '.join((script.name, *args))}; a cold build takes minutes)")
+    proc = subprocess.Popen(["bash", str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None and proc.stdout is not None
     tail: list[str] = []
     for line in proc.stderr:
@@ -65,5 +81,5 @@ def _build(script: Path, progress: Callable[[str], None]) -> Path:
     out = proc.stdout.read().strip()
     if proc.wait() != 0 or not out:
         raise EnvError(f"{script.name} failed: {tail[-1] if tail else 'no output'}",
-                       hint=f"run bash {script} to see the whole log")
+                       hint=f"run bash {' '.join((str(script), *args))} to see the whole log")
     return Path(out.splitlines()[-1])

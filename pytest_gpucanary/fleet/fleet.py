@@ -21,7 +21,8 @@ import yaml
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import components, manifests, operator, processes, waits
-from pytest_gpucanary.fleet.binaries import CONTROL_PLANE, GPU_OPERATOR, find_bin_dir, read_paths_env
+from pytest_gpucanary.fleet.binaries import (CONTROL_PLANE, find_bin_dir, find_operator_bin_dir, operator_release,
+                                             read_paths_env)
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
 from pytest_gpucanary.kube import Kube
@@ -116,15 +117,28 @@ class Fleet:
             processes.pid_of(self.layout, c.name) and processes.healthy(self.layout, c)
             for c in self._components(binaries))
 
+    def operator_release(self) -> str | None:
+        """The GPU Operator release the running (or last started) fleet runs."""
+        binaries = self.binaries()
+        try:
+            return operator_release(binaries.operator) if binaries else None
+        except OSError:
+            return None
+
     def up(self, *, progress: Progress = _quiet) -> None:
-        """Start everything that is not running; a running healthy fleet only gets its nodes ensured."""
+        """Start everything that is not running; a running healthy fleet only gets its nodes ensured.
+
+        A running fleet on another GPU Operator release is refused, not restarted: restarting would
+        drop every object (and test) the running fleet holds."""
         started = time.monotonic()
         if self.is_up() or self._start_ingress_only(progress):
-            progress(f"fleet: already up ({self.layout.root})")
+            self._refuse_other_release()
+            progress(f"fleet: already up ({self.layout.root}, GPU Operator {self.operator_release()})")
             self._ensure_nodes(progress)
             return
         self._refuse_leftovers()
-        binaries = Binaries(find_bin_dir(CONTROL_PLANE, progress), find_bin_dir(GPU_OPERATOR, progress))
+        release = self.layout.operator_release
+        binaries = Binaries(find_bin_dir(CONTROL_PLANE, progress), find_operator_bin_dir(release, progress))
         self._check_host(binaries)
         self._prepare(binaries)
         try:
@@ -135,6 +149,12 @@ class Fleet:
         elapsed_s = time.monotonic() - started
         self._save_state(binaries, startup_s=elapsed_s)
         progress(f"fleet: up in {elapsed_s:.1f} s; kubeconfig {self.kubeconfig}")
+
+    def _refuse_other_release(self) -> None:
+        running, wanted = self.operator_release(), self.layout.operator_release
+        if running != wanted:
+            raise EnvError(f"the fleet in {self.layout.root} runs GPU Operator {running}, not {wanted}",
+                           hint=f"run `gpucanary fleet down` first, or set GPUCANARY_OPERATOR_RELEASE={running}")
 
     def _start_ingress_only(self, progress: Progress) -> bool:
         """A fleet started before the ingress existed gets just the ingress, not a refusal to start."""
@@ -165,12 +185,13 @@ class Fleet:
             self._start(part, progress)
         self._ensure_nodes(progress, binaries.control_plane)
         paths = read_paths_env(binaries.operator)
-        progress("fleet: installing the GPU Operator CRDs")
+        progress(f"fleet: installing the GPU Operator {paths['GPU_OPERATOR_VERSION']} CRDs")
         operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
         self._start(operator_part, progress)
         self._start(agent, progress)
         self._start(ingress, progress)
-        operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode)
+        operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
+                                release=paths["GPU_OPERATOR_VERSION"])
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
 
@@ -211,6 +232,7 @@ class Fleet:
 
     def _save_state(self, binaries: Binaries, *, startup_s: float | None) -> None:
         state = {"bin_dir": str(binaries.control_plane), "operator_bin_dir": str(binaries.operator),
+                 "operator_release": operator_release(binaries.operator), "driver_mode": self.layout.driver_mode,
                  "gpu_nodes": self.layout.gpu_nodes, "startup_s": startup_s, "kubeconfig": str(self.kubeconfig),
                  "prometheus_url": self.prometheus_url}
         self.layout.state_file.write_text(json.dumps(state, indent=2) + "\n")
@@ -275,7 +297,10 @@ class Fleet:
         binaries = self.binaries()
         if binaries is None:
             return {"fleet": "stopped"}
-        states = {}
+        paths = read_paths_env(binaries.operator) if (binaries.operator / "paths.env").exists() else {}
+        states = {"gpu-operator release": "{} (commit {}, from {}; {} mode)".format(
+            paths.get("GPU_OPERATOR_VERSION", "unknown"), paths.get("GPU_OPERATOR_COMMIT", "unknown"),
+            paths.get("GPU_OPERATOR_SOURCE", "unknown"), self._driver_mode())}
         for part in self._components(binaries):
             pid = processes.pid_of(self.layout, part.name)
             if pid is None:
@@ -283,9 +308,15 @@ class Fleet:
             else:
                 health = "healthy" if processes.healthy(self.layout, part) else "not answering"
                 states[part.name] = f"running (pid {pid}, 127.0.0.1:{part.port}, {health})"
-        if all(s.startswith("running") for s in states.values()):
+        if all(s.startswith("running") for name, s in states.items() if name != "gpu-operator release"):
             states["nodes"] = self._node_summary()
         return states
+
+    def _driver_mode(self) -> str:
+        try:
+            return json.loads(self.layout.state_file.read_text()).get("driver_mode", "unknown")
+        except (OSError, ValueError):
+            return "unknown"
 
     def nodes(self) -> list[dict[str, str]]:
         """One row per node: name, Ready, allocatable GPUs, GPU product, upgrade state."""

@@ -16,6 +16,9 @@ HOST = "127.0.0.1"
 DEFAULT_PORT_BASE = 26400
 DEFAULT_GPU_NODES = 4
 MAX_GPU_NODES = 1000   # measured on 2 cores (README); KWOK itself holds more
+# The GPU Operator releases the fleet can build and run (ci/build-operator.sh), newest first.
+OPERATOR_RELEASES = ("v26.7.0", "v26.3.3", "v25.10.1", "v25.3.4")
+DEFAULT_OPERATOR_RELEASE = OPERATOR_RELEASES[0]
 
 # Offsets from the port base; the fixed layout makes a port clash easy to name in an error.
 PORT_OFFSETS = {
@@ -54,6 +57,7 @@ class FleetLayout:
     port_base: int = DEFAULT_PORT_BASE
     gpu_nodes: int = DEFAULT_GPU_NODES
     driver_mode: str = "nvidiadriver"   # or "clusterpolicy": one driver DaemonSet for every GPU node
+    operator_release: str = DEFAULT_OPERATOR_RELEASE
 
     @classmethod
     def from_env(cls) -> FleetLayout:
@@ -63,10 +67,14 @@ class FleetLayout:
             port_base=_int_env("GPUCANARY_FLEET_PORT_BASE", DEFAULT_PORT_BASE),
             gpu_nodes=_int_env("GPUCANARY_FLEET_GPU_NODES", DEFAULT_GPU_NODES),
             driver_mode=os.environ.get("GPUCANARY_FLEET_DRIVER_MODE") or "nvidiadriver",
+            operator_release=os.environ.get("GPUCANARY_OPERATOR_RELEASE") or DEFAULT_OPERATOR_RELEASE,
         )
         if layout.driver_mode not in ("nvidiadriver", "clusterpolicy"):
             raise ConfigError(f"GPUCANARY_FLEET_DRIVER_MODE={layout.driver_mode!r} is unknown",
                               hint="use nvidiadriver or clusterpolicy")
+        if layout.operator_release not in OPERATOR_RELEASES:
+            raise ConfigError(f"GPUCANARY_OPERATOR_RELEASE={layout.operator_release!r} is not a release the "
+                              "fleet can run", hint="use one of " + ", ".join(OPERATOR_RELEASES))
         return layout.with_gpu_nodes(layout.gpu_nodes)
 
     def with_gpu_nodes(self, count: int) -> FleetLayout:

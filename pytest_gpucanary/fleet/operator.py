@@ -1,5 +1,9 @@
 """Install the real GPU Operator into the fleet: its CRDs, namespace, ClusterPolicy and NVIDIADriver,
-then wait until the driver, device-plugin and validator pods are Ready on every GPU node."""
+then wait until the driver, device-plugin and validator pods are Ready on every GPU node.
+
+Everything comes from the tree the running release was built from: every CRD in its Helm chart's
+crds/ folder (Helm installs them all; v26.x's controller exits if GPUCluster's is missing), and the
+chart's own labels on the ClusterPolicy, which say which release installed it."""
 
 from __future__ import annotations
 
@@ -17,27 +21,46 @@ from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 from pytest_gpucanary.kube import Kube
 
 Kubectl = Callable[..., str]
-CRDS = ("nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml")
+# v26.7.0 keeps the ClusterPolicy notReady, with only this reason, while any NVIDIADriver-owned node
+# upgrades (controllers/clusterpolicy_controller.go:208-213); its operands are ready all the same.
+UPGRADE_ONLY_NOT_READY = "ClusterPolicy is not ready; NVIDIADriver upgrade has not completed"
 # The DaemonSets a GPU node needs before the fleet counts as up, by their pods' app label.
 READY_APPS = ("nvidia-driver", "nvidia-device-plugin-daemonset", "nvidia-operator-validator")
 READY_TIMEOUT_S = 240
 
 
+def crd_files(crd_dir: Path) -> list[Path]:
+    files = sorted(crd_dir.glob("*.yaml"))
+    if not any(f.name == "nvidia.com_clusterpolicies.yaml" for f in files):
+        raise EnvError(f"no ClusterPolicy CRD in {crd_dir}", hint="rebuild the operator with ci/build-operator.sh")
+    return files
+
+
 def install_crds(kubectl: Kubectl, crd_dir: Path) -> None:
-    for name in CRDS:
-        kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet",
-                "-f", str(crd_dir / name))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s",
-            *(f"crd/{name.removesuffix('.yaml').split('_', 1)[1]}.nvidia.com" for name in CRDS))
+    files = crd_files(crd_dir)
+    for path in files:
+        kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f", str(path))
+    names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in files]
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{name}" for name in names))
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE, "labels": {
         "pod-security.kubernetes.io/enforce": "privileged"}}}
     kubectl("apply", "--server-side", "--field-manager=gpucanary-fleet", "-f", "-", stdin=json.dumps(namespace))
 
 
-def apply_policies(kubectl: Kubectl, *, driver_mode: str) -> None:
+def release_labels(release: str) -> dict[str, str]:
+    """The labels the release's Helm chart puts on its ClusterPolicy ("gpu-operator.labels" in
+    deployments/gpu-operator/templates/_helpers.tpl), less the ones naming Helm: the fleet installs the
+    operator itself. A published chart's version and appVersion are the release tag."""
+    return {"app.kubernetes.io/name": "gpu-operator", "helm.sh/chart": f"gpu-operator-{release}",
+            "app.kubernetes.io/version": release, "app.kubernetes.io/component": "gpu-operator",
+            "app.kubernetes.io/managed-by": "gpucanary-fleet"}
+
+
+def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str) -> None:
     """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet". ClusterPolicy mode: the same
     ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every GPU node."""
     policy = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())
+    policy["metadata"].setdefault("labels", {}).update(release_labels(release))
     policy["spec"]["driver"]["useNvidiaDriverCRD"] = driver_mode == "nvidiadriver"
     apply = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f")
     kubectl(*apply, "-", stdin=json.dumps(policy))
@@ -61,10 +84,21 @@ def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]
                        progress=progress, what="the GPU Operator's pods")
         remaining_s = max(10.0, timeout_s - (time.monotonic() - started))
         kube.wait_for("nvidia.com/v1", "ClusterPolicy", "cluster-policy",
-                      lambda policy: policy.get("status", {}).get("state") == "ready", timeout_s=remaining_s)
+                      policy_ready, timeout_s=remaining_s)
     except TimeoutError as exc:
         raise EnvError(f"the GPU Operator was not ready after {timeout_s:.0f} s: {str(exc)[:300]}",
                        hint="see the gpu-operator log in the fleet's logs directory") from None
+
+
+def policy_ready(policy: dict) -> bool:
+    """Ready, or notReady only because an NVIDIADriver upgrade is under way (v26.7.0 and later), which
+    says nothing about whether the operands are deployed."""
+    status = policy.get("status", {})
+    if status.get("state") == "ready":
+        return True
+    messages = [c.get("message", "") for c in status.get("conditions", []) if c.get("type") == "Error"
+                and c.get("status") == "True"]
+    return status.get("state") == "notReady" and any(m.startswith(UPGRADE_ONLY_NOT_READY) for m in messages)
 
 
 def _app(pod: dict) -> str:

@@ -16,7 +16,8 @@ from pytest_gpucanary.fleet import processes
 
 pytestmark = pytest.mark.e2e
 
-PORT_BASE = 27400  # away from the session fleet's ports
+# Away from the session fleet's ports, and from another session fleet's on its own base.
+PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1000
 
 
 def gpucanary(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
