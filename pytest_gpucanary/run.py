@@ -221,6 +221,7 @@ class CanaryRun:
                 clock.next("settle")
                 self._settle(pool, recorder, probes, placement)
                 clock.next("evaluate")
+                self.progress.line("evaluating the ladder")
                 outcome = self._judge(run, recorder, probes, load, report_dir)
                 clock.next("restore")
                 self.progress.line("restoring the cluster")

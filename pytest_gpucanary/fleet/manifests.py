@@ -95,11 +95,14 @@ def audit_policy() -> str:
     """One Metadata event per request (who, verb, object, user agent, status, µs timestamps).
 
     RequestReceived is omitted: every request also logs ResponseComplete (and a watch
-    ResponseStarted), which carry the same fields plus the status. No request or response bodies:
-    the fleet's audits count and attribute requests, they do not replay them.
+    ResponseStarted), which carry the same fields plus the status. No response bodies; request bodies
+    only of patches and updates of Node objects (not nodes/status, where kwok's heartbeats go): the
+    fault tests read from them which upgrade-state label the operator set, to prove the recorder
+    missed no transition of a pool node.
     """
+    node_writes = {"level": "Request", "verbs": ["patch", "update"], "resources": [{"group": "", "resources": ["nodes"]}]}
     policy = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-              "omitManagedFields": True, "rules": [{"level": "Metadata"}]}
+              "omitManagedFields": True, "rules": [node_writes, {"level": "Metadata"}]}
     return yaml.safe_dump(policy, sort_keys=False)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Iterator
 
@@ -23,3 +24,13 @@ def namespace(kube: Kube) -> Iterator[str]:
     kube.wait_for("v1", "ServiceAccount", "default", lambda sa: True, namespace=name, timeout_s=30)
     yield name
     kube.delete("v1", "Namespace", name)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The full kill matrix (hours of canary runs) runs only from `make kill-matrix`: deselected, never skipped."""
+    if os.environ.get("GPUCANARY_KILL_MATRIX") == "1":
+        return
+    kept = [item for item in items if item.get_closest_marker("kill_matrix") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
