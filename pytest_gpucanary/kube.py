@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -80,6 +81,36 @@ def _translate(exc: Exception, what: str) -> KubeError:
     return error
 
 
+CRASH_HOOK_ENV = "GPUCANARY_TEST_CRASH_AFTER_WRITE"
+
+
+class _CrashAfterWrite:
+    """A fault-injection hook for tests, not a setting: with GPUCANARY_TEST_CRASH_AFTER_WRITE=N (or
+    N:Kind) in its environment, the process ends with os._exit(137), as a SIGKILL would (no unwinding,
+    no cleanup, no flush), right after its N-th successful write (create, patch, delete, evict; of Kind
+    only, when given), counted over all threads. The tests kill a run between every pair of its
+    writes with it, to prove each one leaves what undoes it on the cluster first. Unset: one dict
+    lookup per write, nothing else."""
+
+    def __init__(self, spec: str | None) -> None:
+        count, _, kind = (spec or "").partition(":")
+        self.after = int(count) if count.strip().isdigit() else 0
+        self.kind = kind.strip() or None
+        self.seen = 0
+        self._lock = threading.Lock()
+
+    def wrote(self, kind: str) -> None:
+        if self.after <= 0 or (self.kind is not None and kind != self.kind):
+            return
+        with self._lock:
+            self.seen += 1
+            if self.seen == self.after:
+                os._exit(137)
+
+
+_crash_hook = _CrashAfterWrite(os.environ.get(CRASH_HOOK_ENV))
+
+
 def owned_labels(run_id: str) -> dict[str, str]:
     return {OWNER_LABEL: "gpucanary", RUN_ID_LABEL: run_id}
 
@@ -127,7 +158,9 @@ class Kube:
         resource = self._resource(manifest["apiVersion"], manifest["kind"])
         meta = manifest["metadata"]
         what = f"create {manifest['kind']} {meta.get('namespace', '')}/{meta.get('name', meta.get('generateName'))}"
-        return self._call(what, resource.create, body=manifest, namespace=meta.get("namespace")).to_dict()
+        created = self._call(what, resource.create, body=manifest, namespace=meta.get("namespace")).to_dict()
+        _crash_hook.wrote(manifest["kind"])
+        return created
 
     def get(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict:
         resource = self._resource(api_version, kind)
@@ -145,12 +178,15 @@ class Kube:
         resource = self._resource(api_version, kind)
         self._call(f"delete {kind} {name}", resource.delete, name=name, namespace=namespace,
                    body={"propagationPolicy": "Background"})
+        _crash_hook.wrote(kind)
 
     def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None) -> dict:
         """JSON merge patch (RFC 7386): works for built-in kinds and CRDs alike."""
         resource = self._resource(api_version, kind)
-        return self._call(f"patch {kind} {name}", resource.patch, body=body, name=name, namespace=namespace,
-                          content_type="application/merge-patch+json").to_dict()
+        patched = self._call(f"patch {kind} {name}", resource.patch, body=body, name=name, namespace=namespace,
+                             content_type="application/merge-patch+json").to_dict()
+        _crash_hook.wrote(kind)
+        return patched
 
     def evict(self, name: str, *, namespace: str, grace_s: int | None = None) -> None:
         """Evict a pod through the Eviction API; raises Throttled when a PDB refuses it."""
@@ -160,6 +196,7 @@ class Kube:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         self._call(f"evict pod {namespace}/{name}", self.dynamic.request, "post", path, body=body)
+        _crash_hook.wrote("Pod")
 
     def can_i(self, verb: str, resource: str, *, group: str = "", namespace: str | None = None,
               name: str | None = None) -> bool:

@@ -21,6 +21,14 @@ LEASE = ("coordination.k8s.io/v1", "Lease")
 LEASE_NAME = "gpucanary-run"
 DURATION_S = 60          # a run that has not renewed for this long is gone
 RENEW_EVERY_S = 15       # four chances to renew within one duration, even with a slow apiserver
+# A test hook, not a setting: the kill tests shorten the Lease of the run they kill, so that
+# `gpucanary cleanup` without a run id sees it gone after seconds, not a minute.
+TEST_DURATION_ENV = "GPUCANARY_TEST_LEASE_DURATION_S"
+
+
+def _duration_s() -> int:
+    raw = os.environ.get(TEST_DURATION_ENV, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DURATION_S
 
 
 def namespace_of(run_id: str) -> str:
@@ -65,6 +73,8 @@ class RunLease:
     def __init__(self, kube: Kube, run_id: str) -> None:
         self.kube, self.run_id = kube, run_id
         self.holder = f"{socket.gethostname()}/{os.getpid()}"
+        self.duration_s = _duration_s()
+        self.renew_every_s = RENEW_EVERY_S * self.duration_s / DURATION_S   # a quarter of the duration
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="gpucanary-lease", daemon=True)
 
@@ -75,13 +85,13 @@ class RunLease:
         self.kube.create({"apiVersion": LEASE[0], "kind": LEASE[1],
                           "metadata": {"name": LEASE_NAME, "namespace": namespace_of(self.run_id),
                                        "labels": owned_labels(self.run_id)},
-                          "spec": {"holderIdentity": self.holder, "leaseDurationSeconds": DURATION_S,
+                          "spec": {"holderIdentity": self.holder, "leaseDurationSeconds": self.duration_s,
                                    "acquireTime": now, "renewTime": now}})
         self._thread.start()
         return self
 
     def _renew(self) -> None:
-        while not self._stop.wait(RENEW_EVERY_S):
+        while not self._stop.wait(self.renew_every_s):
             try:
                 self.kube.patch(*LEASE, LEASE_NAME, {"spec": {"renewTime": _micro_time(datetime.now(timezone.utc))}},
                                 namespace=namespace_of(self.run_id))

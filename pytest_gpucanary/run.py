@@ -4,6 +4,20 @@
 restores everything it changed on the way out, also on Ctrl-C and SIGTERM (both end as
 KeyboardInterrupt here). Objects it creates carry the run id, so `gpucanary cleanup` finds what a
 killed run left.
+
+Invariant (crash at any instant): whatever is needed to undo a change is on the cluster before the
+change is. Every write is one of
+- a create of an object that carries the run id label at birth (the Lease's namespace and Lease, the
+  pool's nodes and NVIDIADriver, the workload namespace; everything else lives in that namespace);
+- a patch that saves the prior value in an annotation naming the run id, strictly before the patch
+  that changes the value (`policy.apply._save_and_patch`), or one patch doing both at once
+  (`existing_node._mark`, `policy.apply._hold_back`);
+- an undo, each one patch that puts the saved value back and drops its annotation in the same write,
+  or a delete of an object found by its label; the Lease's namespace goes last.
+So a process killed between any two writes (SIGKILL, OOM, a lost machine) leaves only objects that
+`gpucanary cleanup` finds by label or annotation and restores exactly, once the run's Lease is no
+longer renewed. tests/unit/test_crash_sweep.py kills a run after each of its writes;
+kube.CRASH_HOOK_ENV is the hook that does it on a real cluster.
 """
 
 from __future__ import annotations
@@ -226,6 +240,7 @@ class CanaryRun:
                 clock.next("settle")
                 self._settle(pool, recorder, probes, run)
                 clock.next("evaluate")
+                self.progress.line("evaluating the ladder")
                 outcome = self._judge(run, recorder, probes, load, report_dir)
                 clock.next("restore")
                 self.progress.line("restoring the cluster")

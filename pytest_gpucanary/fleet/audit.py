@@ -1,7 +1,7 @@
 """The fleet apiserver's audit log as typed records: who asked what, when, as the server saw it.
 
 Pure reading and filtering of the JSON lines the apiserver writes (policy: level Metadata, stage
-RequestReceived omitted; see manifests.audit_policy). Never calls the API. Timestamps are the
+RequestReceived omitted, request bodies of Node patches; see manifests.audit_policy). Never calls the API. Timestamps are the
 apiserver's clock at microsecond resolution; the fleet runs on this machine, so they compare with
 the local wall clock (time.time()).
 
@@ -42,6 +42,7 @@ class AuditRecord:
     received_s: float          # requestReceivedTimestamp, Unix seconds (apiserver clock, 1 µs)
     stage_s: float             # stageTimestamp, same clock
     sets_phase: str = ""       # a pod status write: the status.phase its body sets ("" when none or not logged)
+    request_object: object = None   # the request body, logged only for Node and pod status writes
 
     @property
     def is_write(self) -> bool:
@@ -74,7 +75,7 @@ def parse_event(event: dict) -> AuditRecord:
         namespace=ref.get("namespace", ""), name=ref.get("name", ""),
         code=int((event.get("responseStatus") or {}).get("code") or 0),
         received_s=_unix_s(event.get("requestReceivedTimestamp", "")),
-        stage_s=_unix_s(event.get("stageTimestamp", "")),
+        stage_s=_unix_s(event.get("stageTimestamp", "")), request_object=event.get("requestObject"),
         sets_phase=str(((event.get("requestObject") or {}).get("status") or {}).get("phase") or ""))
 
 
@@ -125,7 +126,7 @@ POLICY_RESOURCES = frozenset({"clusterpolicies", "nvidiadrivers"})
 class Scope(StrEnum):
     """Where one canary request went, relative to what that run owns; values are the report strings."""
 
-    OWN_NAMESPACE = "own-namespace"      # gpucanary-<run-id> and everything in it
+    OWN_NAMESPACE = "own-namespace"      # gpucanary-<run-id>, its Lease's gpucanary-<run-id>-owner, their contents
     POOL_NODE = "pool-node"              # the nodes of its pool
     OWN_OBJECT = "own-object"            # a cluster-scoped object the run created itself (its NVIDIADriver)
     POLICY = "policy"                    # ClusterPolicy / NVIDIADriver it patches and restores
@@ -150,8 +151,13 @@ class RunScope:
                 if r.verb == "create" and not r.subresource and r.name and 200 <= r.code < 300}
         return RunScope(self.run_id, self.pool_nodes, frozenset(made) | self.created)
 
+    @property
+    def namespaces(self) -> frozenset[str]:
+        """Its workload namespace and the one holding its Lease (lease.namespace_of)."""
+        return frozenset({self.namespace, f"{self.namespace}-owner"})
+
     def scope_of(self, record: AuditRecord) -> str:
-        if record.namespace == self.namespace or (record.resource == "namespaces" and record.name == self.namespace):
+        if record.namespace in self.namespaces or (record.resource == "namespaces" and record.name in self.namespaces):
             return Scope.OWN_NAMESPACE
         if record.resource == "nodes" and record.api_group == "":
             if record.name in self.pool_nodes:

@@ -200,6 +200,36 @@ class Fleet:
         proc = processes.start(self.layout, part)
         processes.wait_healthy(self.layout, part, proc, timeout_s=START_TIMEOUT_S.get(part.name, 60))
 
+    def component(self, name: str) -> components.Component:
+        binaries = self.binaries()
+        if binaries is None:
+            raise EnvError(f"no fleet state in {self.layout.root}", hint="run `gpucanary fleet up` first")
+        try:
+            return next(c for c in self._components(binaries) if c.name == name)
+        except StopIteration:
+            raise EnvError(f"the fleet has no component {name!r}",
+                           hint=f"one of {', '.join(processes.STOP_ORDER)}") from None
+
+    def stop_component(self, name: str) -> None:
+        """Stop one process of a running fleet (a fault for tests; `start_component` brings it back)."""
+        processes.stop_one(self.layout, name)
+
+    def start_component(self, name: str, *, progress: Progress = _quiet) -> None:
+        self._start(self.component(name), progress)
+
+    def restart_component(self, name: str, *, progress: Progress = _quiet) -> None:
+        """Stop one component and start it again with the same command line and data, healthy on return."""
+        part = self.component(name)
+        processes.stop_one(self.layout, name)
+        self._start(part, progress)
+
+    def pause_component(self, name: str) -> None:
+        """SIGSTOP one component (etcd: the apiserver's storage hangs); `resume_component` continues it."""
+        processes.pause(self.layout, name)
+
+    def resume_component(self, name: str) -> None:
+        processes.resume(self.layout, name)
+
     def _refuse_leftovers(self) -> None:
         leftovers = processes.owned_pids(self.layout)
         if leftovers:

@@ -95,14 +95,17 @@ def audit_policy() -> str:
     """One Metadata event per request (who, verb, object, user agent, status, µs timestamps).
 
     RequestReceived is omitted: every request also logs ResponseComplete (and a watch
-    ResponseStarted), which carry the same fields plus the status. Pod status writes also keep their
-    request body, so the log says when a pod was made Running (the canary's start latency, measured
-    from the server's side); nothing else does: the fleet's audits count and attribute requests.
+    ResponseStarted), which carry the same fields plus the status. No response bodies; request bodies
+    only of patches and updates of Node objects (not nodes/status, where kwok's heartbeats go): the
+    fault tests read from them which upgrade-state label the operator set, to prove the recorder
+    missed no transition of a pool node; and of pod status writes, so the log says when a pod was
+    made Running (the canary's start latency, measured from the server's side).
     """
+    node_writes = {"level": "Request", "verbs": ["patch", "update"], "resources": [{"group": "", "resources": ["nodes"]}]}
     policy = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
               "omitManagedFields": True,
-              "rules": [{"level": "Request", "verbs": ["patch", "update"],
-                         "resources": [{"group": "", "resources": ["pods/status"]}]},
+              "rules": [node_writes, {"level": "Request", "verbs": ["patch", "update"],
+                                      "resources": [{"group": "", "resources": ["pods/status"]}]},
                         {"level": "Metadata"}]}
     return yaml.safe_dump(policy, sort_keys=False)
 

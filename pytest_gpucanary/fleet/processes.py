@@ -123,6 +123,30 @@ def stop_all(layout: FleetLayout) -> list[int]:
     return everything
 
 
+def stop_one(layout: FleetLayout, name: str) -> int | None:
+    """Stop one component (SIGTERM, then SIGKILL after 10 s) and forget its pid; returns the pid stopped."""
+    pid = pid_of(layout, name)
+    if pid is not None:
+        _stop(pid)
+    (layout.run / f"{name}.pid").unlink(missing_ok=True)
+    return pid
+
+
+def pause(layout: FleetLayout, name: str) -> int:
+    """SIGSTOP one component's process group: it holds its sockets open and answers nothing, as a hung
+    or swapped-out process would. `resume` sends SIGCONT."""
+    pid = pid_of(layout, name)
+    if pid is None:
+        raise EnvError(f"{name} is not running in {layout.root}", hint="start the fleet first")
+    _signal(pid, signal.SIGSTOP)
+    return pid
+
+
+def resume(layout: FleetLayout, name: str) -> None:
+    if (pid := pid_of(layout, name)) is not None:
+        _signal(pid, signal.SIGCONT)
+
+
 def _stop(pid: int, *, grace_s: float = 10.0) -> None:
     _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s

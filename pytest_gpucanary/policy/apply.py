@@ -8,6 +8,12 @@ Where the operator reads the policy depends on its mode and version:
   the operator's skip label.
 Every prior value is saved in an annotation on the object it came from, so `gpucanary cleanup` can
 restore it after a crash.
+
+Invariant: the saved copy reaches the cluster before the change it undoes. A spec is saved by one
+patch of the annotation and changed by a second, later one; a held-back node gets its skip label and
+the annotation saying so in one patch; each restore is one patch that writes the saved value back
+and drops the annotation together. A process killed between any two of these writes leaves either
+nothing changed, or a change whose undo is on the object itself (see run.py).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
@@ -81,3 +82,13 @@ def canary_service_account(kube: Kube, gpucanary_fleet, tmp_path: Path) -> Itera
         with contextlib.suppress(NotFound):
             kube.delete(doc["apiVersion"], doc["kind"], doc["metadata"]["name"],
                         namespace=doc["metadata"].get("namespace"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The full kill matrix (hours of canary runs) runs only from `make kill-matrix`: deselected, never skipped."""
+    if os.environ.get("GPUCANARY_KILL_MATRIX") == "1":
+        return
+    kept = [item for item in items if item.get_closest_marker("kill_matrix") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept

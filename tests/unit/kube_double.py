@@ -6,7 +6,8 @@ generation; `patch` is a JSON merge patch (RFC 7386) that bumps generation when 
 the apiserver does; `watch` lists, then streams every later change made through the double from any
 thread. Nothing here reconciles anything: a test that wants the GPU Operator or the kubelet to have
 acted writes that state itself. Faults are data (`fail`, `fail_watch`) and surface as the product's
-own errors from `pytest_gpucanary.kube`. The waits (`watch_until`, `wait_for`, `wait_gone`) are the
+own errors from `pytest_gpucanary.kube`. A crash is data too (`crash_after_write`): the store as it
+stood right after a write, as a process killed at that instant leaves the apiserver. The waits (`watch_until`, `wait_for`, `wait_gone`) are the
 real ones from `Kube`, running over this `watch`.
 """
 
@@ -60,6 +61,12 @@ def matcher(namespace: str | None, label_selector: str | None, field_selector: s
     return match
 
 
+class Crashed(BaseException):
+    """The process 'died' right after a write: nothing of the run's own after it may reach the cluster.
+    A BaseException, as nothing in the product may catch it; its unwinding only drains the run's
+    threads, and the cluster it leaves is `FakeKube.at_crash`, taken before it was raised."""
+
+
 class FakeKube:
     """The apiserver's objects and watch stream in memory; the same verbs as `kube.Kube`, thread-safe."""
 
@@ -75,8 +82,29 @@ class FakeKube:
         self._versions = itertools.count(1)
         self._faults: dict[tuple[str, str], list[KubeError]] = {}
         self._watch_faults: dict[str, list[tuple[KubeError, bool]]] = {}
+        self.writes: list[tuple[str, str, str | None, str]] = []   # counted writes: (verb, kind, namespace, name)
+        self.denied: set[tuple[str, str]] = set()                 # (verb, resource) access reviews refuse
+        self.at_crash: dict | None = None
+        self._crash_after: int | None = None
+        self._crash_thread: threading.Thread | None = None
+
+    @classmethod
+    def holding(cls, objects: dict[tuple[str, str, str | None, str], dict]) -> FakeKube:
+        """A store holding exactly `objects` (as `objects()` returns them), metadata untouched."""
+        fake = cls()
+        for (api, kind, namespace, name), obj in objects.items():
+            fake._store.setdefault((api, kind), {})[(namespace, name)] = copy.deepcopy(obj)
+        return fake
 
     # --- faults, as data ------------------------------------------------------------------------------
+    def can_i(self, verb: str, resource: str, *, group: str = "", namespace: str | None = None,
+              name: str | None = None) -> bool:
+        """The double's caller may do anything but what `deny` named (a SelfSubjectAccessReview's answer)."""
+        return (verb, resource) not in self.denied
+
+    def deny(self, verb: str, resource: str) -> None:
+        self.denied.add((verb, resource))
+
     def fail(self, verb: str, kind: str, error: KubeError) -> None:
         """The next `verb` (create, get, list, delete, patch, evict) on `kind` raises `error`."""
         self._faults.setdefault((verb, kind), []).append(error)
@@ -93,7 +121,24 @@ class FakeKube:
             self._changes.append((api_version, kind, type_, None, copy.deepcopy(obj), True))
             self._cond.notify_all()
 
+    def crash_after_write(self, count: int, *, thread: threading.Thread | None = None) -> None:
+        """Right after the `count`-th successful write made from `thread` (default: the main thread, so the
+        count is deterministic while background threads write too), keep the store as `at_crash` and raise
+        `Crashed` in the writer. The dead thread's later calls raise `Crashed` too (its unwinding must not
+        reach the cluster, nor wait on it); other threads go on until the run stops them."""
+        self._crash_after, self._crash_thread = count, thread or threading.main_thread()
+
+    def _wrote(self, verb: str, kind: str, namespace: str | None, name: str) -> None:
+        if threading.current_thread() is not (self._crash_thread or threading.main_thread()):
+            return
+        self.writes.append((verb, kind, namespace, name))
+        if self._crash_after is not None and len(self.writes) == self._crash_after:
+            self.at_crash = self.objects()
+            raise Crashed(f"after write {len(self.writes)}: {verb} {kind} {name}")
+
     def _fault(self, verb: str, kind: str) -> None:
+        if self.at_crash is not None and threading.current_thread() is self._crash_thread:
+            raise Crashed(f"{verb} {kind} from a dead process")
         if queue := self._faults.get((verb, kind)):
             raise queue.pop(0)
 
@@ -110,6 +155,7 @@ class FakeKube:
             obj["metadata"] = {**obj["metadata"], "name": name, "uid": str(uuid.uuid4()), "generation": 1,
                                "creationTimestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
             self._write(api, kind, "ADDED", None, obj)
+        self._wrote("create", kind, meta.get("namespace"), name)
         return copy.deepcopy(obj)
 
     def get(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict:
@@ -135,6 +181,7 @@ class FakeKube:
                 for (api, other), objects in list(self._store.items()):
                     for key in [k for k in objects if k[0] == name]:
                         self._write(api, other, "DELETED", objects[key], None)
+        self._wrote("delete", kind, namespace, name)
 
     def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None) -> dict:
         self._fault("patch", kind)
@@ -148,7 +195,8 @@ class FakeKube:
             if new.get("spec") != old.get("spec"):
                 new["metadata"]["generation"] = old["metadata"].get("generation", 0) + 1
             self._write(api_version, kind, "MODIFIED", old, new)
-            return copy.deepcopy(new)
+        self._wrote("patch", kind, namespace, name)
+        return copy.deepcopy(new)
 
     def evict(self, name: str, *, namespace: str, grace_s: int | None = None) -> None:
         """No PodDisruptionBudgets here: a refusal is `fail("evict", "Pod", Throttled(...))`."""
@@ -161,6 +209,7 @@ class FakeKube:
         """RELISTED with the matching objects, then each later change as the server would send it: an object
         that starts matching arrives as ADDED, one that stops matching as DELETED. Ends on `stop` or
         `deadline` (time.monotonic())."""
+        self._fault("watch", kind)
         faults = self._watch_faults.get(kind)
         error, before_relist = faults.pop(0) if faults else (None, False)
         if error is not None and before_relist:

@@ -84,3 +84,14 @@ def test_scope_sorts_writes_by_what_the_run_owns(tmp_path: Path) -> None:
                       "refused": Scope.CLUSTER, "nodes": Scope.CLUSTER}
     assert [r.audit_id for r in outside(got, run)] == ["skip", "foreign", "refused"]
     assert got[2].kind_key == "pods/eviction" and got[4].kind_key == "nvidiadrivers.nvidia.com"
+
+
+def test_the_lease_namespace_is_the_runs_own() -> None:
+    from pytest_gpucanary.fleet.audit import AuditRecord, RunScope, Scope, outside
+
+    def write(namespace: str, name: str) -> AuditRecord:
+        return AuditRecord("id-" + name, "ResponseComplete", "delete", "gpucanary/0", "/api/v1/namespaces/" + name, "",
+                           "namespaces", "", namespace, name, 200, 0.0, 0.0)
+    scope = RunScope("r1", frozenset())
+    assert scope.scope_of(write("gpucanary-r1-owner", "gpucanary-r1-owner")) == Scope.OWN_NAMESPACE
+    assert outside([write("gpucanary-r2-owner", "gpucanary-r2-owner")], scope)

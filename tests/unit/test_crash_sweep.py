@@ -1,0 +1,213 @@
+"""A canary run killed right after any one of its writes leaves a cluster `gpucanary cleanup` restores.
+
+`CanaryRun.execute()` runs against the in-memory apiserver (`kube_double.FakeKube`) with the real pool
+providers, policy code, recorder and probe loop. The run is "killed" right after its N-th write (the
+store is kept as it stood at that instant, see `FakeKube.crash_after_write`), for every N from 1 to
+the number of writes a whole run makes (pool, namespaces, workloads, policy, upgrade, restore). Then
+`cleanup()` runs without a run id on that store, once the dead run's Lease has expired (its
+duration shortened through lease.TEST_DURATION_ENV), and the store must equal the one before the run.
+
+Writes are counted on the run's main thread, so N names the same write in every run; the probe loop
+and the Lease renewal write from threads of their own (probe Jobs in the run's namespace, renewals of
+its Lease), in between.
+
+`World` plays what the cluster's controllers would do, as scripted state, never a state machine: a
+namespace gets its default ServiceAccount, a Job or Deployment a Running pod, and the pool node the
+upgrade-state label the operator would write once the target version is set (upgrade-failed, so the
+run moves on at once) and upgrade-done once the prior version is back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kube_double import Crashed, FakeKube
+
+from pytest_gpucanary import lease
+from pytest_gpucanary.cleanup import cleanup
+from pytest_gpucanary.config import FIXTURES, Settings
+from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
+from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
+from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
+from pytest_gpucanary.run import CanaryRun, ProgressLine
+from pytest_gpucanary.workloads import IMAGE_PULL_ROLE, ROLE_LABEL
+
+DRIVER_FROM, DRIVER_TO = "570.172.08", "580.95.05"
+OPERATOR_NS = "gpu-operator"
+POLICY = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "25%",
+          "waitForCompletion": {"podSelector": "", "timeoutSeconds": 0},
+          "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
+          "drain": {"enable": False, "force": False, "podSelector": "", "timeoutSeconds": 300, "deleteEmptyDir": False}}
+IMAGE = "nvcr.io/nvidia/driver:{}-ubuntu22.04"
+
+
+def gpu_node(name: str, **labels: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {GPU_PRESENT_LABEL: "true", UPGRADE_STATE_LABEL: "upgrade-done",
+                                                  **labels}},
+            "spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "PreferNoSchedule"}]}}
+
+
+def operand_pod(node: str, component: str, **labels: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{component}-{node}", "namespace": OPERATOR_NS, "labels": labels,
+                         "ownerReferences": [{"kind": "DaemonSet", "name": component}]},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": IMAGE.format(DRIVER_FROM)}]},
+            "status": {"phase": "Running"}}
+
+
+def cluster(*, nvidiadriver_mode: bool) -> FakeKube:
+    fake = FakeKube()
+    objects = [
+        {"apiVersion": CLUSTER_POLICY[0], "kind": CLUSTER_POLICY[1], "metadata": {"name": "cluster-policy"},
+         "spec": {"driver": {"useNvidiaDriverCRD": nvidiadriver_mode, "version": DRIVER_FROM,
+                             "upgradePolicy": POLICY}}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS}},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet",
+         "metadata": {"name": "nvidia-driver-daemonset", "namespace": OPERATOR_NS,
+                      "labels": {"app.kubernetes.io/component": "nvidia-driver"}},
+         "spec": {"template": {"spec": {"containers": [{"name": "c", "image": IMAGE.format(DRIVER_FROM)}]}}},
+         "status": {"observedGeneration": 1}},
+    ]
+    names = ["canary-0", "gpu-1", "gpu-2"]
+    if nvidiadriver_mode:
+        objects.append({"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": "fleet"},
+                        "spec": {"driverType": "gpu", "version": DRIVER_FROM}})
+    for name in names:
+        objects += [gpu_node(name, team="ml"),
+                    operand_pod(name, "nvidia-driver-daemonset", **{"app.kubernetes.io/component": "nvidia-driver"}),
+                    operand_pod(name, "nvidia-operator-validator", app="nvidia-operator-validator")]
+    for obj in objects:
+        fake.create(obj)
+    fake.writes.clear()
+    return fake
+
+
+class World:
+    """What the kubelet, the controllers and the operator would write, as scripted reactions to the run."""
+
+    def __init__(self, fake: FakeKube, *, pool_node: str | None) -> None:
+        self.fake, self.pool_node = fake, pool_node
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._follow, args=kind, daemon=True) for kind in
+                        (("v1", "Namespace"), ("batch/v1", "Job"), ("apps/v1", "Deployment"), ("v1", "Pod"),
+                         (*CLUSTER_POLICY,), (*NVIDIADRIVER,))]
+
+    def __enter__(self) -> World:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    def _follow(self, api_version: str, kind: str) -> None:
+        for event in self.fake.watch(api_version, kind, stop=self.stop):
+            if event.type in ("ADDED", "MODIFIED"):
+                self._react(kind, event.object, added=event.type == "ADDED")
+
+    def _react(self, kind: str, obj: dict, *, added: bool) -> None:
+        meta = obj["metadata"]
+        if kind == "Namespace" and added:
+            self._create({"apiVersion": "v1", "kind": "ServiceAccount",
+                          "metadata": {"name": "default", "namespace": meta["name"]}})
+        elif kind == "Pod" and added and meta.get("labels", {}).get(ROLE_LABEL) == IMAGE_PULL_ROLE:
+            self._patch("v1", "Pod", meta["name"], meta["namespace"], {"status": {   # the kubelet pulled it
+                "phase": "Succeeded", "containerStatuses": [{"name": "pull", "state": {"terminated": {"exitCode": 0}}}]}})
+        elif kind in ("Job", "Deployment") and added:
+            if kind == "Job":      # the Job controller: done at once, so the run moves on
+                self._patch("batch/v1", "Job", meta["name"], meta["namespace"], {"status": {
+                    "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}})
+            template = obj["spec"]["template"]
+            labels = {**template.get("metadata", {}).get("labels", {}), "job-name": meta["name"]}
+            self._create({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": f"{meta['name']}-pod", "namespace": meta["namespace"], "labels": labels},
+                          "spec": {"nodeName": template["spec"].get("nodeName") or "gpu-1"},
+                          "status": {"phase": "Running",
+                                     "conditions": [{"type": "PodScheduled", "status": "True"}]}})
+        elif kind in (CLUSTER_POLICY[1], NVIDIADRIVER[1]):
+            version = obj["spec"].get("version") or obj["spec"].get("driver", {}).get("version")
+            node = self.pool_node or (obj["spec"].get("nodeSelector") and f"{meta['name']}-0")
+            if node and version:
+                states = ("upgrade-required", "upgrade-failed") if version == DRIVER_TO else ("upgrade-done",)
+                for state in states:
+                    try:
+                        self.fake.patch("v1", "Node", node, {"metadata": {"labels": {UPGRADE_STATE_LABEL: state}}})
+                    except Exception:   # the kwok pool's node may be gone already
+                        pass
+
+    def _patch(self, api_version: str, kind: str, name: str, namespace: str, body: dict) -> None:
+        try:
+            self.fake.patch(api_version, kind, name, body, namespace=namespace)
+        except Exception:           # the run's namespace already gone
+            pass
+
+    def _create(self, manifest: dict) -> None:
+        try:
+            self.fake.create(manifest)
+        except Exception:           # a run's namespace deleted before its pod: nothing to run
+            pass
+
+
+def settings(tmp_path: Path, run_id: str) -> Settings:
+    return Settings(policy=FIXTURES / "policies" / "default.yaml", driver_version=DRIVER_TO,
+                    reports_dir=tmp_path / "reports", run_id=run_id, baseline_s=0.01, probe_interval_s=3600.0,
+                    upgrade_budget_s=30.0, max_start_latency_s=1.0, load_users=0)
+
+
+def content(objects: dict) -> dict:
+    """What a restore must put back: everything but the fields the apiserver bumps on every write."""
+    def strip(obj: dict) -> dict:
+        meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "generation")}
+        return {**obj, "metadata": meta}
+    return {key: strip(obj) for key, obj in objects.items()}
+
+
+MODES = {
+    # the fleet's default: NVIDIADriver mode, operator older than v26.7 (policy on the ClusterPolicy), kwok pool
+    "nvidiadriver-kwok": (True, lambda: KwokPoolProvider(), None),
+    # a real cluster: ClusterPolicy mode, a carved-out existing node, every other GPU node held back
+    "clusterpolicy-existing": (False, lambda: ExistingNodeProvider(node="canary-0", restore_timeout_s=30), "canary-0"),
+}
+
+
+def run_once(tmp_path: Path, mode: str, run_id: str, *, crash_after: int | None) -> tuple[dict, FakeKube, list[str]]:
+    """The store before the run, the store after it, and the run's progress lines."""
+    nvidiadriver_mode, provider, pool_node = MODES[mode]
+    fake = cluster(nvidiadriver_mode=nvidiadriver_mode)
+    before = content(fake.objects())
+    if crash_after is not None:
+        fake.crash_after_write(crash_after)
+    lines: list[str] = []
+    with World(fake, pool_node=pool_node):
+        run = CanaryRun(settings(tmp_path, run_id), fake, provider(), progress=ProgressLine(write=lines.append))
+        try:
+            run.execute()
+        except Crashed:
+            assert crash_after is not None
+    return before, fake, lines
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_run_killed_after_any_write_is_restored_by_cleanup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             mode: str) -> None:
+    monkeypatch.setenv(lease.TEST_DURATION_ENV, "1")
+    before, whole, lines = run_once(tmp_path, mode, "whole", crash_after=None)
+    assert content(whole.objects()) == before, lines     # a run that lives restores everything itself
+    kinds = {kind for _, kind, _, _ in whole.writes}
+    assert {"Namespace", "Lease", "Job", "Node"} <= kinds and ({"ClusterPolicy", "NVIDIADriver"} & kinds), whole.writes
+    crashed: list[tuple[int, tuple, dict, dict]] = []
+    for n in range(1, len(whole.writes) + 1):
+        before_n, fake, _ = run_once(tmp_path, mode, f"crash-{n}", crash_after=n)
+        assert fake.at_crash is not None, f"write {n} never happened: {whole.writes[n - 1]}"
+        crashed.append((n, fake.writes[n - 1], before_n, fake.at_crash))
+    time.sleep(1.1)                                  # every dead run's 1 s Lease has expired
+    for n, write, before_n, at_crash in crashed:
+        left = FakeKube.holding(at_crash)
+        cleanup(left, report=lambda line: None)
+        assert content(left.objects()) == before_n, f"killed after write {n} ({write}): not restored"
