@@ -98,12 +98,29 @@ build_from_module() {
 
 build_from_tree() {
   local source=${GPUCANARY_OPERATOR_SOURCE:-archive} commit=${COMMITS[$RELEASE]} key archive out tmp start
-  local archive_dir=${GPUCANARY_OPERATOR_ARCHIVE_DIR:-$(dirname "$repo")/shared/third-party}
+  local archive_dir=${GPUCANARY_OPERATOR_ARCHIVE_DIR:-}
   local url=${GPUCANARY_OPERATOR_GIT_URL:-$UPSTREAM}
+  if [ -z "$archive_dir" ]; then
+    # shared/third-party beside the checkout or beside any directory above it (a CI clone may sit deeper)
+    local up=$repo
+    archive_dir=$(dirname "$repo")/shared/third-party
+    while [ "$up" != / ]; do
+      up=$(dirname "$up")
+      if [ -f "$up/shared/third-party/gpu-operator-$RELEASE.tar.gz" ]; then archive_dir=$up/shared/third-party; break; fi
+    done
+  fi
   case "$source" in
     archive)
       archive="$archive_dir/gpu-operator-$RELEASE.tar.gz"
       if [ ! -f "$archive" ]; then
+        # The same release tag is the same commit: a build of it from any archive is this build.
+        for out in "$cache"/bin/gpu-operator-"$RELEASE"-*/; do
+          if [ -f "$out/.complete" ] && grep -q "^GPU_OPERATOR_COMMIT=${commit:0:12}" "$out/paths.env" 2>/dev/null \
+              && [ -d "$(sed -n 's/^GPU_OPERATOR_ASSETS_DIR=//p' "$out/paths.env")" ]; then
+            echo "gpu-operator $RELEASE (commit $commit) up to date in ${out%/}; no archive needed" >&2
+            echo "${out%/}"; exit 0
+          fi
+        done
         echo "no source archive for GPU Operator $RELEASE at $archive; set GPUCANARY_OPERATOR_ARCHIVE_DIR or GPUCANARY_OPERATOR_SOURCE=git" >&2
         exit 3
       fi

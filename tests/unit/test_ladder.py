@@ -18,6 +18,7 @@ from pytest_gpucanary.ladder import (
     MetricCheck, Outcome, PhaseStats, ProbeSeen, RunEvidence, Stage, StageVerdict, WorkloadRef, decide, evaluate,
     evictions, summarize,
 )
+from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.network import check_network
 from pytest_gpucanary.ladder.rollout import check_rollout
 from pytest_gpucanary.ladder.scheduler import check_scheduler
@@ -264,6 +265,28 @@ def test_a_probe_that_never_started_fails_naming_it() -> None:
     verdict = check_scheduler(clean_run(probes=probes() + (stuck,)))
     assert verdict.outcome is Outcome.FAIL
     assert verdict.summary.startswith("scheduler: fleet probe fleet-9 never running (created at +40s;")
+
+
+def test_a_probe_evicted_before_it_ran_is_over_not_in_flight() -> None:
+    """The drain evicts a pool probe's pod before it runs; its Job (backoffLimit 0) makes no other. The run
+    must not wait for it to run (the settle step waited out its bound for exactly this), and the
+    scheduler names it with when its pod ended."""
+    job = {"job-name": "probe-pool-0000"}
+    records = [pod(0, "ns", "probe-pool-0000-8w7jb", labels=job, phase="Pending", kind_type="ADDED"),
+               pod(1.3, "ns", "probe-pool-0000-8w7jb", labels=job, phase="Failed", removing=True,
+                   disruption="EvictionByEvictionAPI"),
+               pod(2.4, "ns", "probe-pool-0000-8w7jb", labels=job, phase="Failed", removing=True,
+                   kind_type="DELETED"),
+               pod(3, "ns", "probe-fleet-0000-x1", labels={"job-name": "probe-fleet-0000"}, node_name="gpu-2")]
+    seen = timeline.probes_seen(records, {"probe-pool-0000": ("pool", at(0)), "probe-fleet-0000": ("fleet", at(0))},
+                                namespace="ns")
+    assert [(p.name, p.running_wall_ns, p.ended_wall_ns) for p in seen] == [
+        ("probe-fleet-0000", at(3), None), ("probe-pool-0000", None, at(1.3))]
+    assert all(p.running_wall_ns or p.ended_wall_ns for p in seen)        # what the settle step waits for
+    evicted = ProbeSeen("fleet-8", "fleet", at(40), at(41), None, "gpu-2", at(45))
+    verdict = check_scheduler(clean_run(probes=probes() + (evicted,)))
+    assert verdict.summary.startswith("scheduler: fleet probe fleet-8 never running (created at +40s; its pod "
+                                      "ended unstarted at +45s)")
 
 
 def test_device_fails_on_a_driver_still_at_the_old_version_and_folds_in_metric_checks() -> None:

@@ -1,0 +1,96 @@
+"""Two pipelines canary the same cluster at once, each with its own pool, and each follows its run with
+the always-run `gpucanary cleanup` without a run id: neither cleanup may touch the other's live run.
+
+On operator v26.7 (the fleet's default) each NVIDIADriver carries its own upgradePolicy, so the two
+runs' policies never meet; what would meet is the cleanup, which is what this proves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.gpu_operator import NVIDIADRIVER
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.policy.apply import SAVED_SPEC_ANNOTATION
+from pytest_gpucanary.preflight import discover
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05",
+        "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=60", "--gpucanary-load-users=4"]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
+
+
+class Run:
+    """One `gpucanary run` in the background, its output collected, a line awaited."""
+
+    def __init__(self, run_id: str, reports: Path) -> None:
+        self.run_id = run_id
+        self.proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run", *ARGS,
+                                      f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+        self.lines: list[str] = []
+        self.applied = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if "applied; upgrading the pool" in line:
+                self.applied.set()
+
+    def finish(self, timeout_s: float = 900) -> int:
+        code = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=10)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def cleanup(kube_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", "cleanup"], capture_output=True, text=True,
+                          timeout=300, env=kube_env)
+
+
+def owned_by(kube: Kube, run_id: str) -> dict[str, list[str]]:
+    """What a run has on the cluster right now: its pool nodes, its NVIDIADriver with a saved spec, its namespaces."""
+    selector = f"gpucanary.io/run-id={run_id}"
+    live = [o for o in kube.list("v1", "Namespace", label_selector=selector) if not o["metadata"].get("deletionTimestamp")]
+    return {"nodes": [n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=selector)],
+            "namespaces": sorted(o["metadata"]["name"] for o in live),
+            "saved": [d["metadata"]["name"] for d in kube.list(*NVIDIADRIVER, label_selector=selector)
+                      if SAVED_SPEC_ANNOTATION in d["metadata"].get("annotations", {})]}
+
+
+def test_two_parallel_runs_each_followed_by_cleanup_leave_the_other_intact(gpucanary_fleet, kube: Kube,
+                                                                         tmp_path: Path) -> None:
+    assert discover(kube).per_driver_policy, "two runs at once need per-NVIDIADriver policies (operator v26.7+)"
+    first = Run("par-first", tmp_path / "reports")
+    assert first.applied.wait(timeout=300), first.output[-3000:]
+    second = Run("par-second", tmp_path / "reports")      # starts while the first one upgrades its pool
+    assert second.applied.wait(timeout=300), second.output[-3000:]
+
+    assert first.finish() == 0, first.output[-3000:]
+    during = owned_by(kube, second.run_id)
+    assert during["nodes"] and during["saved"] and f"gpucanary-{second.run_id}-owner" in during["namespaces"], during
+    swept = cleanup(ENV)                                  # the first pipeline's always-run cleanup step
+    assert swept.returncode == 0, swept.stderr
+    assert f"left live run {second.run_id} alone" in swept.stderr, swept.stderr
+    assert owned_by(kube, second.run_id) == during       # the live run kept everything
+
+    assert second.finish() == 0, second.output[-3000:]
+    assert cleanup(ENV).returncode == 0
+    for run in (first, second):
+        assert owned_by(kube, run.run_id) == {"nodes": [], "namespaces": [], "saved": []}, run.run_id
