@@ -26,8 +26,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TARGET = "580.95.05"
 # a 2-core CI machine runs the fleet, the operator and locust at once; the GPU job keeps the default
-# --gpucanary-job-duration-s, as the run now waits for the Job to complete
-FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3"]
+# a GPU job of 60 s: the run waits for it to complete, and it is still running when pod deletion comes
+# (within seconds of the policy, after a 10 s baseline)
+FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=60"]
 UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
 
 
@@ -133,7 +135,7 @@ def test_prometheus_stopped_mid_run_makes_metric_checks_inconclusive_and_fails_t
     fleet = gpucanary_fleet.fleet
     config = tmp_path / "prometheus.yml"
     config.write_text((fleet.layout.root / "prometheus.yml").read_text())
-    port = 27990
+    port = fleet.layout.port_base + 1590     # beside the session fleet's ports, not on a fixed number
     prometheus = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                    f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
@@ -221,9 +223,10 @@ def test_interrupted_run_restores_everything(gpucanary_fleet, kube: Kube, tmp_pa
 
 def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp_path: Path,
                                                 policy_before: dict) -> None:
+    run_id = f"killed-{uuid.uuid4().hex[:6]}"
     proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
                              f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                             f"--gpucanary-driver-version={TARGET}", *FAST,
+                             f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-run-id={run_id}",
                              f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env=UNBUFFERED)
@@ -233,8 +236,13 @@ def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp
             break
     os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up
     proc.wait(timeout=30)
-    assert [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")]
-    result = gpucanary("cleanup", reports=tmp_path)
+    left = [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")]
+    assert left
+    # its Lease was renewed moments ago: a cleanup of "whatever is dead" cannot tell it from a live run yet
+    unsure = gpucanary("cleanup", reports=tmp_path)
+    assert unsure.returncode == 0 and f"left live run {run_id} alone" in unsure.stderr, unsure.stderr
+    assert [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")] == left
+    result = gpucanary("cleanup", "--run-id", run_id, reports=tmp_path)   # as the CI templates call it
     assert result.returncode == 0, result.stderr
     deadline = time.monotonic() + 60  # namespace deletion finishes asynchronously
     while time.monotonic() < deadline:

@@ -89,7 +89,7 @@ def run_steps(job: dict, *, env: dict[str, str], expressions: dict[str, str], wo
 @pytest.fixture
 def standing_canary_pool(kube: Kube) -> Iterator[str]:
     """A GPU node with an NVIDIADriver of its own, labelled as the cluster's canary pool."""
-    from pytest_gpucanary.pool.kwok import KwokPool, fleet_driver_version
+    from pytest_gpucanary.fleet.kwok_pool import KwokPool, fleet_driver_version
 
     standing = KwokPool(kube, name=f"ci-canary-{uuid.uuid4().hex[:6]}", run_id="standing")
     [node] = standing.create(driver_version=fleet_driver_version(kube))
@@ -133,7 +133,8 @@ def test_github_workflow_steps_gate_the_canary_pool_and_publish_the_receipt(
            "RUNNER_TEMP": str(runner_temp), "GITHUB_STEP_SUMMARY": str(summary),
            # the user's own knobs for this 2-core machine and the cluster's Prometheus (GPUCANARY_* env)
            "GPUCANARY_PROMETHEUS_URL": fleet.prometheus_url, "GPUCANARY_PROBE_INTERVAL_S": "10",
-           "GPUCANARY_JOB_DURATION_S": "900", "GPUCANARY_UPGRADE_BUDGET_S": "420"}
+           "GPUCANARY_JOB_DURATION_S": "60", "GPUCANARY_BASELINE_S": "10", "GPUCANARY_UPGRADE_BUDGET_S": "420",
+           "GPUCANARY_MAX_P99_S": "3"}
     job = yaml.safe_load(TEMPLATE.read_text())["jobs"]["canary"]
 
     results = run_steps(job, env=env, expressions=expressions, workspace=workspace, logs=logs)

@@ -17,7 +17,7 @@ from pytest_gpucanary.config import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PORT_BASE = 27600  # a second fleet beside the session's
+PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1200  # a second fleet beside the session's
 
 
 def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
@@ -54,6 +54,7 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
     result = gpucanary(clusterpolicy_fleet, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        "--gpucanary-driver-version=580.95.05", "--gpucanary-probe-interval-s=10",
                        "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+                       "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=60",
                        f"--gpucanary-reports-dir={tmp_path / 'reports'}")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "operator in ClusterPolicy mode" in result.stdout

@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TARGET = "580.95.05"
 ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", f"--gpucanary-driver-version={TARGET}",
-        "--gpucanary-probe-interval-s=10", "--gpucanary-job-duration-s=900", "--gpucanary-upgrade-budget-s=420",
+        "--gpucanary-probe-interval-s=10", "--gpucanary-job-duration-s=60", "--gpucanary-upgrade-budget-s=420",
         "--gpucanary-max-p99-s=3", "--gpucanary-baseline-s=10"]
 LEASE_S = 8
 SETTLE_TIMEOUT_S = 240

@@ -66,6 +66,7 @@ def test_a_whole_gate_passes_under_exactly_the_shipped_rules(canary_service_acco
                        f"--gpucanary-service-url={fleet.service_url(f'gpucanary-{run_id}', 'sched-api')}",
                        f"--gpucanary-prometheus-url={fleet.prometheus_url}", "--gpucanary-probe-interval-s=10",
                        "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+                       "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=60",
                        f"--gpucanary-reports-dir={tmp_path}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     receipt = json.loads((tmp_path / run_id / "receipt.json").read_text())

@@ -1,8 +1,10 @@
 """The real GPU Operator upgrade controller, executing upgrade policies on fresh KWOK pools.
 
-The operator here (v25.3.4) reads one upgrade policy from the ClusterPolicy for every driver pod,
-so scenarios that share a policy run side by side (one pool and one NVIDIADriver each) and the two
-policies run one after the other. Nothing here sets an upgrade-state label: the controller does.
+Scenarios that share a policy run side by side, one pool and one NVIDIADriver each, and the two
+policies one after the other. Where the policy lives follows the release: from v26.7 each
+NVIDIADriver carries its own `upgradePolicy` (the ClusterPolicy's is ignored in NVIDIADriver mode),
+before that the ClusterPolicy's applies to every driver pod. Nothing here sets an upgrade-state
+label: the controller does.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import Iterator
 
 import pytest
 
-from pytest_gpucanary.ladder import timeline
-from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.fleet.kwok_pool import KwokPool
+from pytest_gpucanary.gpu_operator import NVIDIADRIVER
+from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.preflight import discover
 from pytest_gpucanary.recorder import Record, Recorder, StreamSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -113,9 +117,13 @@ def run_phase(kube: Kube, recorder: Recorder, run_id: str, policy: dict,
             kube.wait_for("policy/v1", "PodDisruptionBudget", "gpu-job",
                           lambda b: b.get("status", {}).get("currentHealthy") == 1, namespace=s.namespace,
                           timeout_s=60)
-    with upgrade_policy(kube, policy):
+    per_driver = discover(kube).per_driver_policy
+    with contextlib.nullcontext() if per_driver else upgrade_policy(kube, policy):
         for s in built.values():
-            s.pool.set_driver_version(NEW)
+            if per_driver:       # the pool's own NVIDIADriver reads it, and only its nodes follow
+                kube.patch(*NVIDIADRIVER, s.pool.name, {"spec": {"upgradePolicy": policy, "version": NEW}})
+            else:
+                s.pool.set_driver_version(NEW)
         for s in built.values():
             recorder.wait_for(lambda rs, s=s: timeline.terminal_state(rs, s.node), timeout_s=UPGRADE_TIMEOUT_S,
                               what=f"{s.node} reaching upgrade-done or upgrade-failed")
