@@ -28,6 +28,7 @@ setup: deps $(VENV)/.installed
 
 deps:
 	bash ci/install-deps.sh
+	bash ci/install-node-deps.sh
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,6 +39,7 @@ $(VENV)/.installed: pyproject.toml
 build:
 	bash ci/build.sh >/dev/null
 	bash ci/build-operator.sh >/dev/null
+	bash ci/build-kubelet.sh >/dev/null
 
 fleet-up: setup build
 	$(VENV)/bin/gpucanary fleet up
