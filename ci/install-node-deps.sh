@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install the Debian packages the fleet's real kubelet node needs, when they are missing:
 # containerd (with ctr and the runc v2 shim), runc, busybox-static (the workload image's files),
-# iproute2 and util-linux (the namespace-only CNI plugin, nsenter).
+# the CNI loopback plugin, iproute2 and util-linux (the namespace-only CNI plugin, nsenter).
 set -euo pipefail
 missing=()
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [ -x /bin/busybox ] || missing+=(busybox-static)
+[ -x /usr/lib/cni/loopback ] || missing+=(containernetworking-plugins)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nsenter >/dev/null || missing+=(util-linux)
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -44,6 +44,8 @@ KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/
 # their nvcr.io images are not on it (the KWOK GPU nodes run them).
 REGISTER_LABELS = {NODE_KIND_LABEL: "kubelet", "gpucanary.io/fleet": "local", "nvidia.com/gpu.deploy.operands": "false"}
 _KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool")
+# containerd's CRI always adds the loopback network itself, from the same plugin directory
+DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")
 
 _NAMESPACE_SETUP = """set -e
 mount -t tmpfs -o mode=0755,size=256m gpucanary-node-run /run
@@ -136,13 +138,15 @@ class KubeletNode:
     def prepare(self, hosts: str) -> None:
         """Every file the node's processes read; a leftover directory of a crashed node is replaced."""
         shutil.rmtree(self.dir, ignore_errors=True)
-        for sub in ("varlib/upper", "varlib/work", "etc", "sysctl", "cni/net.d", "cni/ipam", "containerd",
+        for sub in ("varlib/upper", "varlib/work", "etc", "sysctl", "cni/net.d", "cni/ipam", "cni/bin", "containerd",
                     "kubelet/root", "kubelet/pki", "kubelet/pod-logs", "pki"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / "etc" / "hosts").write_text(hosts)
         (self.dir / "etc" / "resolv.conf").write_text(f"nameserver {HOST}\n")
         for path, value in KERNEL_TUNABLES.items():
             (self.dir / "sysctl" / path.replace("/", ":")).write_text(value + "\n")
+        (self.dir / "cni" / "bin" / "loopback").symlink_to(DEBIAN_LOOPBACK_PLUGIN)
+        (self.dir / "cni" / "bin" / "gpucanary-netns").symlink_to(self.bin_dir / "gpucanary-netns")
         (self.dir / "cni" / "net.d" / "10-gpucanary-netns.conflist").write_text(json.dumps(self._cni_config()))
         (self.dir / "containerd" / "config.toml").write_text(self._containerd_config())
         (self.dir / "kubelet" / "config.yaml").write_text(yaml.safe_dump(self._kubelet_config(), sort_keys=False))
@@ -184,7 +188,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 {cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
 {cri}.cni]
-  bin_dir = "{self.bin_dir}"
+  bin_dir = "{self.dir / 'cni' / 'bin'}"
   conf_dir = "{self.dir / 'cni' / 'net.d'}"
 """
 

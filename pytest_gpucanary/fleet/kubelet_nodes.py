@@ -22,7 +22,7 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import images, node_cgroups, processes
 from pytest_gpucanary.fleet.binaries import Build, find_bin_dir
 from pytest_gpucanary.fleet.components import Component
-from pytest_gpucanary.fleet.kubelet_node import GPUS_PER_NODE, KubeletNode, gpu_labels, hosts_text
+from pytest_gpucanary.fleet.kubelet_node import DEBIAN_LOOPBACK_PLUGIN, GPUS_PER_NODE, KubeletNode, gpu_labels, hosts_text
 from pytest_gpucanary.fleet.layout import FleetLayout
 
 Progress = Callable[[str], None]
@@ -41,6 +41,8 @@ def find_kubelet_bin_dir(progress: Progress) -> Path:
 
 def check_host() -> None:
     missing = sorted({package for tool, package in DEBIAN_TOOLS.items() if shutil.which(tool) is None})
+    if not DEBIAN_LOOPBACK_PLUGIN.exists():
+        missing.append("containernetworking-plugins")
     if missing:
         raise EnvError(f"the kubelet node needs Debian packages {', '.join(missing)}",
                        hint="run ci/install-node-deps.sh, or set GPUCANARY_FLEET_KUBELET_NODES=0")
