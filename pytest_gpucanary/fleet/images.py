@@ -112,8 +112,9 @@ def node_images(bin_dir: Path) -> list[ImageSpec]:
     ]
 
 
-def import_images(specs: list[ImageSpec], *, directory: Path, address: Path) -> None:
-    """Write each image's tar under `directory` and import it into containerd's k8s.io namespace."""
+def import_images(specs: list[ImageSpec], *, directory: Path, address: Path, enter: tuple[str, ...] = ()) -> None:
+    """Write each image's tar under `directory` and import it into containerd's k8s.io namespace;
+    `enter` prefixes ctr's command line (nsenter into the namespace where `address` is)."""
     ctr = shutil.which("ctr")
     if ctr is None:
         raise EnvError("ctr is not installed", hint="apt-get install containerd (ci/install-node-deps.sh)")
@@ -121,7 +122,7 @@ def import_images(specs: list[ImageSpec], *, directory: Path, address: Path) -> 
     for spec in specs:
         path = directory / (spec.names[0].rsplit("/", 1)[1].replace(":", "-") + ".tar")
         write_oci_tar(spec, path)
-        result = subprocess.run([ctr, f"--address={address}", "--namespace=k8s.io", "images", "import", str(path)],
+        result = subprocess.run([*enter, ctr, f"--address={address}", "--namespace=k8s.io", "images", "import", str(path)],
                                 capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
             raise EnvError(f"ctr images import {path.name} failed: {result.stderr.strip()[:300]}")

@@ -101,9 +101,15 @@ class KubeletNode:
     def cgroup_root(self) -> str:
         return f"gpucanary-{self.layout.port_base}-{self.name}"
 
+    # Sockets live at the usual paths inside the node's namespace: a socket path under a deep
+    # fleet directory would pass the kernel's 108-byte limit.
+    containerd_socket = Path("/run/containerd/containerd.sock")
+    kubelet_root = Path("/var/lib/kubelet")
+
     @property
-    def containerd_socket(self) -> Path:
-        return self.dir / "containerd" / "containerd.sock"
+    def namespace_file(self) -> Path:
+        """Holds the node's mount namespace (as /proc/<pid>/ns/mnt reads), so cleanup finds its shims."""
+        return self.dir / "mnt-namespace"
 
     def port(self, name: str) -> int:
         return self.layout.kubelet_node_port(self.index, name)
@@ -124,7 +130,7 @@ class KubeletNode:
             Component(kubelet, (
                 "sh", "-c", _ENTER, pidfile, str(self.bin_dir / "kubelet"),
                 f"--config={self.dir / 'kubelet' / 'config.yaml'}", f"--kubeconfig={self.dir / 'kubeconfig'}",
-                f"--root-dir={self.dir / 'kubelet' / 'root'}", f"--cert-dir={self.dir / 'kubelet' / 'pki'}",
+                f"--root-dir={self.kubelet_root}", f"--cert-dir={self.dir / 'kubelet' / 'pki'}",
                 f"--hostname-override={self.name}", "--v=2",
                 "--node-labels=" + ",".join(f"{k}={v}" for k, v in REGISTER_LABELS.items()),
             ), f"http://{HOST}:{healthz}/healthz", healthz),
@@ -139,7 +145,7 @@ class KubeletNode:
         """Every file the node's processes read; a leftover directory of a crashed node is replaced."""
         shutil.rmtree(self.dir, ignore_errors=True)
         for sub in ("varlib/upper", "varlib/work", "etc", "sysctl", "cni/net.d", "cni/ipam", "cni/bin", "containerd",
-                    "kubelet/root", "kubelet/pki", "kubelet/pod-logs", "pki"):
+                    "kubelet/pki", "kubelet/pod-logs", "pki"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / "etc" / "hosts").write_text(hosts)
         (self.dir / "etc" / "resolv.conf").write_text(f"nameserver {HOST}\n")

@@ -106,7 +106,10 @@ class KubeletNodes:
             node_cgroups.create(node.cgroup_root)
             containerd, kubelet, plugin = node.components()
             _start(self.layout, containerd, progress)
-            images.import_images(specs, directory=node.dir / "images", address=node.containerd_socket)
+            pid = processes.pid_of(self.layout, containerd.name)
+            node.namespace_file.write_text(os.readlink(f"/proc/{pid}/ns/mnt"))
+            images.import_images(specs, directory=node.dir / "images", address=node.containerd_socket,
+                                 enter=("nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"))
             _start(self.layout, kubelet, progress)
             _start(self.layout, plugin, progress)
             _wait_registered(kubectl, node.name)
@@ -165,26 +168,34 @@ def _state(pid: int) -> str:
         return ""
 
 
-def _owned_by(directory: Path) -> list[int]:
-    marker = str(directory) + "/"
+def namespace_members(namespace: str) -> list[int]:
+    """Every process in the mount namespace `namespace` (as /proc/<pid>/ns/mnt reads)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if os.readlink(entry / "ns" / "mnt") == namespace:
+                    found.append(int(entry.name))
             except OSError:
-                continue
-            if marker in cmdline and int(entry.name) != os.getpid():
-                found.append(int(entry.name))
+                pass
     return found
+
+
+def _namespace_of(node_dir: Path) -> str | None:
+    try:
+        namespace = (node_dir / "mnt-namespace").read_text().strip()
+    except OSError:
+        return None
+    # never the machine's own namespace, whatever the file says
+    return namespace if namespace and namespace != os.readlink("/proc/self/ns/mnt") else None
 
 
 def stop_nodes(layout: FleetLayout, progress: Progress = lambda line: None) -> None:
     """Stop every kubelet node of this fleet and remove what it left: processes, cgroups, files.
 
     Order: device plugin and kubelet first (so nothing restarts a container), then every process in
-    the node's cgroups, then containerd, then its shims. The mount namespace, with all its mounts,
-    goes with the last of them."""
+    the node's cgroups, then containerd, then whatever else is in its mount namespace (the shims).
+    The namespace, with all its mounts, goes with the last of them."""
     root = layout.data / "nodes"
     names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     cgroup_prefix = f"gpucanary-{layout.port_base}-"
@@ -195,8 +206,9 @@ def stop_nodes(layout: FleetLayout, progress: Progress = lambda line: None) -> N
     for cgroup_root in cgroup_roots:
         node_cgroups.kill_all(cgroup_root)
     for name in names:
+        namespace = _namespace_of(root / name)
         _stop_pid(processes.pid_of(layout, f"{name}-containerd"))
-        for pid in _owned_by(root / name):
+        for pid in namespace_members(namespace) if namespace else ():
             _stop_pid(pid, grace_s=2.0)
     left = [path for cgroup_root in cgroup_roots for path in node_cgroups.remove(cgroup_root)]
     for name in names:
