@@ -40,6 +40,7 @@ build:
 	bash ci/build.sh >/dev/null
 	bash ci/build-operator.sh >/dev/null
 	bash ci/build-kubelet.sh >/dev/null
+	bash ci/build-actionlint.sh >/dev/null
 
 fleet-up: setup build
 	$(VENV)/bin/gpucanary fleet up

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from pytest_gpucanary.config import KNOBS, flag
+from pytest_gpucanary.config import KNOBS, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 
@@ -158,11 +158,13 @@ def _add_cleanup(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> ExitCode:
+    if args.run_id is not None and (problem := run_id_rule(args.run_id)):
+        raise ConfigError(f"--run-id={args.run_id!r} {problem}", hint="give the id a canary run printed")
     from pytest_gpucanary.cleanup import cleanup
     from pytest_gpucanary.fleet import Fleet
     from pytest_gpucanary.kube import Kube
 
-    kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context)
+    kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context, option="--kubeconfig")
     count = cleanup(kube, run_id=args.run_id, report=_progress)
     _progress(f"cleanup: {count} objects deleted or restored")
     return ExitCode.OK

@@ -14,12 +14,15 @@ import math
 import os
 import re
 import sys
+import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+import yaml
 
 from pytest_gpucanary.errors import ConfigError
 
@@ -61,6 +64,34 @@ def selector(value: str) -> str | None:
     return None
 
 
+RUN_ID_MAX = 40     # it names the namespace gpucanary-<id> and nodes canary-<id>-<n>, which must stay DNS-1123 labels
+_RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_VERSION = re.compile(r"^[0-9][A-Za-z0-9_.-]{0,127}$")   # an image tag that starts with a digit: 580.95.05
+
+
+def run_id_rule(value: str) -> str | None:
+    if len(value) <= RUN_ID_MAX and _RUN_ID.match(value):
+        return None
+    return f"must be lower-case letters, digits and '-', at most {RUN_ID_MAX} characters, starting and ending alphanumeric"
+
+
+def version_rule(value: str) -> str | None:
+    return None if _VERSION.match(value) else "must be a driver version such as 580.95.05 (an image tag)"
+
+
+def url_rule(value: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port   # noqa: B018  raises on a port that is not a number
+    except ValueError as err:
+        return f"is not a URL ({err})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    return None
+
+
 def evictions_rule(value: str) -> str | None:
     return None if value == "gpu" else selector(value)
 
@@ -74,7 +105,7 @@ class Settings:
     kubeconfig: Path | None = knob(None, "Kubeconfig of a real cluster; without it the local fleet is the target")
     context: str | None = knob(None, "Context in the kubeconfig")
     policy: Path | None = knob(None, "Upgrade policy under test: ClusterPolicy, NVIDIADriver or Helm values YAML")
-    driver_version: str | None = knob(None, "Driver version to upgrade the canary pool to")
+    driver_version: str | None = knob(None, "Driver version to upgrade the canary pool to", check=version_rule)
     pool_provider: str | None = knob(None, "Pool provider: kwok (local fleet default) or existing (real clusters)",
                                      check=one_of("kwok", "existing"))
     pool_node: str | None = knob(None, "Existing GPU node to carve out as the pool (provider existing)")
@@ -86,6 +117,8 @@ class Settings:
     service: Path | None = knob(None, "Manifest of the non-GPU service (default fixtures/workloads/service.yaml)")
     probe: Path | None = knob(None, "Manifest of a customer start probe pod (default fixtures/workloads/probe.yaml)")
     probe_interval_s: float = knob(15.0, "Seconds between customer start probes", check=positive)
+    baseline_s: float = knob(30.0, "Seconds of load and probes before the policy is applied (the before phase)",
+                             check=positive)
     job_duration_s: float = knob(600.0, "How long the representative GPU job runs (it must span the upgrade)",
                                  check=positive)
     # validation alone may take 600 s (fixed in the operator), so the budget leaves room beyond it
@@ -101,7 +134,8 @@ class Settings:
     allowed_evictions: str = knob("gpu", "Pods the policy may evict: gpu (pods requesting GPUs) or a label selector",
                                   check=evictions_rule, threshold=True)
     allow_inconclusive: bool = knob(False, "Let inconclusive stages pass the gate", threshold=True)
-    service_url: str | None = knob(None, "URL of the non-GPU service under load (local fleet: its ingress)")
+    service_url: str | None = knob(None, "URL of the non-GPU service under load (local fleet: its ingress)",
+                                   check=url_rule)
     load_users: int = knob(10, "Simulated users of the service (locust, out of process)", check=at_least(0))
     load_spawn_rate: float = knob(10.0, "Users started per second", check=positive)
     load_workers: int = knob(0, "Locust worker processes (0: one process; N: one master and N workers)",
@@ -111,9 +145,13 @@ class Settings:
                                   check=fraction, threshold=True)
     max_p99_s: float = knob(1.0, "Highest p99 request latency of the service in any upgrade phase", check=positive,
                             threshold=True)
-    prometheus_url: str | None = knob(None, "Prometheus with operator and DCGM metrics (local fleet: its own)")
+    min_phase_requests: int = knob(50, "Fewest service requests an upgrade phase needs to be judged (fewer: "
+                                       "inconclusive)", check=at_least(1), threshold=True)
+    prometheus_url: str | None = knob(None, "Prometheus with operator and DCGM metrics (local fleet: its own)",
+                                      check=url_rule)
     reports_dir: Path = knob(Path("reports"), "Directory for launch receipts (one sub-directory per run)")
-    run_id: str | None = knob(None, "Run id (default: generated); names and labels every object the canary creates")
+    run_id: str | None = knob(None, "Run id (default: generated); names and labels every object the canary creates",
+                              check=run_id_rule)
     fleet_keep: bool = knob(False, "Leave the local fleet running after the session")
 
     def __post_init__(self) -> None:
@@ -157,6 +195,7 @@ class Settings:
             raise ConfigError("no upgrade policy given", hint=f"pass {flag('policy')} PATH")
         if not self.driver_version:
             raise ConfigError("no target driver version given", hint=f"pass {flag('driver_version')} VERSION")
+        _writable_dir(self.reports_dir, flag("reports_dir"))
 
 
 @dataclass(frozen=True)
@@ -221,8 +260,68 @@ def flag(name: str) -> str:
     return BY_NAME[name].flag
 
 
+def _writable_dir(path: Path, option: str) -> None:
+    """The directory exists or can be made, and a file can be written in it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".gpucanary-write-check-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{option}={str(path)!r} is not a writable directory ({err.strerror or err})",
+                          hint="point it at a directory the run may write its receipts into") from None
+
+
 def env_source(environ: Mapping[str, str]) -> Callable[[Knob], Any]:
     return lambda knob_: environ.get(knob_.env) or None
+
+
+# --- the user's YAML files -----------------------------------------------------------------------------
+
+def _strict(base: type) -> type:
+    """Safe loading that refuses a key given twice in one mapping (plain YAML lets the last one win)."""
+
+    def construct_mapping(self: Any, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+        return base.construct_mapping(self, node, deep=deep)
+
+    return type(f"Strict{base.__name__}", (base,), {"construct_mapping": construct_mapping})
+
+
+_FAST_LOADER = _strict(getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml: a 40 MB policy in 2 s, not 18
+_EXACT_LOADER = _strict(yaml.SafeLoader)                                # where an error is, line and column
+
+
+def yaml_documents(text: str, *, source: str) -> list[Any]:
+    """Every non-empty document of a user's YAML text; bad syntax or a duplicate key is one ConfigError line."""
+    try:
+        return [doc for doc in yaml.load_all(text, Loader=_FAST_LOADER) if doc is not None]
+    except yaml.YAMLError:
+        pass
+    try:   # parse again with the pure-Python loader, whose marks point at the cause, not at the end of input
+        return [doc for doc in yaml.load_all(text, Loader=_EXACT_LOADER) if doc is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(err, "problem", None) or "unreadable").split())
+        raise ConfigError(f"{source} is not valid YAML{where}: {problem}",
+                          hint="fix the syntax (indent with spaces; quote values that contain ': ')") from None
+
+
+def read_text(path: Path, *, what: str) -> str:
+    """A user's file as text, or one ConfigError line saying why not."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text", hint="give a YAML file") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {err.strerror or err}", hint="check the path") from None
 
 
 # --- label selectors (the Kubernetes string form), parsed client-side ------------------------------------

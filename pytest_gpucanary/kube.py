@@ -20,10 +20,12 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
+import yaml
 from urllib3.exceptions import HTTPError
 
+from pytest_gpucanary import __version__
 from pytest_gpucanary.config import flag
-from pytest_gpucanary.errors import EnvError, GpucanaryError
+from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 T = TypeVar("T")
 OWNER_LABEL = "app.kubernetes.io/managed-by"
@@ -89,13 +91,19 @@ class Kube:
     dynamic: DynamicClient
 
     @classmethod
-    def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None) -> Kube:
+    def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None,
+                option: str = flag("kubeconfig"), user_agent: str | None = None) -> Kube:
+        """`option` is how the caller's command spells the kubeconfig, for the error line; `user_agent`
+        defaults to gpucanary/<version>, so the apiserver's audit log tells our requests apart."""
         try:
             api = kube_config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None,
                                                     context=context)
-        except (ConfigException, OSError, TypeError) as exc:
-            raise EnvError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {str(exc)[:200]}",
-                           hint=f"pass {flag('kubeconfig')} and {flag('context')}") from exc
+            api.user_agent = user_agent or f"gpucanary/{__version__}"
+        except (ConfigException, OSError, TypeError, ValueError, AttributeError, KeyError, yaml.YAMLError) as exc:
+            # a kubeconfig of any content (binary, not YAML, no contexts) is the caller's input: one line
+            why = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc).split()))[:160]
+            raise ConfigError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {type(exc).__name__}: {why}",
+                              hint=f"pass {option} naming a valid kubeconfig") from None
         try:
             return cls(DynamicClient(api))
         except (ApiException, HTTPError, OSError) as exc:

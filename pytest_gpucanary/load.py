@@ -23,9 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.config import FIXTURES, read_text
 
 DEFAULT_LOCUSTFILE = FIXTURES / "load" / "locustfile.py"
+
+
+def check_locustfile(path: Path | None) -> None:
+    """A locustfile that is not a readable Python file is one line before the run, not a dead load later."""
+    source = read_text(Path(path or DEFAULT_LOCUSTFILE), what="locustfile")
+    try:
+        compile(source, str(path), "exec")
+    except (SyntaxError, ValueError) as err:
+        raise ConfigError(f"locustfile {str(path)!r} is not valid Python: {err}", hint="check the file") from None
 LOG_ENV = "GPUCANARY_LOAD_LOG"
 SAMPLES_NAME = "samples.jsonl"
 WORKERS_WAIT_S = 30        # the master gives up when its workers have not connected by then

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
 
 import pytest
 
 from pytest_gpucanary.config import KNOBS, Knob, Settings, env_source
-from pytest_gpucanary.errors import ConfigError, GpucanaryError
+from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 
 if TYPE_CHECKING:
     from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
@@ -69,6 +69,7 @@ class GpucanarySession:
         self._settings: Settings | None = None
         self.outcome: RunOutcome | None = None
         self.error: GpucanaryError | None = None
+        self.run_properties_recorded = False
 
     @property
     def settings(self) -> Settings:
@@ -83,12 +84,12 @@ class GpucanarySession:
     def error_line(self) -> str:
         return f"gpucanary: {self.error}" if self.error else ""
 
-    def fail(self, error: GpucanaryError) -> None:
-        """Remember the first error and fail the asking test with its one line; later tests fail the same way."""
+    def fail(self, error: GpucanaryError) -> NoReturn:
+        """Stop the session with the error's one line, printed once: exit 4 for the caller's input found on
+        the cluster (an unknown pool node), 6 for a run that could not happen (not a gate that said no)."""
         self.error = self.error or error
-        if isinstance(self.error, ConfigError):    # found on the cluster (an unknown pool node): the caller's input
-            pytest.exit(self.error_line, returncode=pytest.ExitCode.USAGE_ERROR)
-        pytest.fail(self.error_line, pytrace=False)
+        code = pytest.ExitCode.USAGE_ERROR if isinstance(self.error, ConfigError) else ENVIRONMENT_EXIT_STATUS
+        pytest.exit(self.error_line, returncode=code)
 
     def run(self, request: pytest.FixtureRequest, kube: Kube) -> RunOutcome:
         """The canary run, executed once per session."""
@@ -122,24 +123,21 @@ class GpucanarySession:
                     reporter.flush()
         return write
 
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """A bad --gpucanary-* value (or its ini key or environment variable) stops the session: exit 4, one line."""
+        _ = self.settings
+
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
                                       items: list[pytest.Item]) -> None:
         """Refuse bad gate input before any test runs or the cluster is touched: exit 4, one line."""
         if not any("gpucanary_run" in getattr(item, "fixturenames", ()) for item in items):
             return
-        from pytest_gpucanary.policy.parse import load_policy
+        from pytest_gpucanary.run import check_inputs
 
         try:
-            self.settings.require_gate_inputs()
-            load_policy(self.settings.policy)
+            check_inputs(self.settings)
         except ConfigError as err:
             raise pytest.UsageError(f"gpucanary: {err}") from None
-
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """A run that could not happen (cluster unreachable, pool not provisioned) is not a gate that said no."""
-        if self.error is not None and not isinstance(self.error, ConfigError) \
-                and exitstatus == pytest.ExitCode.TESTS_FAILED:
-            session.exitstatus = ENVIRONMENT_EXIT_STATUS
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.outcome is None:
@@ -175,7 +173,7 @@ def gpucanary_fleet(request: pytest.FixtureRequest) -> Iterator[FleetClusterMana
     try:
         manager.create()
     except GpucanaryError as err:
-        pytest.fail(f"local fleet could not start: {err}", pytrace=False)
+        session.fail(EnvError(f"local fleet could not start: {err}"))
     yield manager
     if not session.settings.fleet_keep:
         manager.delete()
@@ -193,7 +191,6 @@ def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings)
         return Kube.connect(kubeconfig, context=gpucanary_settings.context)
     except GpucanaryError as err:
         _session(request).fail(err)
-        raise   # fail() never returns
 
 
 @pytest.hookimpl(trylast=True)
@@ -216,11 +213,35 @@ def gpucanary_run(request: pytest.FixtureRequest, gpucanary_kube: Kube) -> RunOu
 
 @pytest.fixture(autouse=True)
 def _gpucanary_junit_properties(request: pytest.FixtureRequest) -> None:
+    """JUnit <testsuite> properties: the run's facts once, then the stage of each marked test.
+
+    Strict JUnit schemas (Jenkins xUnit's junit-10.xsd) allow <properties> only in a <testsuite>, so
+    nothing goes into the test's own user_properties.
+    """
     marker = request.node.get_closest_marker("gpucanary")
     if marker is None or "gpucanary_run" not in request.fixturenames:
         return
     evidence = request.getfixturevalue("gpucanary_run").evidence
-    for key, value in (("gpucanary_run_id", evidence.run_id), ("gpucanary_pool", ",".join(evidence.pool_nodes)),
-                       ("gpucanary_driver_from", evidence.driver_from), ("gpucanary_driver_to", evidence.driver_to),
-                       ("gpucanary_stage", marker.args[0] if marker.args else "")):
-        request.node.user_properties.append((key, value))
+    if not request.config.pluginmanager.has_plugin("junitxml"):
+        return
+    record = request.getfixturevalue("record_testsuite_property")
+    session = _session(request)
+    if not session.run_properties_recorded:
+        session.run_properties_recorded = True
+        for key, value in (("gpucanary_run_id", evidence.run_id), ("gpucanary_pool", ",".join(evidence.pool_nodes)),
+                           ("gpucanary_driver_from", evidence.driver_from),
+                           ("gpucanary_driver_to", evidence.driver_to)):
+            record(key, value)
+    record(f"gpucanary_stage:{request.node.nodeid}", marker.args[0] if marker.args else "")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A stage test failed with pytest.fail(summary, pytrace=False): report the summary alone, so the
+    JUnit failure message starts with `<stage>: <measured> <op> <threshold>`, not `Failed: `."""
+    report = yield
+    excinfo = call.excinfo
+    if (report.failed and excinfo is not None and isinstance(excinfo.value, pytest.fail.Exception)
+            and not excinfo.value.pytrace and item.get_closest_marker("gpucanary") is not None):
+        report.longrepr = excinfo.value.msg
+    return report

@@ -27,8 +27,10 @@ from pytest_gpucanary.ladder import (
     LadderResult, MetricCheck, Outcome, PhaseStats, RatePoint, RunEvidence, Stage, StageVerdict, WorkloadRef, timeline,
 )
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
-from pytest_gpucanary.load import LoadRun
+from pytest_gpucanary.lease import RunLease
+from pytest_gpucanary.load import LoadRun, check_locustfile
 from pytest_gpucanary.policy import apply as upgrade
+from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
 from pytest_gpucanary.pool import Pool, PoolProvider
 from pytest_gpucanary.receipt import FILES, write_receipt
 from pytest_gpucanary.receipt.ci import ci_identity
@@ -42,6 +44,7 @@ class LocalEndpoints(Protocol):
 
     def service_url(self, namespace: str, name: str) -> str: ...
 
+STEPS_FILE = "steps.json"
 WORKLOAD_READY_TIMEOUT_S = 180
 NAMESPACE_GONE_TIMEOUT_S = 180
 WARM_UP_REQUESTS = 20
@@ -76,6 +79,27 @@ def judge(evidence: RunEvidence, settings: Settings, report_dir: Path) -> RunOut
     return RunOutcome(evidence, result, settings, report_dir, {kind: str(path) for kind, path in paths.items()})
 
 
+class StepClock:
+    """Wall time of each step of a run (monotonic clock, s), written to steps.json when the run ends."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._step: str | None = None
+        self._since = time.monotonic()
+
+    def next(self, step: str | None) -> None:
+        now = time.monotonic()
+        if self._step is not None:
+            self.seconds[self._step] = self.seconds.get(self._step, 0.0) + now - self._since
+        self._step, self._since = step, now
+
+    def describe(self) -> str:
+        return ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.seconds.items())
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps({"clock": "monotonic", "seconds": self.seconds}, indent=1) + "\n")
+
+
 def replay(report_dir: Path, overrides: Mapping[str, Any]) -> RunOutcome:
     """Judge a recorded run again, offline, with the thresholds it was judged with unless overridden, and
     rewrite its receipt: judging is a pure function of what the run wrote."""
@@ -95,6 +119,7 @@ def replay(report_dir: Path, overrides: Mapping[str, Any]) -> RunOutcome:
 class _Measured:
     """What the run collects as it goes, frozen into RunEvidence at the end."""
 
+    run_id: str
     pool: Pool
     gpu_job: WorkloadRef = WorkloadRef("", "")
     service: WorkloadRef = WorkloadRef("", "")
@@ -123,6 +148,16 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def check_inputs(settings: Settings) -> UpgradePolicy:
+    """Everything the user gave, read and checked before the cluster is touched: the policy, the
+    workload manifests, the locustfile and the reports directory. Returns the policy."""
+    settings.require_gate_inputs()
+    policy = load_policy(settings.policy)
+    workloads.check(settings)
+    check_locustfile(settings.locustfile)
+    return policy
+
+
 class CanaryRun:
     def __init__(self, settings: Settings, kube: Kube, provider: PoolProvider, *, progress: ProgressLine,
                  fleet: LocalEndpoints | None = None) -> None:
@@ -130,54 +165,82 @@ class CanaryRun:
         self.fleet = fleet    # the local fleet when it is the target: its ingress and Prometheus
 
     def execute(self) -> RunOutcome:
-        from pytest_gpucanary.policy.parse import load_policy
-
-        settings = self.settings
-        settings.require_gate_inputs()
-        policy = load_policy(settings.policy)           # refuse bad input before touching the cluster
+        settings, clock = self.settings, StepClock()
+        clock.next("preflight")
+        policy = check_inputs(settings)                  # refuse bad input before touching the cluster
         cluster = preflight.discover(self.kube)          # read-only
+        self.provider.check(self.kube, cluster)         # read-only: an unknown node changes nothing
         run_id = settings.run_id or new_run_id()
         report_dir = settings.reports_dir / run_id
         self.progress.line(f"run {run_id}: operator in {cluster.mode} mode, namespace {cluster.operator_namespace}")
-        with sigterm_as_interrupt(), contextlib.ExitStack() as cleanup:
-            cleanup.callback(self.progress.line, "cleanup done: the cluster is as the run found it")
-            pool = self.provider.provision(self.kube, cluster, run_id=run_id)
-            cleanup.callback(self.provider.release, self.kube)
-            run = _Measured(pool, upgrade_policy=policy.to_cr())
-            self.progress.line(f"pool {', '.join(pool.nodes)} ({self.provider.name}), driver {pool.driver_from} "
-                               f"-> {settings.driver_version}")
-            placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
-            self._create_namespace(placement, cleanup)
-            recorder = Recorder(self.kube, report_dir / "timeline.jsonl", self._streams(pool, placement))
-            cleanup.enter_context(recorder)
-            self._place_workloads(placement, run, recorder)
-            load = self._start_load(run, report_dir, cleanup)
-            probes = ProbeLoop(self.kube, placement, manifest=settings.probe, interval_s=settings.probe_interval_s,
-                               pool_nodes=pool.nodes)
-            cleanup.callback(probes.stop)
-            probes.start()
-            applied = upgrade.apply(self.kube, cluster, pool, run.upgrade_policy, driver_to=settings.driver_version,
-                                    run_id=run_id)
-            cleanup.callback(self._restore, applied, placement)
-            run.upgrade_started_wall_ns = time.time_ns()
-            self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
-            self._watch_upgrade(pool, recorder)
-            self._settle(pool, recorder, probes, placement)
-            records = tuple(recorder.records)
-            finished_wall_ns = time.time_ns()
-            service_phases, service_rate = self._collect_load(load, run, records)
-            evidence = RunEvidence(
-                records=records, pool_nodes=pool.nodes, driver_from=pool.driver_from,
-                driver_to=settings.driver_version, upgrade_started_wall_ns=run.upgrade_started_wall_ns,
-                gpu_job=run.gpu_job, service=run.service, probes=tuple(probes.results(list(records))),
-                metric_checks=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
-                service_phases=service_phases, service_rate=service_rate, upgrade_policy=run.upgrade_policy,
-                run_id=run_id, policy_path=str(settings.policy), finished_wall_ns=finished_wall_ns,
-                ci=ci_identity(os.environ))
-            evidence.write(report_dir)
-            outcome = judge(evidence, settings, report_dir)
-            self.progress.line("restoring the cluster")
+        try:
+            with sigterm_as_interrupt(), contextlib.ExitStack() as cleanup:
+                cleanup.callback(self.progress.line, "cleanup done: the cluster is as the run found it")
+                # the first write: every later change has a live owner that `gpucanary cleanup` leaves alone
+                cleanup.callback(RunLease(self.kube, run_id).acquire().release)
+                clock.next("pool")
+                pool = self.provider.provision(self.kube, cluster, run_id=run_id)
+                cleanup.callback(self.provider.release, self.kube)
+                run = _Measured(run_id, pool, upgrade_policy=policy.to_cr())
+                self.progress.line(f"pool {', '.join(pool.nodes)} ({self.provider.name}), driver {pool.driver_from} "
+                                   f"-> {settings.driver_version}")
+                clock.next("workloads")
+                placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
+                self._create_namespace(placement, cleanup)
+                recorder = Recorder(self.kube, report_dir / "timeline.jsonl", self._streams(pool, placement))
+                cleanup.enter_context(recorder)
+                self._place_workloads(placement, run, recorder)
+                clock.next("baseline")
+                load = self._start_load(run, report_dir, cleanup)
+                probes = ProbeLoop(self.kube, placement, manifest=settings.probe,
+                                   interval_s=settings.probe_interval_s, pool_nodes=pool.nodes)
+                cleanup.callback(probes.stop)
+                probes.start()
+                self._baseline()
+                clock.next("upgrade")
+                applied = upgrade.apply(self.kube, cluster, pool, run.upgrade_policy,
+                                        driver_to=settings.driver_version, run_id=run_id)
+                cleanup.callback(self._restore, applied, placement)
+                run.upgrade_started_wall_ns = time.time_ns()
+                self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
+                self._watch_upgrade(pool, recorder)
+                clock.next("settle")
+                self._settle(pool, recorder, probes, placement)
+                clock.next("evaluate")
+                outcome = self._judge(run, recorder, probes, load, report_dir)
+                clock.next("restore")
+                self.progress.line("restoring the cluster")
+        finally:
+            clock.next(None)
+            if report_dir.is_dir():
+                clock.write(report_dir / STEPS_FILE)
+            self.progress.line(f"steps: {clock.describe()}")
         return outcome
+
+    def _judge(self, run: _Measured, recorder: Recorder, probes: ProbeLoop, load: LoadRun | None,
+               report_dir: Path) -> RunOutcome:
+        """Freeze what was recorded and measured into the run's evidence, judge it, write the receipt."""
+        settings, pool = self.settings, run.pool
+        records = tuple(recorder.records)
+        finished_wall_ns = time.time_ns()
+        service_phases, service_rate = self._collect_load(load, run, records)
+        evidence = RunEvidence(
+            records=records, pool_nodes=pool.nodes, driver_from=pool.driver_from,
+            driver_to=settings.driver_version, upgrade_started_wall_ns=run.upgrade_started_wall_ns,
+            gpu_job=run.gpu_job, service=run.service, probes=tuple(probes.results(list(records))),
+            metric_checks=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
+            service_phases=service_phases, service_rate=service_rate, upgrade_policy=run.upgrade_policy,
+            run_id=run.run_id, policy_path=str(settings.policy), finished_wall_ns=finished_wall_ns,
+            ci=ci_identity(os.environ))
+        evidence.write(report_dir)
+        return judge(evidence, settings, report_dir)
+
+    def _baseline(self) -> None:
+        """Load and probes run unchanged for a while first: the before phase every later one is held against."""
+        end = time.monotonic() + self.settings.baseline_s
+        while (left_s := end - time.monotonic()) > 0:
+            self.progress.status(f"baseline: load and probes before the change, {left_s:.0f} s left")
+            time.sleep(min(1.0, left_s))
 
     def _create_namespace(self, placement: workloads.Placement, cleanup: contextlib.ExitStack) -> None:
         self.kube.create({"apiVersion": "v1", "kind": "Namespace",
@@ -303,8 +366,10 @@ class CanaryRun:
             self._wait_quietly(recorder, lambda rs: _running(rs, placement.namespace, "gpu-job", finished_ok=True),
                                wait_s, "the GPU job running or finished after the upgrade")
         probes.stop()
-        self._wait_quietly(recorder, lambda rs: True if all(p.running_wall_ns for p in probes.results(rs)) else None,
-                           self.settings.max_start_latency_s + 10, "every probe in flight running")
+        # a probe whose pod was evicted before it ran (a Job of backoffLimit 0) is over, not in flight
+        self._wait_quietly(recorder, lambda rs: True if all(p.running_wall_ns or p.ended_wall_ns
+                                                            for p in probes.results(rs)) else None,
+                           self.settings.max_start_latency_s + 10, "every probe in flight running or ended")
 
     def _wait_quietly(self, recorder: Recorder, predicate, timeout_s: float, what: str) -> None:
         try:

@@ -16,9 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.config import FIXTURES, Settings, read_text, yaml_documents
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.gpu_operator import GPU_RESOURCE
 from pytest_gpucanary.kube import Kube, owned_labels
@@ -33,12 +31,7 @@ ROLE_LABEL = "gpucanary.io/role"
 
 
 def load_manifests(path: Path) -> list[dict]:
-    try:
-        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-    except OSError as err:
-        raise ConfigError(f"cannot read workload manifest {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"workload manifest {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    docs = yaml_documents(read_text(path, what="workload manifest"), source=f"workload manifest {path}")
     if not docs or not all(isinstance(d, dict) and "kind" in d for d in docs):
         raise ConfigError(f"workload manifest {path} has no Kubernetes objects")
     return docs
@@ -61,10 +54,16 @@ def _stamp(obj: dict, placement: Placement, role: str) -> dict:
 
 def _pod_spec(obj: dict) -> tuple[dict, dict]:
     """(pod metadata, pod spec) of a Pod or of a workload's pod template."""
-    if obj["kind"] == "Pod":
-        return obj["metadata"], obj["spec"]
-    template = obj["spec"]["template"]
-    return template.setdefault("metadata", {}), template["spec"]
+    try:
+        if obj["kind"] == "Pod":
+            return obj.setdefault("metadata", {}), obj["spec"]
+        template = obj["spec"]["template"]
+        if not isinstance(template.setdefault("metadata", {}), dict) or not template["spec"]["containers"]:
+            raise TypeError
+        return template["metadata"], template["spec"]
+    except (KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{obj.get('kind')} {obj.get('metadata', {}).get('name', '')!r} has no pod template "
+                          "with containers", hint="give spec.template.spec.containers (see fixtures/workloads/)") from None
 
 
 def _pin(obj: dict, placement: Placement, role: str) -> dict:
@@ -110,6 +109,14 @@ def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool
     job["metadata"]["name"] = f"probe-{scope}-{seq:04d}"
     job["metadata"]["labels"][PROBE_SCOPE_LABEL] = scope
     return job
+
+
+def check(settings: Settings) -> None:
+    """Render every workload once, before the cluster is touched: a missing or malformed manifest is one line."""
+    placement = Placement("gpucanary-check", "check", "check-node")
+    gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s)
+    service(settings.service, placement)
+    probe(settings.probe, placement, scope="fleet", seq=0, pool_nodes=("check-node",))
 
 
 class ProbeLoop:

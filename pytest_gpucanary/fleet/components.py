@@ -20,6 +20,21 @@ class Component:
     env: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class NodeLease:
+    duration_s: int       # kwok renews each node's Lease about every quarter of this
+    grace_s: int          # node-lifecycle marks a node NotReady after this without a renewal
+
+
+def node_lease(gpu_nodes: int) -> NodeLease:
+    """40 s / 60 s up to 64 nodes. Beyond, kwok's renewals (1,000 nodes: 100 updates/s at 40 s) fall
+    behind on two busy cores and node-lifecycle taints hundreds of healthy nodes NotReady, so the
+    lease and the grace period grow: 1,000 nodes renew 1,000 / 30 s = 33 updates/s."""
+    if gpu_nodes <= 64:
+        return NodeLease(40, 60)
+    return NodeLease(120, 240)
+
+
 def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
     """etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, in start order."""
     pki, kubeconfig = layout.pki, str(layout.kubeconfig)
@@ -27,6 +42,7 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
     api, kcm = layout.port("kube-apiserver"), layout.port("kube-controller-manager")
     sched, kwok = layout.port("kube-scheduler"), layout.port("kwok")
     allow_paths = "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
+    lease = node_lease(layout.gpu_nodes)
     return [
         Component("etcd", (
             str(bin_dir / "etcd"), "--name=fleet", f"--data-dir={layout.data / 'etcd'}",
@@ -46,6 +62,7 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
             "--service-cluster-ip-range=10.96.0.0/12", "--allow-privileged=true",
             "--endpoint-reconciler-type=none", "--authorization-mode=Node,RBAC",
             "--kubelet-preferred-address-types=Hostname",  # kwok nodes answer as localhost only
+            *audit_flags(layout),
         ), f"https://{HOST}:{api}/readyz", api),
         Component("kube-controller-manager", (
             str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}", allow_paths,
@@ -53,7 +70,7 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
             f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'admin.key'}",
             "--kube-api-qps=200", "--kube-api-burst=400",
             # kwok nodes renew a Lease; these keep node-lifecycle from tainting them during slow CI moments
-            "--node-monitor-period=5s", "--node-monitor-grace-period=60s",
+            "--node-monitor-period=5s", f"--node-monitor-grace-period={lease.grace_s}s",
         ), f"https://{HOST}:{kcm}/healthz", kcm),
         Component("kube-scheduler", (
             str(bin_dir / "kube-scheduler"), f"--kubeconfig={kubeconfig}", allow_paths,
@@ -65,9 +82,21 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--tls-cert-file={pki / 'admin.crt'}", f"--tls-private-key-file={pki / 'admin.key'}",
             "--node-ip=", "--node-name=localhost", f"--node-port={kwok}", f"--server-address={HOST}:{kwok}",
-            "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16",
+            f"--node-lease-duration-seconds={lease.duration_s}", "--cidr=10.244.0.0/16",
         ), f"https://{HOST}:{kwok}/healthz", kwok),
     ]
+
+
+def audit_flags(layout: FleetLayout) -> tuple[str, ...]:
+    """Every request at level Metadata (see manifests.audit_policy), written before the response.
+
+    Blocking mode, because a proof from the log ("the canary wrote nothing else") must not lose
+    events: batch mode drops them when its buffer fills, which a 1,000-node fleet's lease renewals
+    can do. 20 files of 200 MB hold a few hours of a 1,000-node fleet (about 1 kB per request).
+    """
+    return (f"--audit-policy-file={layout.audit_policy}", f"--audit-log-path={layout.audit_log}",
+            "--audit-log-mode=blocking", "--audit-log-format=json", "--audit-log-maxsize=200",
+            "--audit-log-maxbackup=20", "--audit-log-maxage=7")
 
 
 def prometheus(layout: FleetLayout, binary: str) -> Component:

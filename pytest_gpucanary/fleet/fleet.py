@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -19,13 +20,18 @@ from typing import Callable
 import yaml
 
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, operator, processes
+from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, operator, processes, waits
 from pytest_gpucanary.fleet.binaries import CONTROL_PLANE, GPU_OPERATOR, find_bin_dir, read_paths_env
 from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
+from pytest_gpucanary.kube import Kube
 
 Progress = Callable[[str], None]
+USER_AGENT = "gpucanary-fleet"   # not gpucanary/<version>: the audit log tells the canary apart by it
+FLEET_NODE_SELECTOR = "gpucanary.io/fleet=local"   # the fleet's own node templates carry it
+APPLY_CHUNK = 50
+APPLY_PARALLELISM = 4
 START_TIMEOUT_S = {"etcd": 30, "kube-apiserver": 120, "prometheus": 60}
 NODES_READY_TIMEOUT_S = 120
 HOST_ETC_MOUNTPOINT = Path("/host-etc")
@@ -33,6 +39,11 @@ HOST_ETC_MOUNTPOINT = Path("/host-etc")
 
 def _quiet(line: str) -> None:
     pass
+
+
+def _node_ready(node: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in node.get("status", {}).get("conditions") or [])
 
 
 @dataclass(frozen=True)
@@ -183,7 +194,7 @@ class Fleet:
         self._start(ingress, progress)
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode)
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
-        operator.wait_ready(self._kubectl_for(binaries.control_plane), self.gpu_node_names(), progress)
+        operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
 
     def _start(self, part: components.Component, progress: Progress) -> None:
         progress(f"fleet: starting {part.name} on 127.0.0.1:{part.port}")
@@ -205,8 +216,9 @@ class Fleet:
         if binaries.kubelet_node is not None:
             kubelet_nodes.write_hosts(layout)
         write_kubeconfig(layout.kubeconfig, server=layout.apiserver_url, pki=layout.pki)
-        (layout.root / "kwok.yaml").write_text(manifests.kwok_config(binaries.control_plane))
+        (layout.root / "kwok.yaml").write_text(manifests.kwok_config(binaries.control_plane, gpu_nodes=layout.gpu_nodes))
         (layout.root / "prometheus.yml").write_text(manifests.prometheus_config(layout))
+        layout.audit_policy.write_text(manifests.audit_policy())
         self._prepare_operator_files(read_paths_env(binaries.operator))
         self._save_state(binaries, startup_s=None)
 
@@ -243,14 +255,33 @@ class Fleet:
     def gpu_node_names(self) -> list[str]:
         return [manifests.gpu_node_name(i) for i in range(self.layout.gpu_nodes)]
 
+    def _kube(self) -> Kube:
+        return Kube.connect(self.kubeconfig, user_agent=USER_AGENT)
+
     def _ensure_nodes(self, progress: Progress, bin_dir: Path | None = None) -> None:
+        """Create the fleet's nodes that do not exist yet and wait until every one is Ready.
+
+        Server-side apply in chunks, a few kubectl processes at a time: one kubectl applies its
+        objects one request after another, which takes minutes for 1,000 nodes on 2 cores.
+        """
         nodes = manifests.fleet_nodes(self.layout)
-        progress(f"fleet: ensuring {self.layout.gpu_nodes} GPU nodes and 1 CPU node")
-        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f", "-",
-                     stdin=yaml.safe_dump_all(nodes), bin_dir=bin_dir)
-        names = [n["metadata"]["name"] for n in nodes]
-        self.kubectl("wait", "--for=condition=Ready", f"--timeout={NODES_READY_TIMEOUT_S}s",
-                     *(f"node/{name}" for name in names), timeout_s=NODES_READY_TIMEOUT_S + 10, bin_dir=bin_dir)
+        kube = self._kube()
+        existing = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=FLEET_NODE_SELECTOR)}
+        missing = [n for n in nodes if n["metadata"]["name"] not in existing]
+        progress(f"fleet: ensuring {self.layout.gpu_nodes} GPU nodes and 1 CPU node ({len(missing)} to create)")
+        chunks = [missing[i:i + APPLY_CHUNK] for i in range(0, len(missing), APPLY_CHUNK)]
+        with ThreadPoolExecutor(max_workers=APPLY_PARALLELISM) as pool:
+            list(pool.map(lambda chunk: self.kubectl(
+                "apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f", "-",
+                stdin=yaml.safe_dump_all(chunk), timeout_s=120, bin_dir=bin_dir), chunks))
+        names = {n["metadata"]["name"] for n in nodes}
+        timeout_s = NODES_READY_TIMEOUT_S + 0.1 * len(names)
+        try:
+            waits.wait_all(kube, "v1", "Node", label_selector=FLEET_NODE_SELECTOR, wanted=set(names),
+                           satisfies=lambda node: [node["metadata"]["name"]] if _node_ready(node) else [],
+                           timeout_s=timeout_s, progress=progress, what="Ready nodes")
+        except TimeoutError as exc:
+            raise EnvError(str(exc)[:300], hint=f"see {self.layout.logs / 'kwok.log'}") from None
         self._wait_default_service_account(bin_dir)
 
     def _wait_default_service_account(self, bin_dir: Path | None) -> None:

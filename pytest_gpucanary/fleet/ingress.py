@@ -23,6 +23,7 @@ from pytest_gpucanary.kube import Kube, WatchEvent
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SYNC_WAIT_S = 5.0          # a first request waits this long for the initial list, so it is not a false 503
 RETRY_S = 1.0
+USER_AGENT = "gpucanary-fleet-ingress"   # not gpucanary/<version>: the audit log tells the canary apart by it
 
 
 def ready_pods(endpoint_slice: dict) -> tuple[str, ...]:
@@ -152,7 +153,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     try:
-        server = serve(Router(Kube.connect(args.kubeconfig)), args.port)
+        server = serve(Router(Kube.connect(args.kubeconfig, user_agent=USER_AGENT)), args.port)
     except (GpucanaryError, OSError) as err:
         raise SystemExit(f"ingress: cannot start on 127.0.0.1:{args.port}: {err}") from None
     server.serve_forever()

@@ -75,6 +75,9 @@ class KwokPoolProvider:
     name: str = "kwok"
     pool: KwokPool | None = None
 
+    def check(self, kube: Kube, cluster: ClusterInfo) -> None:
+        fleet_driver_version(kube)
+
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         driver_from = fleet_driver_version(kube)
         self.pool = KwokPool(kube, name=f"canary-{run_id}", run_id=run_id, size=self.size)

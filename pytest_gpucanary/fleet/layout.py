@@ -17,6 +17,7 @@ DEFAULT_PORT_BASE = 26400
 DEFAULT_GPU_NODES = 4
 DEFAULT_KUBELET_NODES = 1
 MAX_KUBELET_NODES = 8
+MAX_GPU_NODES = 1000   # measured on 2 cores (README); KWOK itself holds more
 
 # Offsets from the port base; the fixed layout makes a port clash easy to name in an error.
 PORT_OFFSETS = {
@@ -82,8 +83,8 @@ class FleetLayout:
         return layout.with_gpu_nodes(layout.gpu_nodes)
 
     def with_gpu_nodes(self, count: int) -> FleetLayout:
-        if not 1 <= count <= 64:
-            raise ConfigError(f"GPU node count {count} is out of range", hint="use 1 to 64")
+        if not 1 <= count <= MAX_GPU_NODES:
+            raise ConfigError(f"GPU node count {count} is out of range", hint=f"use 1 to {MAX_GPU_NODES}")
         return replace(self, gpu_nodes=count)
 
     def port(self, component: str) -> int:
@@ -118,6 +119,15 @@ class FleetLayout:
     @property
     def data(self) -> Path:
         return self.root / "data"
+
+    @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log; rotated files sit next to it as audit-<time>.log."""
+        return self.logs / "audit.log"
 
     @property
     def state_file(self) -> Path:

@@ -20,6 +20,7 @@ from pytest_gpucanary.kube import Kube
 
 DRIVER_VERSION_LABELS = ("nvidia.com/cuda.driver-version.full", "nvidia.com/cuda.driver-version.major",
                          "nvidia.com/cuda.driver-version.minor", "nvidia.com/cuda.driver-version.revision")
+USER_AGENT = "gpucanary-fleet-node-agent"   # not gpucanary/<version>: the audit log tells the canary apart by it
 
 
 def driver_labels(version: str) -> dict[str, str]:
@@ -74,7 +75,7 @@ def main() -> None:
     stop = threading.Event()
     while True:
         try:
-            run(Kube.connect(args.kubeconfig), args.namespace, stop)
+            run(Kube.connect(args.kubeconfig, user_agent=USER_AGENT), args.namespace, stop)
         except GpucanaryError as err:
             print(f"node agent: {err}; retrying", flush=True)
             stop.wait(2)

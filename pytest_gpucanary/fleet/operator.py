@@ -11,8 +11,10 @@ from typing import Callable
 import yaml
 
 from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.fleet import waits
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
+from pytest_gpucanary.kube import Kube
 
 Kubectl = Callable[..., str]
 CRDS = ("nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml")
@@ -43,31 +45,26 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str) -> None:
         kubectl(*apply, str(FLEET_FIXTURES / "nvidiadriver.yaml"))
 
 
-def wait_ready(kubectl: Kubectl, gpu_nodes: list[str], progress: Callable[[str], None]) -> None:
-    """Bounded wait (setup only) until the operator's pods are Ready on every GPU node."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    missing: list[str] = ["ClusterPolicy"]
-    last_report = 0.0
-    while time.monotonic() < deadline:
-        missing = _not_ready(kubectl, gpu_nodes)
-        if not missing:
-            return
-        if time.monotonic() - last_report > 15:
-            progress(f"fleet: waiting for the GPU Operator: {', '.join(missing[:3])}")
-            last_report = time.monotonic()
-        time.sleep(2)
-    raise EnvError(f"the GPU Operator was not ready after {READY_TIMEOUT_S} s: {', '.join(missing[:5])}",
-                   hint="see the gpu-operator log in the fleet's logs directory")
+def ready_timeout_s(gpu_nodes: int) -> float:
+    """240 s for a handful of nodes; the DaemonSet controller, scheduler and kwok add work per node."""
+    return READY_TIMEOUT_S + 0.5 * gpu_nodes
 
 
-def _not_ready(kubectl: Kubectl, gpu_nodes: list[str]) -> list[str]:
-    policy = json.loads(kubectl("get", "clusterpolicy", "cluster-policy", "-o", "json"))
-    missing = [] if policy.get("status", {}).get("state") == "ready" else ["ClusterPolicy not ready"]
-    pods = json.loads(kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "json"))["items"]
-    ready = {(_app(p), p["spec"].get("nodeName")) for p in pods if _is_ready(p)}
-    for app in READY_APPS:
-        missing += [f"{app} on {node}" for node in gpu_nodes if (app, node) not in ready]
-    return missing
+def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]) -> None:
+    """Bounded wait (setup only) until the operator's pods are Ready on every GPU node, then its ClusterPolicy."""
+    timeout_s = ready_timeout_s(len(gpu_nodes))
+    started = time.monotonic()
+    wanted: set = {(app, node) for app in READY_APPS for node in gpu_nodes}
+    try:
+        waits.wait_all(kube, "v1", "Pod", namespace=OPERATOR_NAMESPACE, wanted=wanted, timeout_s=timeout_s,
+                       satisfies=lambda pod: [(_app(pod), pod["spec"].get("nodeName"))] if _is_ready(pod) else [],
+                       progress=progress, what="the GPU Operator's pods")
+        remaining_s = max(10.0, timeout_s - (time.monotonic() - started))
+        kube.wait_for("nvidia.com/v1", "ClusterPolicy", "cluster-policy",
+                      lambda policy: policy.get("status", {}).get("state") == "ready", timeout_s=remaining_s)
+    except TimeoutError as exc:
+        raise EnvError(f"the GPU Operator was not ready after {timeout_s:.0f} s: {str(exc)[:300]}",
+                       hint="see the gpu-operator log in the fleet's logs directory") from None
 
 
 def _app(pod: dict) -> str:

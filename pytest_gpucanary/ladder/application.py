@@ -85,9 +85,10 @@ def _service_phases(ev: RunEvidence, settings: Settings) -> tuple[list[Finding],
     by_phase = {s.phase: s for s in ev.service_phases}
     for phase in UpgradePhase:
         s = by_phase.get(phase)
-        if s is None or s.requests == 0:
-            findings.append(Finding(Outcome.INCONCLUSIVE, f"service {ev.service} has no requests in phase "
-                                                          f"{phase.value} (n=0)"))
+        if s is None or s.requests < settings.min_phase_requests:
+            findings.append(Finding(Outcome.INCONCLUSIVE, f"service {ev.service} has too few requests in phase "
+                                                          f"{phase.value} to judge (n={s.requests if s else 0} < "
+                                                          f"min {settings.min_phase_requests})"))
             continue
         ratio = s.failures / s.requests
         items.append(Evidence(None, None, "LoadStats", f"{ev.service}@{phase.value}",

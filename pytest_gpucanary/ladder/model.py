@@ -98,6 +98,7 @@ class ProbeSeen:
     scheduled_wall_ns: int | None   # first watch event with PodScheduled=True (client receive time)
     running_wall_ns: int | None     # first watch event with phase Running or Succeeded (client receive time)
     node: str | None
+    ended_wall_ns: int | None = None   # its pod failed or went away before running (e.g. evicted by a drain)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", ProbeScope(self.scope))

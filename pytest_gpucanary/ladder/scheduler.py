@@ -17,8 +17,9 @@ def _probe_samples(ev: RunEvidence, scope: ProbeScope) -> tuple[list[float], lis
         end = p.scheduled_wall_ns if scope is ProbeScope.POOL else p.running_wall_ns
         created = f"created at +{ev.offset_s(p.created_wall_ns):.0f}s"
         if end is None:
-            findings.append(Finding(Outcome.FAIL, f"{scope.value} probe {p.name} never {what} ({created}; recording "
-                                                  f"ended at +{ev.offset_s(ev.end_wall_ns()):.0f}s)"))
+            gone = f"its pod ended unstarted at +{ev.offset_s(p.ended_wall_ns):.0f}s" if p.ended_wall_ns else \
+                f"recording ended at +{ev.offset_s(ev.end_wall_ns()):.0f}s"
+            findings.append(Finding(Outcome.FAIL, f"{scope.value} probe {p.name} never {what} ({created}; {gone})"))
             items.append(Evidence(p.created_wall_ns, ev.offset_s(p.created_wall_ns), "Probe", p.name,
                                   f"{scope.value} probe {created}, never {what}"))
             continue

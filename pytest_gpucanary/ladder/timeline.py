@@ -292,6 +292,7 @@ def probes_seen(records: Iterable[Record], created: Mapping[str, tuple[str, int]
     """Probe Jobs by name -> (scope, created wall ns): when the watch first saw each one's pod scheduled and running."""
     scheduled: dict[str, int] = {}
     running: dict[str, int] = {}
+    ended: dict[str, int] = {}
     nodes: dict[str, str] = {}
     for record in records:
         job = record.object.get("metadata", {}).get("labels", {}).get("job-name")
@@ -302,7 +303,10 @@ def probes_seen(records: Iterable[Record], created: Mapping[str, tuple[str, int]
             scheduled.setdefault(job, record.received_wall_ns)
         if status.get("phase") in ("Running", "Succeeded"):
             running.setdefault(job, record.received_wall_ns)
+        elif record.type == "DELETED" or status.get("phase") == "Failed":
+            ended.setdefault(job, record.received_wall_ns)
         if record.object.get("spec", {}).get("nodeName"):
             nodes[job] = record.object["spec"]["nodeName"]
-    return [ProbeSeen(name, scope, at, scheduled.get(name), running.get(name), nodes.get(name))
+    return [ProbeSeen(name, scope, at, scheduled.get(name), running.get(name), nodes.get(name),
+                      None if name in running else ended.get(name))
             for name, (scope, at) in sorted(created.items())]

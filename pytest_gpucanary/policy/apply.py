@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
@@ -109,7 +110,29 @@ def restore_saved_spec(kube: Kube, kind: tuple[str, str], name: str) -> None:
         return  # the object went away (e.g. a kwok pool's own NVIDIADriver)
     if SAVED_SPEC_ANNOTATION in annotations:
         prior = json.loads(annotations[SAVED_SPEC_ANNOTATION])["spec"]
-        kube.patch(*kind, name, {"spec": prior, "metadata": {"annotations": {SAVED_SPEC_ANNOTATION: None}}})
+        current = kube.get(*kind, name).get("spec", {})
+        kube.patch(*kind, name, {"spec": _restoring(current, prior),
+                                 "metadata": {"annotations": {SAVED_SPEC_ANNOTATION: None}}})
+
+
+SET_WHOLE = ("upgradePolicy", "version")   # the spec keys `apply` sets; everything beside them is merged
+
+
+def _restoring(current: Any, saved: Any) -> Any:
+    """The merge patch that puts the saved values back. A merge patch (RFC 7386) merges objects, so a field
+    the saved policy did not have would keep the canary's value: under the keys `apply` set, it is nulled."""
+    if not isinstance(saved, dict):
+        return saved
+    current = current if isinstance(current, dict) else {}
+    return {key: _exactly(current.get(key), value) if key in SET_WHOLE else _restoring(current.get(key), value)
+            for key, value in saved.items()}
+
+
+def _exactly(current: Any, saved: Any) -> Any:
+    if not (isinstance(saved, dict) and isinstance(current, dict)):
+        return saved
+    return {**{key: None for key in current if key not in saved},
+            **{key: _exactly(current.get(key), value) for key, value in saved.items()}}
 
 
 def release_hold(kube: Kube, node: str) -> None:

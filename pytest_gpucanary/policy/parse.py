@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
+from pytest_gpucanary.config import yaml_documents
 from pytest_gpucanary.errors import ConfigError
 
 
@@ -223,14 +222,10 @@ _MISSING_POLICY_HINTS = {
 
 
 def _load_yaml(text: str, source: str) -> Mapping[str, Any]:
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = " ".join(str(getattr(err, "problem", None) or "unreadable").split())
-        raise ConfigError(f"{source} is not valid YAML{where}: {problem}",
-                          hint="fix the syntax (indent with spaces; quote values that contain ': ')") from err
+    docs = yaml_documents(text, source=source)
+    if len(docs) > 1:
+        raise ConfigError(f"{source} holds {len(docs)} YAML documents", hint=f"give one: {ACCEPTED_KINDS}")
+    doc = docs[0] if docs else None
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{source} is {_shown(doc)}, not a YAML mapping", hint=f"give {ACCEPTED_KINDS}")
     return doc

@@ -27,6 +27,9 @@ class Pool:
 class PoolProvider(Protocol):
     name: str
 
+    def check(self, kube: Kube, cluster: ClusterInfo) -> None:
+        """Read-only: raise ConfigError/EnvError if the pool cannot be provisioned (run before any write)."""
+
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         """Create or carve out the pool; raise ConfigError/EnvError before changing anything if it cannot."""
 

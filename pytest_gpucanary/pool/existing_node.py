@@ -56,6 +56,13 @@ class ExistingNodeProvider:
                               hint=f"free a node or use {flag('pool_provider')}=kwok on the local fleet")
         return nodes[:self.size]
 
+    def check(self, kube: Kube, cluster: ClusterInfo) -> None:
+        nodes = self._candidates(kube)
+        for node in nodes:
+            self._check(kube, cluster, node)
+        if cluster.nvidiadriver_mode:
+            self._pool_driver(kube, tuple(n["metadata"]["name"] for n in nodes))
+
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         nodes = self._candidates(kube)
         versions = [self._check(kube, cluster, node) for node in nodes]

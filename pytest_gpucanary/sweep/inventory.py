@@ -29,6 +29,7 @@ The in-memory work since the last start is `now - status.startTime`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -64,19 +65,13 @@ LIMIT_KEYS = {"max_parallel", "max_unavailable", "hold_back_gpus"}
 
 def load_inventory(path: str | Path) -> Inventory:
     """Read a YAML inventory (schema: fixtures/sweep/inventory.yaml)."""
-    import yaml
+    from pytest_gpucanary.config import read_text, yaml_documents
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read inventory {str(path)!r}: {err.strerror}", hint="check --inventory") from err
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"inventory {str(path)!r} is not valid YAML{where}",
-                          hint="fix the file; the schema is in fixtures/sweep/inventory.yaml") from err
+    docs = yaml_documents(read_text(Path(path), what="inventory"), source=f"inventory {str(path)!r}")
+    if len(docs) != 1:
+        raise ConfigError(f"inventory {str(path)!r} holds {len(docs)} YAML documents",
+                          hint="give one; the schema is in fixtures/sweep/inventory.yaml")
+    data = docs[0]
     return inventory_from_dict(data, source=str(path))
 
 
@@ -135,7 +130,7 @@ def _seconds(raw: Mapping[str, Any], key: str, where: str, default: float | None
     value = raw.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ConfigError(f"{where}: {key} {value!r} is not seconds >= 0", hint="e.g. 600")
     return float(value)
 
@@ -259,7 +254,7 @@ def _annotation_seconds(notes: Mapping[str, str], key: str, pod: str) -> float |
         value = float(notes[key])
     except ValueError:
         value = -1.0
-    if not value >= 0:
+    if not 0 <= value < math.inf:
         raise ConfigError(f"pod {pod!r}: annotation {key} {notes[key]!r} is not seconds >= 0", hint="e.g. '63'")
     return value
 

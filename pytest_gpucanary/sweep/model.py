@@ -186,8 +186,10 @@ def _unavailable_fraction(value: str) -> int | float:
     except ValueError:
         raise ConfigError(f"max unavailable {value!r} is not a count or a percentage",
                           hint="e.g. 2 or 25%") from None
-    if number <= 0:
+    if not number > 0:   # also NaN
         raise ConfigError(f"max unavailable {value!r} lets no node upgrade", hint="use at least 1 or 1%")
+    if isinstance(number, float) and not number <= 1.0:
+        raise ConfigError(f"max unavailable {value!r} is over 100%", hint="use a percentage up to 100% or a count")
     return number
 
 

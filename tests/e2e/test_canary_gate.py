@@ -86,7 +86,7 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
     assert outcomes == {"rollout": "pass", "device": "pass", "network": "skipped", "scheduler": "pass",
                         "application": "pass"}, receipt["verdicts"]
     junit = (tmp_path / "junit.xml").read_text()
-    assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage"' in junit
+    assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage:' in junit
     assert_nothing_left(kube, policy_before)
     assert_replay_reproduces(tmp_path / "reports", returncode=0)
 

@@ -1,0 +1,141 @@
+"""Every bad input is refused before the cluster is touched: one line, once, the right exit code, no
+traceback, and not one request to the apiserver under the canary's user agent (from the audit log).
+
+4 is the caller's input, 6 the environment. Each case runs the real `gpucanary` command against the
+session's fleet, so a refusal that came too late would show up as requests in the log.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.fleet.audit import read_log
+from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, fence
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+GOOD = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05"]
+INVENTORY = FIXTURES / "sweep" / "inventory.yaml"
+
+
+def files(tmp: Path) -> dict[str, Path]:
+    """Bad files, each wrong in one way."""
+    made = {
+        "not-yaml.yaml": "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nspec:\n  driver: [unclosed\n",
+        "duplicate.yaml": (FIXTURES / "policies" / "default.yaml").read_text() + "kind: ClusterPolicy\n",
+        "no-auto.yaml": "driver:\n  upgradePolicy:\n    autoUpgrade: false\n",
+        "configmap.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+        "job-without-template.yaml": "apiVersion: batch/v1\nkind: Job\nmetadata: {name: x}\nspec: {}\n",
+        "broken.py": "from locust import HttpUser\ndef (:\n",
+        "a-file": "",
+        "kubeconfig-list": "[1, 2]\n",
+        "kubeconfig-unreachable": ("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: "
+                                   "'https://127.0.0.1:9'}\nusers:\n- name: u\n  user: {token: x}\ncontexts:\n- name: c\n"
+                                   "  context: {cluster: c, user: u}\ncurrent-context: c\n"),
+        "inventory-nan.yaml": INVENTORY.read_text().replace("restore_s: 63 ", "restore_s: .nan "),
+    }
+    paths = {name: tmp / name for name in made}
+    for name, text in made.items():
+        paths[name].write_text(text)
+    for name, data in {"binary": os.urandom(400) + b"\xff\xfe", "non-utf8.yaml": b"\xff\xfe\x00driver: x\n"}.items():
+        paths[name] = tmp / name
+        paths[name].write_bytes(data)
+    return paths
+
+
+def cases(f: dict[str, Path]) -> list[tuple[str, list[str], int, dict[str, str]]]:
+    """(id, arguments, exit code, extra environment)."""
+    run = [("run", *GOOD)]
+    return [
+        ("run-no-policy", ["run", "--gpucanary-driver-version=580.95.05"], 4, {}),
+        ("run-no-version", ["run", GOOD[0]], 4, {}),
+        ("run-missing-policy", ["run", "--gpucanary-policy=/nonexistent.yaml", GOOD[1]], 4, {}),
+        ("run-policy-not-yaml", ["run", f"--gpucanary-policy={f['not-yaml.yaml']}", GOOD[1]], 4, {}),
+        ("run-policy-duplicate-key", ["run", f"--gpucanary-policy={f['duplicate.yaml']}", GOOD[1]], 4, {}),
+        ("run-policy-not-utf8", ["run", f"--gpucanary-policy={f['non-utf8.yaml']}", GOOD[1]], 4, {}),
+        ("run-policy-binary", ["run", f"--gpucanary-policy={f['binary']}", GOOD[1]], 4, {}),
+        ("run-auto-upgrade-off", ["run", f"--gpucanary-policy={f['no-auto.yaml']}", GOOD[1]], 4, {}),
+        ("run-version-not-a-tag", ["run", GOOD[0], "--gpucanary-driver-version=latest!!"], 4, {}),
+        *[(f"run-{name}", [*run[0], arg], 4, {}) for name, arg in [
+            ("run-id-slash", "--gpucanary-run-id=a/b"), ("run-id-upper", "--gpucanary-run-id=ABC"),
+            ("run-id-long", "--gpucanary-run-id=" + "a" * 50), ("probe-interval-nan", "--gpucanary-probe-interval-s=nan"),
+            ("budget-inf", "--gpucanary-upgrade-budget-s=inf"), ("baseline-zero", "--gpucanary-baseline-s=0"),
+            ("error-ratio-over-1", "--gpucanary-max-error-ratio=1.5"), ("error-ratio-nan", "--gpucanary-max-error-ratio=nan"),
+            ("p99-negative", "--gpucanary-max-p99-s=-1"), ("pool-size-0", "--gpucanary-pool-size=0"),
+            ("pool-size-word", "--gpucanary-pool-size=two"), ("load-users-negative", "--gpucanary-load-users=-1"),
+            ("min-phase-requests-0", "--gpucanary-min-phase-requests=0"),
+            ("evictions-unparseable", "--gpucanary-allowed-evictions=app in a"),
+            ("pool-selector-unparseable", "--gpucanary-pool-selector==x"), ("pool-provider-unknown",
+                                                                           "--gpucanary-pool-provider=cloud"),
+            ("service-url-malformed", "--gpucanary-service-url=htp:/x"),
+            ("prometheus-url-bad-port", "--gpucanary-prometheus-url=http://h:port"),
+            ("gpu-job-missing", "--gpucanary-gpu-job=/nonexistent.yaml"),
+            ("gpu-job-no-job", f"--gpucanary-gpu-job={f['configmap.yaml']}"),
+            ("service-not-yaml", f"--gpucanary-service={f['not-yaml.yaml']}"),
+            ("probe-without-template", f"--gpucanary-probe={f['job-without-template.yaml']}"),
+            ("locustfile-missing", "--gpucanary-locustfile=/nonexistent.py"),
+            ("locustfile-syntax", f"--gpucanary-locustfile={f['broken.py']}"),
+            ("reports-dir-is-a-file", f"--gpucanary-reports-dir={f['a-file']}"),
+            ("kubeconfig-binary", f"--gpucanary-kubeconfig={f['binary']}"),
+            ("kubeconfig-not-utf8", f"--gpucanary-kubeconfig={f['non-utf8.yaml']}"),
+            ("kubeconfig-a-list", f"--gpucanary-kubeconfig={f['kubeconfig-list']}"),
+            ("kubeconfig-missing", "--gpucanary-kubeconfig=/nonexistent-kubeconfig")]],
+        ("run-env-negative", list(run[0]), 4, {"GPUCANARY_PROBE_INTERVAL_S": "-1"}),
+        ("run-kubeconfig-unreachable", [*run[0], f"--gpucanary-kubeconfig={f['kubeconfig-unreachable']}"], 6, {}),
+        ("lint-missing", ["lint", "/nonexistent.yaml"], 4, {}),
+        ("lint-not-yaml", ["lint", str(f["not-yaml.yaml"])], 4, {}),
+        ("lint-duplicate-key", ["lint", str(f["duplicate.yaml"])], 4, {}),
+        ("lint-against-missing", ["lint", str(FIXTURES / "policies" / "default.yaml"), "--against", "/nonexistent"],
+         4, {}),
+        ("plan-sweep-no-inventory", ["plan-sweep", "--change", "driver=580.95.05"], 4, {}),
+        ("plan-sweep-nan-restore", ["plan-sweep", "--inventory", str(f["inventory-nan.yaml"])], 4, {}),
+        ("plan-sweep-unavailable-150", ["plan-sweep", "--inventory", str(INVENTORY), "--max-unavailable", "150%"], 4,
+         {}),
+        ("plan-sweep-not-utf8", ["plan-sweep", "--inventory", str(f["non-utf8.yaml"])], 4, {}),
+        ("plan-sweep-parallel-word", ["plan-sweep", "--inventory", str(INVENTORY), "--max-parallel", "x"], 4, {}),
+        ("cleanup-kubeconfig-binary", ["cleanup", "--kubeconfig", str(f["binary"])], 4, {}),
+        ("cleanup-kubeconfig-not-utf8", ["cleanup", "--kubeconfig", str(f["non-utf8.yaml"])], 4, {}),
+        ("cleanup-run-id-slash", ["cleanup", "--run-id", "a/b"], 4, {}),
+        ("fleet-up-zero-nodes", ["fleet", "up", "--gpu-nodes", "0"], 4, {}),
+        ("fleet-up-too-many-nodes", ["fleet", "up", "--gpu-nodes", "100000"], 4, {}),
+        ("fleet-status-port-base-word", ["fleet", "status"], 4, {"GPUCANARY_FLEET_PORT_BASE": "abc"}),
+    ]
+
+
+def error_lines(output: str) -> list[str]:
+    """The lines that say what went wrong (the CLI's, pytest's usage error, or the session's stop)."""
+    return [line for line in output.splitlines() if "gpucanary: " in line]
+
+
+def test_every_bad_input_is_one_line_the_right_code_and_no_request(gpucanary_fleet, tmp_path: Path) -> None:
+    table = cases(files(tmp_path))
+    assert len(table) >= 40
+    env = {**os.environ, "GPUCANARY_FLEET_KEEP": "1", "GPUCANARY_FLEET_DIR": str(gpucanary_fleet.fleet.layout.root),
+           "GPUCANARY_FLEET_PORT_BASE": str(gpucanary_fleet.fleet.layout.port_base)}
+    windows, problems = [], []
+    for name, args, code, extra in table:
+        reports = ["--gpucanary-reports-dir=" + str(tmp_path / "reports")] if args[0] == "run" and not any(
+            a.startswith("--gpucanary-reports-dir") for a in args) else []
+        since = time.time()
+        done = subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args, *reports], capture_output=True,
+                              text=True, timeout=120, env={**env, **extra})
+        windows.append((name, since, time.time()))
+        output = done.stdout + done.stderr
+        lines = error_lines(output)
+        if done.returncode != code or len(lines) != 1 or "Traceback" in output:
+            problems.append(f"{name}: exit {done.returncode} (want {code}), {len(lines)} error lines: "
+                            f"{lines[:3] or output[-400:]}")
+    assert not problems, "\n".join(problems)
+    fence(gpucanary_fleet.fleet)
+    records = read_log(gpucanary_fleet.fleet.layout.audit_log, user_agent_prefix=CANARY_USER_AGENT,
+                       since_s=windows[0][1], until_s=windows[-1][2])
+    touched = sorted({name for name, since, until in windows for r in records
+                      if since <= r.received_s <= until})
+    assert not touched, f"requests made by refused inputs: {touched}"

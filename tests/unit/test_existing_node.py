@@ -1,0 +1,158 @@
+"""`ExistingNodeProvider`: refuses a node it must not take before changing anything, and gives a taken
+node back exactly (labels, taints, schedulability) once it runs its original driver again.
+
+Runs over the in-memory apiserver; the GPU Operator's part (cordon, driver pod swap, upgrade-done) is
+written into the store by the test, as the operator would leave it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from kube_double import FakeKube
+
+from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.gpu_operator import GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
+from pytest_gpucanary.kube import RUN_ID_LABEL
+from pytest_gpucanary.pool import Pool
+from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
+from pytest_gpucanary.preflight import ClusterInfo
+
+DRIVER_FROM, DRIVER_TO = "570.172.08", "580.82.07"
+POOL_LABEL = "gpucanary.io/driver-pool"
+TAINTS = [{"key": "dedicated", "value": "canary", "effect": "NoSchedule"}]
+CLUSTER = ClusterInfo("cluster-policy", nvidiadriver_mode=True, per_driver_policy=True,
+                      operator_namespace="gpu-operator", gpu_nodes=("canary-0", "gpu-1"))
+
+
+def node(name: str, *, gpu: bool = True, **labels: str) -> dict:
+    present = {GPU_PRESENT_LABEL: "true"} if gpu else {}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {**present, UPGRADE_STATE_LABEL: "upgrade-done", **labels}},
+            "spec": {"taints": TAINTS}}
+
+
+def pod(name: str, node_name: str, *, namespace: str = "gpu-operator", labels: dict | None = None,
+        daemonset: bool = True, version: str = DRIVER_FROM) -> dict:
+    owners = [{"kind": "DaemonSet", "name": "owner"}] if daemonset else [{"kind": "ReplicaSet", "name": "owner"}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}, "ownerReferences": owners},
+            "spec": {"nodeName": node_name,
+                     "containers": [{"name": "c", "image": f"nvcr.io/nvidia/driver:{version}-ubuntu22.04"}]},
+            "status": {"phase": "Running"}}
+
+
+def driver_pod(node_name: str, version: str = DRIVER_FROM) -> dict:
+    return pod(f"nvidia-driver-{node_name}", node_name, version=version,
+               labels={"app.kubernetes.io/component": "nvidia-driver", "app": "nvidia-driver-daemonset"})
+
+
+def nvidiadriver(name: str, pool: str) -> dict:
+    return {"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": name},
+            "spec": {"version": DRIVER_FROM, "nodeSelector": {POOL_LABEL: pool}}}
+
+
+def good_cluster() -> FakeKube:
+    fake = FakeKube()
+    for obj in (node("canary-0", **{POOL_LABEL: "canary", "team": "ml"}), node("gpu-1", **{POOL_LABEL: "fleet"}),
+                driver_pod("canary-0"), driver_pod("gpu-1"),
+                pod("device-plugin-canary-0", "canary-0"),                           # DaemonSet pods belong
+                pod("probe-1", "canary-0", namespace="gpucanary-r0", labels={RUN_ID_LABEL: "r0"}, daemonset=False),
+                nvidiadriver("canary", "canary"), nvidiadriver("fleet", "fleet")):
+        fake.create(obj)
+    return fake
+
+
+def foreign_pod(fake: FakeKube) -> None:
+    fake.create(pod("trainer-7d9", "canary-0", namespace="team-a", daemonset=False))
+
+
+def not_a_gpu_node(fake: FakeKube) -> None:
+    fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {GPU_PRESENT_LABEL: None}}})
+
+
+def no_driver_pod(fake: FakeKube) -> None:
+    fake.delete("v1", "Pod", "nvidia-driver-canary-0", namespace="gpu-operator")
+
+
+def driver_selects_more_than_the_pool(fake: FakeKube) -> None:
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {POOL_LABEL: "canary"}}})
+
+
+def already_in_a_run(fake: FakeKube) -> None:
+    fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {RUN_ID_LABEL: "other-run"}}})
+
+
+@pytest.mark.parametrize(("spoil", "node_name", "message"), [
+    (not_a_gpu_node, "canary-0", "node canary-0 is not a GPU node"),
+    (no_driver_pod, "canary-0", "node canary-0 has no GPU Operator driver pod"),
+    (foreign_pod, "canary-0", "node canary-0 runs 1 pods the canary did not put there (team-a/trainer-7d9...)"),
+    (driver_selects_more_than_the_pool, "canary-0", "NVIDIADriver canary drives 2 nodes, not only the pool"),
+    (already_in_a_run, "canary-0", "node canary-0 is already in canary run other-run"),
+    (lambda fake: None, "gpu-9", "node 'gpu-9' does not exist in the cluster"),
+], ids=["not-gpu", "no-driver-pod", "foreign-pods", "shared-nvidiadriver", "in-another-run", "unknown-node"])
+def test_a_node_the_canary_must_not_take_is_refused_in_one_line_and_left_alone(spoil, node_name: str,
+                                                                              message: str) -> None:
+    fake = good_cluster()
+    spoil(fake)
+    before = fake.objects()
+    provider = ExistingNodeProvider(node=node_name)
+
+    with pytest.raises(ConfigError) as refused:
+        provider.provision(fake, CLUSTER, run_id="r1")
+
+    assert str(refused.value).startswith(message)
+    assert "\n" not in str(refused.value) and refused.value.hint
+    assert fake.objects() == before and provider.carved == []
+
+
+def test_foreign_pods_are_accepted_when_allowed() -> None:
+    fake = good_cluster()
+    foreign_pod(fake)
+
+    pool = ExistingNodeProvider(node="canary-0", allow_foreign_pods=True).provision(fake, CLUSTER, run_id="r1")
+
+    assert pool == Pool(("canary-0",), "canary", DRIVER_FROM)
+
+
+def test_a_good_node_is_marked_and_given_back_exactly_once_its_driver_is_back() -> None:
+    fake = good_cluster()
+    original = fake.get("v1", "Node", "canary-0")
+    provider = ExistingNodeProvider(node="canary-0", restore_timeout_s=10)
+
+    pool = provider.provision(fake, CLUSTER, run_id="r1")
+
+    assert pool == Pool(("canary-0",), "canary", DRIVER_FROM)
+    marked = fake.get("v1", "Node", "canary-0")["metadata"]
+    assert marked["labels"] == {**original["metadata"]["labels"], RUN_ID_LABEL: "r1"}
+    assert json.loads(marked["annotations"][SAVED_STATE_ANNOTATION]) == {
+        "run_id": "r1", "labels": original["metadata"]["labels"], "taints": TAINTS, "unschedulable": False}
+    # Mid-rollback, as the operator leaves it: cordoned, tainted, relabelled, the driver pod at the target.
+    fake.patch("v1", "Node", "canary-0", {
+        "metadata": {"labels": {UPGRADE_STATE_LABEL: "pod-restart-required", "team": None, "extra": "x"}},
+        "spec": {"unschedulable": True, "taints": TAINTS + [{"key": "node.kubernetes.io/unschedulable",
+                                                              "effect": "NoSchedule"}]}})
+    fake.patch("v1", "Pod", "nvidia-driver-canary-0", {"spec": driver_pod("canary-0", DRIVER_TO)["spec"]},
+               namespace="gpu-operator")
+    seen_before_rollback: dict = {}
+
+    def operator_finishes_the_rollback() -> None:
+        seen_before_rollback.update(fake.get("v1", "Node", "canary-0")["metadata"]["labels"])
+        fake.patch("v1", "Pod", "nvidia-driver-canary-0", {"spec": driver_pod("canary-0")["spec"]},
+                   namespace="gpu-operator")
+        fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-done"}}})
+
+    timer = threading.Timer(0.3, operator_finishes_the_rollback)
+    timer.start()
+    provider.release(fake)
+    timer.join()
+
+    assert seen_before_rollback[RUN_ID_LABEL] == "r1"       # nothing was restored before the driver was back
+    restored = fake.get("v1", "Node", "canary-0")
+    assert restored["metadata"]["labels"] == original["metadata"]["labels"]
+    assert restored["spec"] == original["spec"] and "annotations" not in restored["metadata"]
+    assert provider.carved == []
+    provider.release(fake)                                   # safe to call twice
+    assert fake.get("v1", "Node", "canary-0") == restored

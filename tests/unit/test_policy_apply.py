@@ -1,0 +1,257 @@
+"""`policy.apply`: the policy and target version reach only the pool, and `restore` puts every object back.
+
+Runs over the in-memory apiserver (`kube_double.FakeKube`); each test compares the stored objects
+before apply and after restore.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from kube_double import FakeKube
+
+from pytest_gpucanary.config import Settings
+from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.gpu_operator import (
+    CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
+)
+from pytest_gpucanary.kube import Unavailable
+from pytest_gpucanary.policy import apply as upgrade
+from pytest_gpucanary.pool import Pool
+from pytest_gpucanary.preflight import ClusterInfo
+from pytest_gpucanary.run import CanaryRun, ProgressLine
+from pytest_gpucanary.workloads import Placement
+
+DRIVER_FROM, DRIVER_TO = "570.172.08", "580.82.07"
+OPERATOR_NS = "gpu-operator"
+# The fleet's ClusterPolicy policy (fixtures/fleet/clusterpolicy.yaml): every field written out.
+ORIGINAL_POLICY = {
+    "autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "25%",
+    "waitForCompletion": {"podSelector": "", "timeoutSeconds": 0},
+    "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
+    "drain": {"enable": False, "force": False, "podSelector": "", "timeoutSeconds": 300, "deleteEmptyDir": False},
+}
+# The policy under test, in the shape `UpgradePolicy.to_cr()` writes.
+CANARY_POLICY = {
+    "autoUpgrade": True, "maxParallelUpgrades": 2, "maxUnavailable": 1,
+    "waitForCompletion": {"podSelector": "app=trainer", "timeoutSeconds": 600},
+    "podDeletion": {"force": True, "timeoutSeconds": 120, "deleteEmptyDir": True},
+    "drain": {"enable": True, "force": False, "podSelector": "", "timeoutSeconds": 900, "deleteEmptyDir": True},
+}
+
+
+def node(name: str, **labels: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {GPU_PRESENT_LABEL: "true", **labels}}, "spec": {}}
+
+
+def cluster_policy(*, nvidiadriver_mode: bool, policy: dict | None = None) -> dict:
+    return {"apiVersion": CLUSTER_POLICY[0], "kind": CLUSTER_POLICY[1],
+            "metadata": {"name": "cluster-policy", "annotations": {"owner": "platform-team"}},
+            "spec": {"driver": {"useNvidiaDriverCRD": nvidiadriver_mode, "version": DRIVER_FROM,
+                                "upgradePolicy": policy or ORIGINAL_POLICY},
+                     "toolkit": {"enabled": True}}}
+
+
+def nvidiadriver(name: str, pool: str, **spec: object) -> dict:
+    return {"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": name},
+            "spec": {"driverType": "gpu", "version": DRIVER_FROM,
+                     "nodeSelector": {"gpucanary.io/driver-pool": pool}, **spec}}
+
+
+def driver_daemonset(version: str) -> dict:
+    """The operator's driver DaemonSet, its controller caught up (observedGeneration == generation)."""
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-driver-daemonset", "namespace": OPERATOR_NS,
+                         "labels": {DRIVER_COMPONENT_SELECTOR.split("=")[0]: DRIVER_COMPONENT_SELECTOR.split("=")[1]}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "nvidia-driver-ctr", "image": f"nvcr.io/nvidia/driver:{version}-ubuntu22.04"}]}}},
+            "status": {"observedGeneration": 1}}
+
+
+def content(obj: dict) -> dict:
+    """What the user and the operator read: the object without its server-kept counters."""
+    meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "generation")}
+    return {**obj, "metadata": meta}
+
+
+def nvidiadriver_cluster(fake: FakeKube, *, per_driver_policy: bool) -> tuple[ClusterInfo, Pool]:
+    fake.create(cluster_policy(nvidiadriver_mode=True))
+    fake.create(nvidiadriver("fleet", "fleet", upgradePolicy=ORIGINAL_POLICY))
+    fake.create(nvidiadriver("canary-pool", "canary"))          # no policy of its own yet
+    for n in (node("canary-0", **{"gpucanary.io/driver-pool": "canary"}),
+              node("gpu-1", **{"gpucanary.io/driver-pool": "fleet"})):
+        fake.create(n)
+    cluster = ClusterInfo("cluster-policy", nvidiadriver_mode=True, per_driver_policy=per_driver_policy,
+                          operator_namespace=OPERATOR_NS, gpu_nodes=("canary-0", "gpu-1"))
+    return cluster, Pool(("canary-0",), "canary-pool", DRIVER_FROM)
+
+
+def clusterpolicy_cluster(fake: FakeKube, *, policy: dict | None = None) -> tuple[ClusterInfo, Pool]:
+    fake.create(cluster_policy(nvidiadriver_mode=False, policy=policy))
+    fake.create(driver_daemonset(DRIVER_FROM))
+    fake.create(node("canary-0", **{UPGRADE_STATE_LABEL: "upgrade-done"}))
+    fake.create(node("gpu-1", **{UPGRADE_STATE_LABEL: "upgrade-done"}))
+    fake.create(node("gpu-2"))                                   # never upgraded: no state label
+    fake.create(node("gpu-3", **{SKIP_LABEL: "true"}))           # held back by someone else
+    cluster = ClusterInfo("cluster-policy", nvidiadriver_mode=False, per_driver_policy=False,
+                          operator_namespace=OPERATOR_NS, gpu_nodes=("canary-0", "gpu-1", "gpu-2", "gpu-3"))
+    return cluster, Pool(("canary-0",), None, DRIVER_FROM)
+
+
+def test_per_driver_policy_goes_on_the_pools_nvidiadriver_only_and_comes_off_again() -> None:
+    fake = FakeKube()
+    cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=True)
+    before = {key: content(obj) for key, obj in fake.objects().items()}
+
+    applied = upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+
+    canary = fake.get(*NVIDIADRIVER, "canary-pool")
+    assert canary["spec"]["version"] == DRIVER_TO and canary["spec"]["upgradePolicy"] == CANARY_POLICY
+    saved = json.loads(canary["metadata"]["annotations"][upgrade.SAVED_SPEC_ANNOTATION])
+    assert saved == {"run_id": "run-1", "spec": {"version": DRIVER_FROM, "upgradePolicy": None}}
+    untouched = {key: obj for key, obj in fake.objects().items() if key[3] != "canary-pool"}
+    assert {key: content(obj) for key, obj in untouched.items()} == {k: before[k] for k in untouched}
+
+    upgrade.restore(fake, applied)
+
+    assert {key: content(obj) for key, obj in fake.objects().items()} == before
+    assert applied.saved == [] and applied.skipped_nodes == []
+
+
+def test_older_operator_takes_the_policy_from_the_cluster_policy_and_the_version_from_the_pools_driver() -> None:
+    fake = FakeKube()
+    cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=False)
+    before = {key: content(obj) for key, obj in fake.objects().items()}
+
+    applied = upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+
+    policy = fake.get(*CLUSTER_POLICY, "cluster-policy")
+    assert policy["spec"]["driver"]["upgradePolicy"] == CANARY_POLICY
+    assert policy["spec"]["driver"]["version"] == DRIVER_FROM           # the version moves on the pool only
+    canary = fake.get(*NVIDIADRIVER, "canary-pool")
+    assert canary["spec"]["version"] == DRIVER_TO and "upgradePolicy" not in canary["spec"]
+    assert content(fake.get(*NVIDIADRIVER, "fleet")) == before[(*NVIDIADRIVER, None, "fleet")]
+
+    upgrade.restore(fake, applied)
+
+    assert {key: content(obj) for key, obj in fake.objects().items()} == before
+
+
+def test_clusterpolicy_mode_holds_other_gpu_nodes_back_and_gives_them_their_state_back() -> None:
+    fake = FakeKube()
+    cluster, pool = clusterpolicy_cluster(fake)
+    before = {key: content(obj) for key, obj in fake.objects().items()}
+
+    applied = upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+
+    driver = fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]
+    assert driver["version"] == DRIVER_TO and driver["upgradePolicy"] == CANARY_POLICY
+    labels = {name: fake.get("v1", "Node", name)["metadata"]["labels"] for name in cluster.gpu_nodes}
+    assert SKIP_LABEL not in labels["canary-0"]
+    assert labels["gpu-1"][SKIP_LABEL] == labels["gpu-2"][SKIP_LABEL] == "true"
+    assert content(fake.get("v1", "Node", "gpu-3")) == before[("v1", "Node", None, "gpu-3")]  # not ours to touch
+    # The operator marks every out-of-date node; the skip label keeps the held-back ones there.
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
+    fake.patch("v1", "Node", "gpu-2", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
+
+    upgrade.restore(fake, applied)
+
+    after = {key: content(obj) for key, obj in fake.objects().items()}
+    assert after[("v1", "Node", None, "gpu-1")] == before[("v1", "Node", None, "gpu-1")]
+    assert after[(*CLUSTER_POLICY, None, "cluster-policy")] == before[(*CLUSTER_POLICY, None, "cluster-policy")]
+    # gpu-2 had no state to give back: only the skip label and the saved copy go
+    gpu_2 = after[("v1", "Node", None, "gpu-2")]["metadata"]
+    assert gpu_2["labels"] == {GPU_PRESENT_LABEL: "true", UPGRADE_STATE_LABEL: "upgrade-required"}
+    assert "annotations" not in gpu_2
+
+
+def test_held_back_nodes_are_released_only_once_the_driver_daemonset_is_back_at_their_version() -> None:
+    fake = FakeKube()
+    cluster, pool = clusterpolicy_cluster(fake)
+    applied = upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+    ds = driver_daemonset(DRIVER_TO)
+    fake.patch("apps/v1", "DaemonSet", ds["metadata"]["name"], {"spec": ds["spec"]}, namespace=OPERATOR_NS)
+    fake.patch("apps/v1", "DaemonSet", ds["metadata"]["name"], {"status": {"observedGeneration": 2}},
+               namespace=OPERATOR_NS)
+    seen_at_rollback: dict[str, str] = {}
+
+    def operator_rolls_the_daemonset_back() -> None:
+        seen_at_rollback.update(fake.get("v1", "Node", "gpu-1")["metadata"]["labels"])
+        back = driver_daemonset(DRIVER_FROM)
+        fake.patch("apps/v1", "DaemonSet", back["metadata"]["name"], {"spec": back["spec"]}, namespace=OPERATOR_NS)
+        fake.patch("apps/v1", "DaemonSet", back["metadata"]["name"], {"status": {"observedGeneration": 3}},
+                   namespace=OPERATOR_NS)
+
+    timer = threading.Timer(0.3, operator_rolls_the_daemonset_back)
+    timer.start()
+    upgrade.restore(fake, applied)
+    timer.join()
+
+    assert seen_at_rollback[SKIP_LABEL] == "true"
+    assert SKIP_LABEL not in fake.get("v1", "Node", "gpu-1")["metadata"]["labels"]
+
+
+def test_the_daemonset_wait_is_bounded_and_says_what_to_do() -> None:
+    fake = FakeKube()
+    fake.create(driver_daemonset(DRIVER_TO))
+
+    with pytest.raises(EnvError) as stuck:
+        upgrade.wait_driver_daemonsets(fake, OPERATOR_NS, DRIVER_FROM, timeout_s=0.2)
+
+    assert str(stuck.value).startswith(f"the driver DaemonSet did not return to {DRIVER_FROM} within 0 s")
+    assert "gpucanary cleanup" in str(stuck.value)
+
+
+def test_a_second_apply_keeps_the_first_true_original() -> None:
+    fake = FakeKube()
+    cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=True)
+    before = {key: content(obj) for key, obj in fake.objects().items()}
+    upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+
+    again = upgrade.apply(fake, cluster, pool, {**CANARY_POLICY, "maxParallelUpgrades": 5}, driver_to="590.1",
+                          run_id="run-2")
+    assert fake.get(*NVIDIADRIVER, "canary-pool")["spec"]["version"] == "590.1"
+    upgrade.restore(fake, again)
+
+    assert {key: content(obj) for key, obj in fake.objects().items()} == before
+
+
+def test_restore_puts_back_a_policy_that_left_fields_unset() -> None:
+    """A stored policy may name no waitForCompletion or drain.podSelector (the CRD defaults neither). The
+    policy under test sets both; restore must take them off again, or the production policy keeps
+    waiting for the canary's app=trainer pods."""
+    partial = {key: value for key, value in ORIGINAL_POLICY.items() if key != "waitForCompletion"}
+    partial["drain"] = {k: v for k, v in ORIGINAL_POLICY["drain"].items() if k != "podSelector"}
+    fake = FakeKube()
+    cluster, pool = clusterpolicy_cluster(fake, policy=partial)
+    before = content(fake.get(*CLUSTER_POLICY, "cluster-policy"))
+
+    upgrade.restore(fake, upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1"))
+
+    after = content(fake.get(*CLUSTER_POLICY, "cluster-policy"))
+    assert after["spec"]["driver"]["upgradePolicy"] == partial
+    assert after == before
+
+
+@pytest.mark.parametrize("fault", ["delete", "watch"])
+def test_an_apiserver_outage_while_the_namespace_goes_still_restores_the_policy(fault: str) -> None:
+    fake = FakeKube()
+    cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=True)
+    fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpucanary-run-1"}})
+    before = content(fake.get(*NVIDIADRIVER, "canary-pool"))
+    applied = upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+    outage = Unavailable("watch Namespace: cannot reach the apiserver (ProtocolError)")
+    if fault == "delete":
+        fake.fail("delete", "Namespace", outage)
+    else:
+        fake.fail_watch("Namespace", outage, before_relist=True)
+    lines: list[str] = []
+    run = CanaryRun(Settings(), fake, object(), progress=ProgressLine(write=lines.append))
+
+    run._restore(applied, Placement("gpucanary-run-1", "run-1", "canary-0"))
+
+    assert content(fake.get(*NVIDIADRIVER, "canary-pool")) == before
+    assert any("restoring the policy anyway" in line and "cannot reach the apiserver" in line for line in lines)
