@@ -195,6 +195,9 @@ class Fleet:
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode)
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
+        if binaries.kubelet_node is not None:
+            KubeletNodes.planned(self.layout, binaries.kubelet_node).wait_operator_gpus(
+                self._kubectl_for(binaries.control_plane), progress)
 
     def _start(self, part: components.Component, progress: Progress) -> None:
         progress(f"fleet: starting {part.name} on 127.0.0.1:{part.port}")

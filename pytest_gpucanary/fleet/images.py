@@ -9,6 +9,11 @@ which then finds them). Each image is one uncompressed layer, so its diff ID is 
   (busybox:1.36 in fixtures/workloads/probe.yaml) and for anything that needs a shell.
 - pause: ci/node/pause, standing in for registry.k8s.io/pause as the sandbox image.
 - fake-gpu-plugin: ci/node/fake-gpu-plugin, standing in for nvcr.io/nvidia/k8s-device-plugin.
+- with the operator's device plugin (GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN=operator), two more under
+  the names the fleet's ClusterPolicy gives: the validator image (busybox: the device plugin's
+  init container only waits for a file) and the device plugin image (busybox, the fake plugin as
+  /bin/nvidia-device-plugin, and /bin/bash handing the operator's entrypoint script to busybox sh,
+  whose bash-compatible `[[` it uses).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class ImageSpec:
     entrypoint: tuple[str, ...]
     files: tuple[tuple[str, Path], ...]          # (path in image, file on this machine)
     links: tuple[tuple[str, str], ...] = ()      # (path in image, symlink target)
+    data: tuple[tuple[str, bytes], ...] = ()     # (path in image, content), executable
 
 
 def _member(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, size: int = 0,
@@ -56,6 +62,8 @@ def _layer(spec: ImageSpec) -> bytes:
         tar.addfile(_member("etc/passwd", size=len(_PASSWD)), io.BytesIO(_PASSWD))
         for inside, source in spec.files:
             data = source.read_bytes()
+            tar.addfile(_member(inside.lstrip("/"), mode=0o755, size=len(data)), io.BytesIO(data))
+        for inside, data in spec.data:
             tar.addfile(_member(inside.lstrip("/"), mode=0o755, size=len(data)), io.BytesIO(data))
         for inside, target in spec.links:
             tar.addfile(_member(inside.lstrip("/"), kind=tarfile.SYMTYPE, mode=0o777, link=target))
@@ -101,11 +109,26 @@ def _busybox_applets() -> list[str]:
     return [applet for applet in listed if applet != "busybox"]
 
 
+def _busybox(names: tuple[str, ...], entrypoint: tuple[str, ...] = ("/bin/sh",), *,
+             files: tuple[tuple[str, Path], ...] = (), data: tuple[tuple[str, bytes], ...] = ()) -> ImageSpec:
+    return ImageSpec(names, entrypoint, (("/bin/busybox", Path(BUSYBOX)), *files),
+                     tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets()), data)
+
+
+def operator_plugin_images(bin_dir: Path, *, device_plugin: str, validator: str) -> list[ImageSpec]:
+    """The images of the GPU Operator's device-plugin DaemonSet pod, under the ClusterPolicy's names."""
+    return [
+        _busybox((validator,)),
+        _busybox((device_plugin,), ("/bin/nvidia-device-plugin",),
+                 files=(("/bin/nvidia-device-plugin", bin_dir / "fake-gpu-plugin"),),
+                 data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),)),
+    ]
+
+
 def node_images(bin_dir: Path) -> list[ImageSpec]:
     """The images every kubelet node gets."""
     return [
-        ImageSpec(BUSYBOX_IMAGES, ("/bin/sh",), (("/bin/busybox", Path(BUSYBOX)),),
-                  tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets())),
+        _busybox(BUSYBOX_IMAGES),
         ImageSpec((PAUSE_IMAGE,), ("/pause",), (("/pause", bin_dir / "pause"),)),
         ImageSpec((FAKE_GPU_PLUGIN_IMAGE,), ("/fake-gpu-plugin",),
                   (("/fake-gpu-plugin", bin_dir / "fake-gpu-plugin"),)),

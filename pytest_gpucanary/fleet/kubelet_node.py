@@ -13,7 +13,10 @@ its kubelet and device plugin, so containerd, runc, the shims and the kubelet se
   lookup (an image pull for a missing image, the kubelet resolving its own name) leaves the machine;
 - four /proc/sys files are covered by files holding the values the kubelet wants, so it reads
   them back and never rewrites the machine's sysctls.
-Each mount lives only in that namespace and goes with its last process. Pods' cgroups live under
+The namespace was made with private propagation, so its mounts are no peers of the machine's;
+they are then made shared among themselves, which is what hostPath volumes with
+mountPropagation (HostToContainer, Bidirectional) need. Each mount lives only in that namespace
+and goes with its last process. Pods' cgroups live under
 /<cgroup root> of their own (node_cgroups.py).
 """
 
@@ -40,9 +43,21 @@ NODE_KIND_LABEL = "gpucanary.io/node-kind"
 # namespace shows it these values, so the machine's stay as they are.
 KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
                    "kernel/panic_on_oops": "1"}
-# nvidia.com/gpu.deploy.operands=false keeps the GPU Operator's operand DaemonSets off this node:
-# their nvcr.io images are not on it (the KWOK GPU nodes run them).
-REGISTER_LABELS = {NODE_KIND_LABEL: "kubelet", "gpucanary.io/fleet": "local", "nvidia.com/gpu.deploy.operands": "false"}
+NODE_LABELS = {NODE_KIND_LABEL: "kubelet", "gpucanary.io/fleet": "local"}
+# With the device plugin as a fleet process, nvidia.com/gpu.deploy.operands=false keeps every GPU
+# Operator operand off the node: their nvcr.io images are not on it (the KWOK GPU nodes run them).
+PROCESS_PLUGIN_LABELS = {"nvidia.com/gpu.deploy.operands": "false"}
+# With the operator's device plugin, only that operand is deployed; the operator keeps a deploy
+# label that is already set, so "false" keeps each of the others off.
+OPERATOR_PLUGIN_LABELS = {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in (
+    "driver", "gpu-feature-discovery", "container-toolkit", "dcgm", "dcgm-exporter", "node-status-exporter",
+    "operator-validator", "mig-manager", "sandbox-validator", "sandbox-device-plugin", "vgpu-manager",
+    "vgpu-device-manager", "vfio-manager", "kata-manager", "cc-manager")} | {"nvidia.com/gpu.deploy.device-plugin": "true"}
+# The operator's DaemonSets tolerate only nvidia.com/gpu, the taint real GPU pools commonly carry.
+OPERATOR_PLUGIN_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+# What the validator writes on a real node once the driver and the container toolkit work; the
+# device plugin's init container and entrypoint wait for these files (node side, no hardware here).
+VALIDATIONS = {"toolkit-ready": "", "driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\n"}
 _KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool")
 # containerd's CRI always adds the loopback network itself, from the same plugin directory
 DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")
@@ -53,6 +68,8 @@ mount -t overlay gpucanary-node-varlib -o "lowerdir=/var/lib,upperdir=$0/varlib/
 mount --bind "$0/etc/hosts" /etc/hosts
 mount --bind "$0/etc/resolv.conf" /etc/resolv.conf
 for f in $(ls "$0/sysctl"); do mount --bind "$0/sysctl/$f" "/proc/sys/$(echo "$f" | tr : /)"; done
+if [ -d "$0/validations" ]; then mkdir -p /run/nvidia && cp -r "$0/validations" /run/nvidia/; fi
+mount --make-rshared /
 exec "$@"
 """
 _ENTER = 'exec nsenter --mount=/proc/$(cat "$0")/ns/mnt -- "$@"'
@@ -75,6 +92,13 @@ def gpu_labels() -> dict[str, str]:
     """The NFD and GFD labels of the KWOK GPU nodes (fixtures/fleet/gpu-node.yaml), without theirs."""
     labels = yaml.safe_load((FLEET_FIXTURES / "gpu-node.yaml").read_text())["metadata"]["labels"]
     return {k: v for k, v in labels.items() if k not in _KWOK_ONLY_LABELS and not k.startswith("kubernetes.io/")}
+
+
+def operator_images() -> dict[str, str]:
+    """Image names of the device plugin and the validator in the fleet's ClusterPolicy."""
+    spec = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]
+    return {key: f"{spec[key]['repository']}/{spec[key]['image']}:{spec[key]['version']}"
+            for key in ("devicePlugin", "validator")}
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -114,6 +138,18 @@ class KubeletNode:
     def port(self, name: str) -> int:
         return self.layout.kubelet_node_port(self.index, name)
 
+    @property
+    def operator_plugin(self) -> bool:
+        """nvidia.com/gpu comes from the GPU Operator's device-plugin DaemonSet, not a fleet process."""
+        return self.layout.kubelet_device_plugin == "operator"
+
+    def labels(self) -> dict[str, str]:
+        return NODE_LABELS | (OPERATOR_PLUGIN_LABELS if self.operator_plugin else PROCESS_PLUGIN_LABELS)
+
+    def taint(self) -> dict[str, str]:
+        return OPERATOR_PLUGIN_TAINT if self.operator_plugin else {"key": TAINT_KEY, "value": "true",
+                                                                   "effect": "NoSchedule"}
+
     def component_names(self) -> tuple[str, str, str]:
         return f"{self.name}-containerd", f"{self.name}-kubelet", f"{self.name}-device-plugin"
 
@@ -122,7 +158,7 @@ class KubeletNode:
         containerd, kubelet, plugin = self.component_names()
         pidfile = str(self.layout.run / f"{containerd}.pid")
         metrics, healthz, gpu = self.port("containerd-metrics"), self.port("kubelet-healthz"), self.port("fake-gpu-plugin")
-        return [
+        parts = [
             Component(containerd, (
                 "unshare", "--mount", "--propagation", "private", "sh", "-c", _NAMESPACE_SETUP, str(self.dir),
                 shutil.which("containerd") or "containerd", f"--config={self.dir / 'containerd' / 'config.toml'}",
@@ -132,7 +168,7 @@ class KubeletNode:
                 f"--config={self.dir / 'kubelet' / 'config.yaml'}", f"--kubeconfig={self.dir / 'kubeconfig'}",
                 f"--root-dir={self.kubelet_root}", f"--cert-dir={self.dir / 'kubelet' / 'pki'}",
                 f"--hostname-override={self.name}", "--v=2",
-                "--node-labels=" + ",".join(f"{k}={v}" for k, v in REGISTER_LABELS.items()),
+                "--node-labels=" + ",".join(f"{k}={v}" for k, v in self.labels().items()),
             ), f"http://{HOST}:{healthz}/healthz", healthz),
             Component(plugin, (
                 "sh", "-c", _ENTER, pidfile, str(self.bin_dir / "fake-gpu-plugin"),
@@ -140,6 +176,7 @@ class KubeletNode:
                 f"--allocations={self.dir / 'allocations.log'}",
             ), f"http://{HOST}:{gpu}/healthz", gpu),
         ]
+        return parts[:2] if self.operator_plugin else parts
 
     def prepare(self, hosts: str) -> None:
         """Every file the node's processes read; a leftover directory of a crashed node is replaced."""
@@ -151,6 +188,10 @@ class KubeletNode:
         (self.dir / "etc" / "resolv.conf").write_text(f"nameserver {HOST}\n")
         for path, value in KERNEL_TUNABLES.items():
             (self.dir / "sysctl" / path.replace("/", ":")).write_text(value + "\n")
+        if self.operator_plugin:
+            (self.dir / "validations").mkdir()
+            for name, text in VALIDATIONS.items():
+                (self.dir / "validations" / name).write_text(text)
         (self.dir / "cni" / "bin" / "loopback").symlink_to(DEBIAN_LOOPBACK_PLUGIN)
         (self.dir / "cni" / "bin" / "gpucanary-netns").symlink_to(self.bin_dir / "gpucanary-netns")
         (self.dir / "cni" / "net.d" / "10-gpucanary-netns.conflist").write_text(json.dumps(self._cni_config()))
@@ -191,7 +232,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   default_runtime_name = "runc"
 {cri}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
+  privileged_without_host_devices = true  # a privileged pod gets no device of the machine
 {cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+# RuntimeClass "nvidia" (the operator's operands ask for it): plain runc, standing in for
+# nvidia-container-runtime, which would inject GPU devices and libraries there are none of
+{cri}.containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+  privileged_without_host_devices = true
+{cri}.containerd.runtimes.nvidia.options]
   SystemdCgroup = false
 {cri}.cni]
   bin_dir = "{self.dir / 'cni' / 'bin'}"
@@ -215,7 +264,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "imageServiceEndpoint": f"unix://{self.containerd_socket}",
             "podLogsDir": str(self.dir / "kubelet" / "pod-logs"),
             "registerNode": True,
-            "registerWithTaints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}],
+            "registerWithTaints": [self.taint()],
             "maxPods": 30, "serializeImagePulls": False, "resolvConf": "",
             "makeIPTablesUtilChains": False,  # the machine's iptables are not the node's to change
             "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again

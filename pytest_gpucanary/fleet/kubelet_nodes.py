@@ -22,7 +22,8 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import images, node_cgroups, processes
 from pytest_gpucanary.fleet.binaries import Build, find_bin_dir
 from pytest_gpucanary.fleet.components import Component
-from pytest_gpucanary.fleet.kubelet_node import DEBIAN_LOOPBACK_PLUGIN, GPUS_PER_NODE, KubeletNode, gpu_labels, hosts_text
+from pytest_gpucanary.fleet.kubelet_node import (DEBIAN_LOOPBACK_PLUGIN, GPUS_PER_NODE, KubeletNode, gpu_labels,
+                                                  hosts_text, operator_images)
 from pytest_gpucanary.fleet.layout import FleetLayout
 
 Progress = Callable[[str], None]
@@ -97,6 +98,10 @@ class KubeletNodes:
         check_host()
         hosts = hosts_text(self.layout)
         specs = images.node_images(self.bin_dir)
+        if self.layout.kubelet_device_plugin == "operator":
+            names = operator_images()
+            specs += images.operator_plugin_images(self.bin_dir, device_plugin=names["devicePlugin"],
+                                                   validator=names["validator"])
         _state_file(self.layout).parent.mkdir(parents=True, exist_ok=True)
         _state_file(self.layout).write_text(json.dumps({"bin_dir": str(self.bin_dir), "count": self.count}))
         started: dict[str, float] = {}
@@ -104,23 +109,34 @@ class KubeletNodes:
             begin = time.monotonic()
             node.prepare(hosts)
             node_cgroups.create(node.cgroup_root)
-            containerd, kubelet, plugin = node.components()
+            containerd, kubelet, *plugin = node.components()
             _start(self.layout, containerd, progress)
             pid = processes.pid_of(self.layout, containerd.name)
             node.namespace_file.write_text(os.readlink(f"/proc/{pid}/ns/mnt"))
             images.import_images(specs, directory=node.dir / "images", address=node.containerd_socket,
                                  enter=("nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"))
             _start(self.layout, kubelet, progress)
-            _start(self.layout, plugin, progress)
+            for part in plugin:
+                _start(self.layout, part, progress)
             _wait_registered(kubectl, node.name)
             kubectl("label", "node", node.name, "--overwrite", *(f"{k}={v}" for k, v in gpu_labels().items()))
             _wait(kubectl, node.name, "--for=condition=Ready")
-            _wait(kubectl, node.name, "--for=jsonpath={.status.allocatable.nvidia\\.com/gpu}=" + str(GPUS_PER_NODE))
+            if plugin:
+                _wait_gpus(kubectl, node.name)
             started[node.name] = time.monotonic() - begin
-            progress(f"fleet: kubelet node {node.name} Ready with {GPUS_PER_NODE} GPUs in {started[node.name]:.1f} s")
+            gpus = f"with {GPUS_PER_NODE} GPUs " if plugin else "(GPUs come with the operator's device plugin) "
+            progress(f"fleet: kubelet node {node.name} Ready {gpus}in {started[node.name]:.1f} s")
         state = {"bin_dir": str(self.bin_dir), "count": self.count, "start_s": started}
         _state_file(self.layout).write_text(json.dumps(state, indent=2) + "\n")
         return started
+
+    def wait_operator_gpus(self, kubectl: Kubectl, progress: Progress) -> None:
+        """With the operator's device plugin: wait until its DaemonSet pod has advertised the GPUs."""
+        if self.layout.kubelet_device_plugin != "operator":
+            return
+        for node in self.nodes():
+            progress(f"fleet: waiting for the GPU Operator's device plugin on {node.name}")
+            _wait_gpus(kubectl, node.name)
 
 
 def _start(layout: FleetLayout, part: Component, progress: Progress) -> None:
@@ -140,6 +156,10 @@ def _wait_registered(kubectl: Kubectl, name: str) -> None:
                 raise EnvError(f"kubelet node {name} never registered",
                                hint=f"see the fleet's logs/{name}-kubelet.log") from None
             time.sleep(0.5)
+
+
+def _wait_gpus(kubectl: Kubectl, name: str) -> None:
+    _wait(kubectl, name, "--for=jsonpath={.status.allocatable.nvidia\\.com/gpu}=" + str(GPUS_PER_NODE))
 
 
 def _wait(kubectl: Kubectl, name: str, condition: str) -> None:

@@ -63,6 +63,9 @@ class FleetLayout:
     gpu_nodes: int = DEFAULT_GPU_NODES
     driver_mode: str = "nvidiadriver"   # or "clusterpolicy": one driver DaemonSet for every GPU node
     kubelet_nodes: int = DEFAULT_KUBELET_NODES   # real kubelet nodes (0 disables them)
+    # where the kubelet nodes' nvidia.com/gpu comes from: "process" (a fleet process) or "operator"
+    # (the GPU Operator's own device-plugin DaemonSet, running the fake plugin from a local image)
+    kubelet_device_plugin: str = "process"
 
     @classmethod
     def from_env(cls) -> FleetLayout:
@@ -73,7 +76,11 @@ class FleetLayout:
             gpu_nodes=_int_env("GPUCANARY_FLEET_GPU_NODES", DEFAULT_GPU_NODES),
             driver_mode=os.environ.get("GPUCANARY_FLEET_DRIVER_MODE") or "nvidiadriver",
             kubelet_nodes=_int_env("GPUCANARY_FLEET_KUBELET_NODES", DEFAULT_KUBELET_NODES),
+            kubelet_device_plugin=os.environ.get("GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN") or "process",
         )
+        if layout.kubelet_device_plugin not in ("process", "operator"):
+            raise ConfigError(f"GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN={layout.kubelet_device_plugin!r} is unknown",
+                              hint="use process or operator")
         if not 0 <= layout.kubelet_nodes <= MAX_KUBELET_NODES:
             raise ConfigError(f"GPUCANARY_FLEET_KUBELET_NODES={layout.kubelet_nodes} is out of range",
                               hint=f"use 0 (none) to {MAX_KUBELET_NODES}")
