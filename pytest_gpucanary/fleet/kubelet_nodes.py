@@ -104,31 +104,34 @@ class KubeletNodes:
                                                    validator=names["validator"])
         _state_file(self.layout).parent.mkdir(parents=True, exist_ok=True)
         _state_file(self.layout).write_text(json.dumps({"bin_dir": str(self.bin_dir), "count": self.count}))
-        started: dict[str, float] = {}
-        for node in self.nodes():
-            begin = time.monotonic()
-            node.prepare(hosts)
-            node_cgroups.create(node.cgroup_root)
-            containerd, kubelet, *plugin = node.components()
-            _start(self.layout, containerd, progress)
-            pid = processes.pid_of(self.layout, containerd.name)
-            node.namespace_file.write_text(os.readlink(f"/proc/{pid}/ns/mnt"))
-            images.import_images(specs, directory=node.dir / "images", address=node.containerd_socket,
-                                 enter=("nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"))
-            _start(self.layout, kubelet, progress)
-            for part in plugin:
-                _start(self.layout, part, progress)
-            _wait_registered(kubectl, node.name)
-            kubectl("label", "node", node.name, "--overwrite", *(f"{k}={v}" for k, v in gpu_labels().items()))
-            _wait(kubectl, node.name, "--for=condition=Ready")
-            if plugin:
-                _wait_gpus(kubectl, node.name)
-            started[node.name] = time.monotonic() - begin
-            gpus = f"with {GPUS_PER_NODE} GPUs " if plugin else "(GPUs come with the operator's device plugin) "
-            progress(f"fleet: kubelet node {node.name} Ready {gpus}in {started[node.name]:.1f} s")
+        started = {node.name: self._start_node(node, specs, hosts, kubectl, progress) for node in self.nodes()}
         state = {"bin_dir": str(self.bin_dir), "count": self.count, "start_s": started}
         _state_file(self.layout).write_text(json.dumps(state, indent=2) + "\n")
         return started
+
+    def _start_node(self, node: KubeletNode, specs: list[images.ImageSpec], hosts: str, kubectl: Kubectl,
+                    progress: Progress) -> float:
+        begin = time.monotonic()
+        node.prepare(hosts)
+        node_cgroups.create(node.cgroup_root)
+        containerd, kubelet, *plugin = node.components()
+        _start(self.layout, containerd, progress)
+        pid = processes.pid_of(self.layout, containerd.name)
+        node.namespace_file.write_text(os.readlink(f"/proc/{pid}/ns/mnt"))
+        images.import_images(specs, directory=node.dir / "images", address=node.containerd_socket,
+                             enter=("nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"))
+        _start(self.layout, kubelet, progress)
+        for part in plugin:
+            _start(self.layout, part, progress)
+        _wait_registered(kubectl, node.name)
+        kubectl("label", "node", node.name, "--overwrite", *(f"{k}={v}" for k, v in gpu_labels().items()))
+        _wait(kubectl, node.name, "--for=condition=Ready")
+        if plugin:
+            _wait_gpus(kubectl, node.name)
+        elapsed_s = time.monotonic() - begin
+        gpus = f"with {GPUS_PER_NODE} GPUs " if plugin else "(GPUs come with the operator's device plugin) "
+        progress(f"fleet: kubelet node {node.name} Ready {gpus}in {elapsed_s:.1f} s")
+        return elapsed_s
 
     def wait_operator_gpus(self, kubectl: Kubectl, progress: Progress) -> None:
         """With the operator's device plugin: wait until its DaemonSet pod has advertised the GPUs."""
