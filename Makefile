@@ -36,6 +36,7 @@ setup: deps $(VENV)/.installed
 
 deps:
 	bash ci/install-deps.sh
+	bash ci/install-node-deps.sh
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,6 +47,7 @@ $(VENV)/.installed: pyproject.toml
 build:
 	bash ci/build.sh >/dev/null
 	bash ci/build-operator.sh $(GPUCANARY_OPERATOR_RELEASE) >/dev/null
+	bash ci/build-kubelet.sh >/dev/null
 	bash ci/build-actionlint.sh >/dev/null
 
 # Every release, one build at a time (each takes minutes cold; a warm cache builds nothing).

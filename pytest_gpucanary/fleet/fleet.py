@@ -20,9 +20,10 @@ from typing import Callable
 import yaml
 
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.fleet import components, manifests, operator, processes, waits
+from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, operator, processes, waits
 from pytest_gpucanary.fleet.binaries import (CONTROL_PLANE, find_bin_dir, find_operator_bin_dir, operator_release,
                                              read_paths_env)
+from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
 from pytest_gpucanary.kube import Kube
@@ -50,6 +51,7 @@ def _node_ready(node: dict) -> bool:
 class Binaries:
     control_plane: Path
     operator: Path
+    kubelet_node: Path | None = None   # None: the fleet has no real kubelet nodes
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,20 @@ class Fleet:
 
     def _components(self, binaries: Binaries) -> list[components.Component]:
         prometheus = shutil.which("prometheus") or "prometheus"
-        return (components.control_plane(self.layout, binaries.control_plane)
+        control_plane = components.control_plane(self.layout, binaries.control_plane)
+        if binaries.kubelet_node is not None:
+            control_plane = [kubelet_nodes.with_node_hosts(self.layout, c) if c.name == "kube-apiserver" else c
+                             for c in control_plane]
+        return (control_plane
                 + [components.prometheus(self.layout, prometheus), self._operator(binaries),
                    components.node_agent(self.layout), self._ingress()])
+
+    def _all_components(self, binaries: Binaries) -> list[components.Component]:
+        """Everything above plus the processes of the real kubelet nodes."""
+        if binaries.kubelet_node is None:
+            return self._components(binaries)
+        nodes = KubeletNodes.running(self.layout) or KubeletNodes.planned(self.layout, binaries.kubelet_node)
+        return self._components(binaries) + nodes.components()
 
     def _ingress(self) -> components.Component:
         port = self.layout.port("ingress")
@@ -103,7 +116,9 @@ class Fleet:
         """The binaries the running (or last started) fleet uses."""
         try:
             state = json.loads(self.layout.state_file.read_text())
-            return Binaries(Path(state["bin_dir"]), Path(state["operator_bin_dir"]))
+            kubelet_node = state.get("kubelet_node_bin_dir")
+            return Binaries(Path(state["bin_dir"]), Path(state["operator_bin_dir"]),
+                            Path(kubelet_node) if kubelet_node else None)
         except (OSError, ValueError, KeyError):
             return None
 
@@ -115,7 +130,7 @@ class Fleet:
         binaries = self.binaries()
         return binaries is not None and all(
             processes.pid_of(self.layout, c.name) and processes.healthy(self.layout, c)
-            for c in self._components(binaries))
+            for c in self._all_components(binaries))
 
     def operator_release(self) -> str | None:
         """The GPU Operator release the running (or last started) fleet runs."""
@@ -138,12 +153,14 @@ class Fleet:
             return
         self._refuse_leftovers()
         release = self.layout.operator_release
-        binaries = Binaries(find_bin_dir(CONTROL_PLANE, progress), find_operator_bin_dir(release, progress))
+        binaries = Binaries(find_bin_dir(CONTROL_PLANE, progress), find_operator_bin_dir(release, progress),
+                            kubelet_nodes.find_kubelet_bin_dir(progress) if self.layout.kubelet_nodes else None)
         self._check_host(binaries)
         self._prepare(binaries)
         try:
             self._start_all(binaries, progress)
         except BaseException:
+            kubelet_nodes.stop_nodes(self.layout)
             processes.stop_all(self.layout)
             raise
         elapsed_s = time.monotonic() - started
@@ -174,7 +191,9 @@ class Fleet:
         if os.geteuid() != 0 or shutil.which("unshare") is None:
             raise EnvError("the GPU Operator needs /opt/gpu-operator and /host-etc, which the fleet mounts in a "
                            "private mount namespace", hint="run the fleet as root with util-linux's unshare")
-        for part in self._components(binaries):
+        if binaries.kubelet_node is not None:
+            kubelet_nodes.check_host()
+        for part in self._all_components(binaries):
             if processes.port_in_use(part.port):
                 raise EnvError(f"port 127.0.0.1:{part.port} for {part.name} is already in use",
                                hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
@@ -184,6 +203,9 @@ class Fleet:
         for part in others:
             self._start(part, progress)
         self._ensure_nodes(progress, binaries.control_plane)
+        if binaries.kubelet_node is not None:
+            KubeletNodes.planned(self.layout, binaries.kubelet_node).start(
+                self._kubectl_for(binaries.control_plane), progress)
         paths = read_paths_env(binaries.operator)
         progress(f"fleet: installing the GPU Operator {paths['GPU_OPERATOR_VERSION']} CRDs")
         operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
@@ -194,6 +216,9 @@ class Fleet:
                                 release=paths["GPU_OPERATOR_VERSION"])
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
+        if binaries.kubelet_node is not None:
+            KubeletNodes.planned(self.layout, binaries.kubelet_node).wait_operator_gpus(
+                self._kubectl_for(binaries.control_plane), progress)
 
     def _start(self, part: components.Component, progress: Progress) -> None:
         progress(f"fleet: starting {part.name} on 127.0.0.1:{part.port}")
@@ -242,6 +267,8 @@ class Fleet:
         shutil.rmtree(layout.data, ignore_errors=True)
         layout.data.mkdir(parents=True)
         ensure_pki(layout.pki)
+        if binaries.kubelet_node is not None:
+            kubelet_nodes.write_hosts(layout)
         write_kubeconfig(layout.kubeconfig, server=layout.apiserver_url, pki=layout.pki)
         (layout.root / "kwok.yaml").write_text(manifests.kwok_config(binaries.control_plane, gpu_nodes=layout.gpu_nodes))
         (layout.root / "prometheus.yml").write_text(manifests.prometheus_config(layout))
@@ -264,7 +291,8 @@ class Fleet:
         state = {"bin_dir": str(binaries.control_plane), "operator_bin_dir": str(binaries.operator),
                  "operator_release": operator_release(binaries.operator), "driver_mode": self.layout.driver_mode,
                  "gpu_nodes": self.layout.gpu_nodes, "startup_s": startup_s, "kubeconfig": str(self.kubeconfig),
-                 "prometheus_url": self.prometheus_url}
+                 "prometheus_url": self.prometheus_url,
+                 "kubelet_node_bin_dir": str(binaries.kubelet_node) if binaries.kubelet_node else None}
         self.layout.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
     def _kubectl_for(self, bin_dir: Path) -> Callable[..., str]:
@@ -331,7 +359,7 @@ class Fleet:
         states = {"gpu-operator release": "{} (commit {}, from {}; {} mode)".format(
             paths.get("GPU_OPERATOR_VERSION", "unknown"), paths.get("GPU_OPERATOR_COMMIT", "unknown"),
             paths.get("GPU_OPERATOR_SOURCE", "unknown"), self._driver_mode())}
-        for part in self._components(binaries):
+        for part in self._all_components(binaries):
             pid = processes.pid_of(self.layout, part.name)
             if pid is None:
                 states[part.name] = "stopped"
@@ -367,10 +395,11 @@ class Fleet:
         return f"{ready}/{len(rows)} Ready, {gpus} nvidia.com/gpu allocatable"
 
     def down(self, *, progress: Progress = _quiet) -> None:
+        binaries = self.binaries()
+        ports = [p.port for p in self._all_components(binaries)] if binaries else []
+        kubelet_nodes.stop_nodes(self.layout, progress)
         stopped = processes.stop_all(self.layout)
         progress(f"fleet: stopped {len(stopped)} processes")
-        binaries = self.binaries()
-        ports = [p.port for p in self._components(binaries)] if binaries else []
         deadline = time.monotonic() + 5
         while (busy := [port for port in ports if processes.port_in_use(port)]) and time.monotonic() < deadline:
             time.sleep(0.1)

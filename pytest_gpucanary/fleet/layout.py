@@ -15,6 +15,8 @@ from pytest_gpucanary.errors import ConfigError
 HOST = "127.0.0.1"
 DEFAULT_PORT_BASE = 26400
 DEFAULT_GPU_NODES = 4
+DEFAULT_KUBELET_NODES = 1
+MAX_KUBELET_NODES = 8
 MAX_GPU_NODES = 1000   # measured on 2 cores (README); KWOK itself holds more
 # The GPU Operator releases the fleet can build and run (ci/build-operator.sh), newest first.
 OPERATOR_RELEASES = ("v26.7.0", "v26.3.3", "v25.10.1", "v25.3.4")
@@ -34,6 +36,12 @@ PORT_OFFSETS = {
     "node-agent": 83,
     "ingress": 84,
 }
+
+# Each real kubelet node i takes offsets KUBELET_NODE_OFFSET + i * len(KUBELET_NODE_PORTS) + k;
+# hostNetwork workloads on those nodes bind the workload ports (tests use them).
+KUBELET_NODE_OFFSET = 0
+KUBELET_NODE_PORTS = ("kubelet", "kubelet-healthz", "containerd-metrics", "containerd-stream", "fake-gpu-plugin")
+KUBELET_WORKLOAD_OFFSETS = (40, 41, 42)
 
 
 def _default_dir() -> Path:
@@ -58,6 +66,10 @@ class FleetLayout:
     gpu_nodes: int = DEFAULT_GPU_NODES
     driver_mode: str = "nvidiadriver"   # or "clusterpolicy": one driver DaemonSet for every GPU node
     operator_release: str = DEFAULT_OPERATOR_RELEASE
+    kubelet_nodes: int = DEFAULT_KUBELET_NODES   # real kubelet nodes (0 disables them)
+    # where the kubelet nodes' nvidia.com/gpu comes from: "process" (a fleet process) or "operator"
+    # (the GPU Operator's own device-plugin DaemonSet, running the fake plugin from a local image)
+    kubelet_device_plugin: str = "process"
 
     @classmethod
     def from_env(cls) -> FleetLayout:
@@ -68,7 +80,15 @@ class FleetLayout:
             gpu_nodes=_int_env("GPUCANARY_FLEET_GPU_NODES", DEFAULT_GPU_NODES),
             driver_mode=os.environ.get("GPUCANARY_FLEET_DRIVER_MODE") or "nvidiadriver",
             operator_release=os.environ.get("GPUCANARY_OPERATOR_RELEASE") or DEFAULT_OPERATOR_RELEASE,
+            kubelet_nodes=_int_env("GPUCANARY_FLEET_KUBELET_NODES", DEFAULT_KUBELET_NODES),
+            kubelet_device_plugin=os.environ.get("GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN") or "process",
         )
+        if layout.kubelet_device_plugin not in ("process", "operator"):
+            raise ConfigError(f"GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN={layout.kubelet_device_plugin!r} is unknown",
+                              hint="use process or operator")
+        if not 0 <= layout.kubelet_nodes <= MAX_KUBELET_NODES:
+            raise ConfigError(f"GPUCANARY_FLEET_KUBELET_NODES={layout.kubelet_nodes} is out of range",
+                              hint=f"use 0 (none) to {MAX_KUBELET_NODES}")
         if layout.driver_mode not in ("nvidiadriver", "clusterpolicy"):
             raise ConfigError(f"GPUCANARY_FLEET_DRIVER_MODE={layout.driver_mode!r} is unknown",
                               hint="use nvidiadriver or clusterpolicy")
@@ -84,6 +104,16 @@ class FleetLayout:
 
     def port(self, component: str) -> int:
         return self.port_base + PORT_OFFSETS[component]
+
+    def kubelet_node_port(self, index: int, name: str) -> int:
+        """A port of real kubelet node `index`: one of KUBELET_NODE_PORTS."""
+        return (self.port_base + KUBELET_NODE_OFFSET + index * len(KUBELET_NODE_PORTS)
+                + KUBELET_NODE_PORTS.index(name))
+
+    @property
+    def kubelet_workload_ports(self) -> tuple[int, ...]:
+        """Ports that hostNetwork pods on the kubelet nodes may bind on 127.0.0.1."""
+        return tuple(self.port_base + offset for offset in KUBELET_WORKLOAD_OFFSETS)
 
     @property
     def pki(self) -> Path:

@@ -1,0 +1,291 @@
+"""One real kubelet GPU node of the fleet: its files and its three processes.
+
+kubelet v1.36 (built from the control plane's k8s.io/kubernetes module by ci/build-kubelet.sh),
+containerd and runc from Debian, and the fake GPU device plugin (ci/node/fake-gpu-plugin). Every
+port is on 127.0.0.1 in the fleet's range; every file is under <fleet>/data/nodes/<name>.
+
+The node is one private mount namespace, made by its containerd component and entered (nsenter) by
+its kubelet and device plugin, so containerd, runc, the shims and the kubelet see the same node:
+- /run is a fresh tmpfs (containerd's shim sockets, runc state, /run/netns);
+- /var/lib is an overlay whose writes land in the node directory (the kubelet's hard-coded
+  /var/lib/kubelet/device-plugins, libcni's cache), so nothing is created on the machine;
+- /etc/hosts also names the fleet's kubelet nodes, and /etc/resolv.conf names only 127.0.0.1: no
+  lookup (an image pull for a missing image, the kubelet resolving its own name) leaves the machine;
+- four /proc/sys files are covered by files holding the values the kubelet wants, so it reads
+  them back and never rewrites the machine's sysctls.
+The namespace was made with private propagation, so its mounts are no peers of the machine's;
+they are then made shared among themselves, which is what hostPath volumes with
+mountPropagation (HostToContainer, Bidirectional) need. Each mount lives only in that namespace
+and goes with its last process. Pods' cgroups live under
+/<cgroup root> of their own (node_cgroups.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.fleet.components import Component
+from pytest_gpucanary.fleet.images import PAUSE_IMAGE
+from pytest_gpucanary.fleet.layout import HOST, FleetLayout
+from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
+
+GPUS_PER_NODE = 8
+TAINT_KEY = "gpucanary.io/kubelet-node"   # keeps KWOK-era workloads off the real node until they opt in
+NODE_KIND_LABEL = "gpucanary.io/node-kind"
+# The kubelet's container manager sets these when they differ (setupKernelTunables); the node's
+# namespace shows it these values, so the machine's stay as they are.
+KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
+                   "kernel/panic_on_oops": "1"}
+NODE_LABELS = {NODE_KIND_LABEL: "kubelet", "gpucanary.io/fleet": "local"}
+# With the device plugin as a fleet process, nvidia.com/gpu.deploy.operands=false keeps every GPU
+# Operator operand off the node: their nvcr.io images are not on it (the KWOK GPU nodes run them).
+PROCESS_PLUGIN_LABELS = {"nvidia.com/gpu.deploy.operands": "false"}
+# With the operator's device plugin, only that operand is deployed; the operator keeps a deploy
+# label that is already set, so "false" keeps each of the others off.
+OPERATOR_PLUGIN_LABELS = {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in (
+    "driver", "gpu-feature-discovery", "container-toolkit", "dcgm", "dcgm-exporter", "node-status-exporter",
+    "operator-validator", "mig-manager", "sandbox-validator", "sandbox-device-plugin", "vgpu-manager",
+    "vgpu-device-manager", "vfio-manager", "kata-manager", "cc-manager")} | {"nvidia.com/gpu.deploy.device-plugin": "true"}
+# The operator's DaemonSets tolerate only nvidia.com/gpu, the taint real GPU pools commonly carry.
+OPERATOR_PLUGIN_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+# What the validator writes on a real node once the driver and the container toolkit work; the
+# device plugin's init container and entrypoint wait for these files (node side, no hardware here).
+VALIDATIONS = {"toolkit-ready": "", "driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\n"}
+_KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool")
+# containerd's CRI always adds the loopback network itself, from the same plugin directory
+DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")
+
+_NAMESPACE_SETUP = """set -e
+mount -t tmpfs -o mode=0755,size=256m gpucanary-node-run /run
+mount -t overlay gpucanary-node-varlib -o "lowerdir=/var/lib,upperdir=$0/varlib/upper,workdir=$0/varlib/work" /var/lib
+mount --bind "$0/etc/hosts" /etc/hosts
+mount --bind "$0/etc/resolv.conf" /etc/resolv.conf
+for f in $(ls "$0/sysctl"); do mount --bind "$0/sysctl/$f" "/proc/sys/$(echo "$f" | tr : /)"; done
+if [ -d "$0/validations" ]; then mkdir -p /run/nvidia && cp -r "$0/validations" /run/nvidia/; fi
+mount --make-rshared /
+exec "$@"
+"""
+_ENTER = 'exec nsenter --mount=/proc/$(cat "$0")/ns/mnt -- "$@"'
+
+
+def node_name(index: int) -> str:
+    return f"gpu-kubelet-{index}"
+
+
+def hosts_text(layout: FleetLayout) -> str:
+    """The machine's /etc/hosts plus every kubelet node name on 127.0.0.1.
+
+    The apiserver reaches a kubelet by its Hostname address (`--kubelet-preferred-address-types`),
+    and the kubelet looks its own name up; both read this file, so neither asks a DNS server."""
+    names = " ".join(node_name(i) for i in range(layout.kubelet_nodes))
+    return Path("/etc/hosts").read_text().rstrip("\n") + f"\n{HOST} {names}\n"
+
+
+def gpu_labels() -> dict[str, str]:
+    """The NFD and GFD labels of the KWOK GPU nodes (fixtures/fleet/gpu-node.yaml), without theirs."""
+    labels = yaml.safe_load((FLEET_FIXTURES / "gpu-node.yaml").read_text())["metadata"]["labels"]
+    return {k: v for k, v in labels.items() if k not in _KWOK_ONLY_LABELS and not k.startswith("kubernetes.io/")}
+
+
+def operator_images() -> dict[str, str]:
+    """Image names of the device plugin and the validator in the fleet's ClusterPolicy."""
+    spec = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]
+    return {key: f"{spec[key]['repository']}/{spec[key]['image']}:{spec[key]['version']}"
+            for key in ("devicePlugin", "validator")}
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise EnvError(f"openssl {args[0]} failed for the kubelet node: {result.stderr.strip()[-200:]}")
+
+
+@dataclass(frozen=True)
+class KubeletNode:
+    layout: FleetLayout
+    index: int
+    bin_dir: Path
+
+    @property
+    def name(self) -> str:
+        return node_name(self.index)
+
+    @property
+    def dir(self) -> Path:
+        return self.layout.data / "nodes" / self.name
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"gpucanary-{self.layout.port_base}-{self.name}"
+
+    # Sockets live at the usual paths inside the node's namespace: a socket path under a deep
+    # fleet directory would pass the kernel's 108-byte limit.
+    containerd_socket = Path("/run/containerd/containerd.sock")
+    kubelet_root = Path("/var/lib/kubelet")
+
+    @property
+    def namespace_file(self) -> Path:
+        """Holds the node's mount namespace (as /proc/<pid>/ns/mnt reads), so cleanup finds its shims."""
+        return self.dir / "mnt-namespace"
+
+    def port(self, name: str) -> int:
+        return self.layout.kubelet_node_port(self.index, name)
+
+    @property
+    def operator_plugin(self) -> bool:
+        """nvidia.com/gpu comes from the GPU Operator's device-plugin DaemonSet, not a fleet process."""
+        return self.layout.kubelet_device_plugin == "operator"
+
+    def labels(self) -> dict[str, str]:
+        return NODE_LABELS | (OPERATOR_PLUGIN_LABELS if self.operator_plugin else PROCESS_PLUGIN_LABELS)
+
+    def taint(self) -> dict[str, str]:
+        return OPERATOR_PLUGIN_TAINT if self.operator_plugin else {"key": TAINT_KEY, "value": "true",
+                                                                   "effect": "NoSchedule"}
+
+    def component_names(self) -> tuple[str, str, str]:
+        return f"{self.name}-containerd", f"{self.name}-kubelet", f"{self.name}-device-plugin"
+
+    def components(self) -> list[Component]:
+        """containerd (makes the namespace), kubelet and device plugin (enter it), in start order."""
+        containerd, kubelet, plugin = self.component_names()
+        pidfile = str(self.layout.run / f"{containerd}.pid")
+        metrics, healthz, gpu = self.port("containerd-metrics"), self.port("kubelet-healthz"), self.port("fake-gpu-plugin")
+        parts = [
+            Component(containerd, (
+                "unshare", "--mount", "--propagation", "private", "sh", "-c", _NAMESPACE_SETUP, str(self.dir),
+                shutil.which("containerd") or "containerd", f"--config={self.dir / 'containerd' / 'config.toml'}",
+            ), f"http://{HOST}:{metrics}/v1/metrics", metrics),
+            Component(kubelet, (
+                "sh", "-c", _ENTER, pidfile, str(self.bin_dir / "kubelet"),
+                f"--config={self.dir / 'kubelet' / 'config.yaml'}", f"--kubeconfig={self.dir / 'kubeconfig'}",
+                f"--root-dir={self.kubelet_root}", f"--cert-dir={self.dir / 'kubelet' / 'pki'}",
+                f"--hostname-override={self.name}", "--v=2",
+                "--node-labels=" + ",".join(f"{k}={v}" for k, v in self.labels().items()),
+            ), f"http://{HOST}:{healthz}/healthz", healthz),
+            Component(plugin, (
+                "sh", "-c", _ENTER, pidfile, str(self.bin_dir / "fake-gpu-plugin"),
+                f"--count={GPUS_PER_NODE}", f"--device-prefix=GPU-{self.name}", f"--health-addr={HOST}:{gpu}",
+                f"--allocations={self.dir / 'allocations.log'}",
+            ), f"http://{HOST}:{gpu}/healthz", gpu),
+        ]
+        return parts[:2] if self.operator_plugin else parts
+
+    def prepare(self, hosts: str) -> None:
+        """Every file the node's processes read; a leftover directory of a crashed node is replaced."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for sub in ("varlib/upper", "varlib/work", "etc", "sysctl", "cni/net.d", "cni/ipam", "cni/bin", "containerd",
+                    "kubelet/pki", "kubelet/pod-logs", "pki"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.dir / "etc" / "hosts").write_text(hosts)
+        (self.dir / "etc" / "resolv.conf").write_text(f"nameserver {HOST}\n")
+        for path, value in KERNEL_TUNABLES.items():
+            (self.dir / "sysctl" / path.replace("/", ":")).write_text(value + "\n")
+        if self.operator_plugin:
+            (self.dir / "validations").mkdir()
+            for name, text in VALIDATIONS.items():
+                (self.dir / "validations" / name).write_text(text)
+        (self.dir / "cni" / "bin" / "loopback").symlink_to(DEBIAN_LOOPBACK_PLUGIN)
+        (self.dir / "cni" / "bin" / "gpucanary-netns").symlink_to(self.bin_dir / "gpucanary-netns")
+        (self.dir / "cni" / "net.d" / "10-gpucanary-netns.conflist").write_text(json.dumps(self._cni_config()))
+        (self.dir / "containerd" / "config.toml").write_text(self._containerd_config())
+        (self.dir / "kubelet" / "config.yaml").write_text(yaml.safe_dump(self._kubelet_config(), sort_keys=False))
+        self._credentials()
+
+    def _cni_config(self) -> dict:
+        return {"cniVersion": "1.0.0", "name": "gpucanary-netns", "plugins": [{
+            "type": "gpucanary-netns", "subnet": f"10.245.{self.index}.0/24",
+            "dataDir": str(self.dir / "cni" / "ipam")}]}
+
+    def _containerd_config(self) -> str:
+        d, cri = self.dir / "containerd", '[plugins."io.containerd.grpc.v1.cri"'
+        return f"""version = 2
+root = "{d / 'root'}"
+state = "{d / 'state'}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = ""
+[debug]
+  address = ""
+[metrics]
+  address = "{HOST}:{self.port('containerd-metrics')}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / 'opt'}"
+{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "{HOST}"
+  stream_server_port = "{self.port('containerd-stream')}"
+  enable_selinux = false
+  restrict_oom_score_adj = true  # root here lacks CAP_SYS_RESOURCE; negative scores would fail every sandbox
+{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  privileged_without_host_devices = true  # a privileged pod gets no device of the machine
+{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+# RuntimeClass "nvidia" (the operator's operands ask for it): plain runc, standing in for
+# nvidia-container-runtime, which would inject GPU devices and libraries there are none of
+{cri}.containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+  privileged_without_host_devices = true
+{cri}.containerd.runtimes.nvidia.options]
+  SystemdCgroup = false
+{cri}.cni]
+  bin_dir = "{self.dir / 'cni' / 'bin'}"
+  conf_dir = "{self.dir / 'cni' / 'net.d'}"
+"""
+
+    def _kubelet_config(self) -> dict:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "failCgroupV1": False,  # this machine is cgroup v1 (hybrid); 1.36 refuses it unless told
+            "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{self.cgroup_root}", "cgroupsPerQOS": True,
+            "enforceNodeAllocatable": ["pods"], "failSwapOn": False,
+            "address": HOST, "port": self.port("kubelet"), "readOnlyPort": 0,
+            "healthzBindAddress": HOST, "healthzPort": self.port("kubelet-healthz"),
+            # the fleet's apiserver calls kubelets without a client certificate (logs, exec); the
+            # kubelet listens on 127.0.0.1 only
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(self.layout.pki / "ca.crt")}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "imageServiceEndpoint": f"unix://{self.containerd_socket}",
+            "podLogsDir": str(self.dir / "kubelet" / "pod-logs"),
+            "registerNode": True,
+            "registerWithTaints": [self.taint()],
+            "maxPods": 30, "serializeImagePulls": False, "resolvConf": "",
+            "makeIPTablesUtilChains": False,  # the machine's iptables are not the node's to change
+            "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "nodeStatusUpdateFrequency": "10s",
+        }
+
+    def _credentials(self) -> None:
+        """A client certificate for system:node:<name> signed by the fleet CA, and its kubeconfig."""
+        pki, ca = self.dir / "pki", self.layout.pki
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr",
+                 "-subj", f"/O=system:nodes/CN=system:node:{self.name}", cwd=pki)
+        (pki / "node.ext").write_text("extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+        _openssl("x509", "-req", "-in", "node.csr", "-CA", str(ca / "ca.crt"), "-CAkey", str(ca / "ca.key"),
+                 "-CAcreateserial", "-CAserial", "ca.srl", "-days", "30", "-out", "node.crt",
+                 "-extfile", "node.ext", cwd=pki)
+        (self.dir / "kubeconfig").write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters:\n- name: fleet\n  cluster:\n    server: {self.layout.apiserver_url}\n"
+            f"    certificate-authority: {ca / 'ca.crt'}\n"
+            f"users:\n- name: {self.name}\n  user:\n    client-certificate: {pki / 'node.crt'}\n"
+            f"    client-key: {pki / 'node.key'}\n"
+            f"contexts:\n- name: fleet\n  context:\n    cluster: fleet\n    user: {self.name}\n"
+            "current-context: fleet\n")

@@ -1,0 +1,118 @@
+"""What the fleet writes for a kubelet node, without starting one: ports, labels, configs, image tars."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.fleet.images import ImageSpec, write_oci_tar
+from pytest_gpucanary.fleet.kubelet_node import (KERNEL_TUNABLES, OPERATOR_PLUGIN_TAINT, TAINT_KEY, KubeletNode,
+                                                 gpu_labels, hosts_text, operator_images)
+from pytest_gpucanary.fleet.layout import (KUBELET_NODE_PORTS, KUBELET_WORKLOAD_OFFSETS, MAX_KUBELET_NODES,
+                                           PORT_OFFSETS, FleetLayout)
+
+
+def test_kubelet_node_ports_stay_in_the_fleet_range_and_clash_with_nothing(tmp_path: Path) -> None:
+    layout = FleetLayout(root=tmp_path, port_base=26800)
+    node_ports = [layout.kubelet_node_port(i, name) for i in range(MAX_KUBELET_NODES) for name in KUBELET_NODE_PORTS]
+    fixed = [layout.port(name) for name in PORT_OFFSETS] + list(layout.kubelet_workload_ports)
+    everything = node_ports + fixed
+    assert len(set(everything)) == len(everything)
+    assert all(26800 <= port < 26900 for port in everything)
+    assert len(KUBELET_WORKLOAD_OFFSETS) == len(layout.kubelet_workload_ports)
+
+
+@pytest.mark.parametrize("value", ["-1", str(MAX_KUBELET_NODES + 1), "two"])
+def test_bad_kubelet_node_count_is_a_config_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_NODES", value)
+    with pytest.raises(ConfigError, match="GPUCANARY_FLEET_KUBELET_NODES"):
+        FleetLayout.from_env()
+
+
+def test_unknown_device_plugin_mode_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN", "daemonset")
+    with pytest.raises(ConfigError, match="process or operator"):
+        FleetLayout.from_env()
+
+
+def test_gpu_labels_are_the_kwok_gpu_nodes_nfd_and_gfd_labels_without_kwoks_own() -> None:
+    labels = gpu_labels()
+    assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert "type" not in labels and "gpucanary.io/driver-pool" not in labels  # kwok's, and the fleet driver's
+
+
+def test_hosts_names_every_kubelet_node_on_loopback(tmp_path: Path) -> None:
+    text = hosts_text(FleetLayout(root=tmp_path, kubelet_nodes=2))
+    assert text.splitlines()[-1] == "127.0.0.1 gpu-kubelet-0 gpu-kubelet-1"
+
+
+def _node(tmp_path: Path, mode: str) -> KubeletNode:
+    return KubeletNode(FleetLayout(root=tmp_path, port_base=26800, kubelet_device_plugin=mode), 0, tmp_path / "bin")
+
+
+def test_configs_bind_loopback_and_keep_the_machine_as_it_is(tmp_path: Path) -> None:
+    node = _node(tmp_path, "process")
+    containerd = tomllib.loads(node._containerd_config())
+    cri = containerd["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["stream_server_address"] == "127.0.0.1" and cri["stream_server_port"] == "26803"
+    assert containerd["metrics"]["address"] == "127.0.0.1:26802"
+    assert set(cri["containerd"]["runtimes"]) == {"runc", "nvidia"}
+    kubelet = node._kubelet_config()
+    assert (kubelet["address"], kubelet["port"], kubelet["healthzBindAddress"]) == ("127.0.0.1", 26800, "127.0.0.1")
+    assert kubelet["readOnlyPort"] == 0 and kubelet["makeIPTablesUtilChains"] is False
+    assert kubelet["cgroupRoot"] == "/gpucanary-26800-gpu-kubelet-0"
+    assert kubelet["registerWithTaints"] == [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+    assert set(KERNEL_TUNABLES) == {"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops"}
+
+
+def test_process_plugin_keeps_operands_off_and_operator_plugin_deploys_only_the_device_plugin(tmp_path: Path) -> None:
+    process, operator = _node(tmp_path, "process"), _node(tmp_path, "operator")
+    assert process.labels()["nvidia.com/gpu.deploy.operands"] == "false"
+    assert [c.name for c in process.components()][-1] == "gpu-kubelet-0-device-plugin"
+    deploy = {k: v for k, v in operator.labels().items() if k.startswith("nvidia.com/gpu.deploy.")}
+    assert [k for k, v in deploy.items() if v == "true"] == ["nvidia.com/gpu.deploy.device-plugin"]
+    assert "nvidia.com/gpu.deploy.operands" not in deploy
+    assert [c.name for c in operator.components()] == ["gpu-kubelet-0-containerd", "gpu-kubelet-0-kubelet"]
+    assert operator._kubelet_config()["registerWithTaints"] == [OPERATOR_PLUGIN_TAINT]
+
+
+def test_operator_image_names_follow_the_fleet_clusterpolicy() -> None:
+    names = operator_images()
+    assert names["devicePlugin"].startswith("nvcr.io/nvidia/k8s-device-plugin:")
+    assert names["validator"].startswith("nvcr.io/nvidia/cloud-native/gpu-operator-validator:")
+
+
+def test_oci_tar_names_each_image_and_its_blobs_match_their_digests(tmp_path: Path) -> None:
+    binary = tmp_path / "tool"
+    binary.write_bytes(b"\x7fELF not really")
+    spec = ImageSpec(("localhost/a/b:1", "docker.io/library/b:2"), ("/tool",), (("/tool", binary),),
+                     (("/bin/x", "tool"),), (("/bin/bash", b"#!/bin/sh\n"),))
+    write_oci_tar(spec, tmp_path / "image.tar")
+    with tarfile.open(tmp_path / "image.tar") as tar:
+        blobs = {m.name.rsplit("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.name.startswith("blobs/")}
+        index = json.loads(tar.extractfile("index.json").read())
+    assert all(hashlib.sha256(data).hexdigest() == digest for digest, data in blobs.items())
+    names = [m["annotations"]["io.containerd.image.name"] for m in index["manifests"]]
+    assert names == ["localhost/a/b:1", "docker.io/library/b:2"]
+    manifest = json.loads(blobs[index["manifests"][0]["digest"][7:]])
+    config = json.loads(blobs[manifest["config"]["digest"][7:]])
+    assert config["config"]["Entrypoint"] == ["/tool"]
+    assert config["rootfs"]["diff_ids"] == [manifest["layers"][0]["digest"]]
+    layer = blobs[manifest["layers"][0]["digest"][7:]]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as inner:
+        assert {"tool", "bin/x", "bin/bash", "etc/passwd", "tmp"} <= set(inner.getnames())
+
+
+def test_kubelet_config_is_yaml_the_kubelet_reads(tmp_path: Path) -> None:
+    text = yaml.safe_dump(_node(tmp_path, "process")._kubelet_config(), sort_keys=False)
+    assert yaml.safe_load(text)["failCgroupV1"] is False
