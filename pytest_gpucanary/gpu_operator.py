@@ -7,6 +7,7 @@ pkg/upgrade); the file and constant are named beside it. Never talks to a cluste
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 # API kinds (api/nvidia/v1/clusterpolicy_types.go, api/nvidia/v1alpha1/nvidiadriver_types.go)
@@ -43,6 +44,26 @@ DRIVER_POD_LABELS = (("app.kubernetes.io/component", "nvidia-driver"), ("app", "
 DRIVER_COMPONENT_SELECTOR = "app.kubernetes.io/component=nvidia-driver"
 VALIDATOR_APP = "nvidia-operator-validator"
 VALIDATOR_SELECTOR = f"app={VALIDATOR_APP}"
+
+
+# The release: the Helm chart labels the ClusterPolicy it deploys with the chart's appVersion
+# (deployments/gpu-operator/templates/clusterpolicy.yaml includes "gpu-operator.labels", _helpers.tpl:
+# app.kubernetes.io/version); the operator itself writes its version on no object.
+RELEASE_LABEL = "app.kubernetes.io/version"
+PROVEN_RELEASES = ("v25.3.4", "v25.10.1", "v26.3.3", "v26.7.0")   # each run end to end on the local fleet
+OLDEST_DRIVABLE = (25, 3)     # before it: no drain/podDeletion semantics the canary's policy checks rely on
+
+
+def release_of(labels: Mapping[str, str]) -> str | None:
+    """The operator release a ClusterPolicy's labels name, or None (OLM installs, or a CR applied by hand)."""
+    value = labels.get(RELEASE_LABEL, "").strip()
+    return value or None
+
+
+def release_series(release: str) -> tuple[int, int] | None:
+    """`v26.7.0` -> (26, 7); None for what is not a release tag (`main-latest`, `v1.0.0-devel`)."""
+    match = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)", release)
+    return (int(match[1]), int(match[2])) if match else None
 
 
 def is_driver_pod(labels: Mapping[str, str]) -> bool:

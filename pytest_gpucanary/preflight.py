@@ -101,6 +101,7 @@ class ClusterInfo:
     per_driver_policy: bool             # NVIDIADriver has spec.upgradePolicy (operator v26.7+)
     operator_namespace: str
     gpu_nodes: tuple[str, ...]          # nodes labelled nvidia.com/gpu.present=true
+    operator_release: str | None = None  # from the ClusterPolicy's Helm labels; None when it carries none
 
     @property
     def mode(self) -> str:
@@ -130,7 +131,17 @@ def discover(kube: Kube) -> ClusterInfo:
         per_driver_policy=_nvidiadriver_has_upgrade_policy(kube),
         operator_namespace=operand[0]["metadata"]["namespace"],
         gpu_nodes=tuple(sorted(n["metadata"]["name"] for n in nodes)),
+        operator_release=_drivable(op.release_of(policy["metadata"].get("labels") or {})),
     )
+
+
+def _drivable(release: str | None) -> str | None:
+    """The release, unless it is one the canary cannot drive: then one line, before anything is touched."""
+    series = op.release_series(release) if release else None
+    if series is not None and series < op.OLDEST_DRIVABLE:
+        raise EnvError(f"GPU Operator {release} is older than the releases the canary knows how to drive",
+                       hint=f"upgrade the operator to v25.3 or later (proven: {', '.join(op.PROVEN_RELEASES)})")
+    return release
 
 
 def _nvidiadriver_has_upgrade_policy(kube: Kube) -> bool:

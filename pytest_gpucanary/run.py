@@ -146,6 +146,8 @@ class _Measured:
     gpu_job_until_wall_ns: int = 0
     exposure: tuple[str, ...] = ()
     held_nodes: tuple[str, ...] = ()
+    operator_release: str = ""
+    policy_applied_to: str = ""
 
 
 @contextlib.contextmanager
@@ -197,7 +199,8 @@ class CanaryRun:
         assert cluster is not None, "a preflight without problems found the operator"
         run_id = settings.run_id or new_run_id()
         report_dir = settings.reports_dir / run_id
-        self.progress.line(f"run {run_id}: operator in {cluster.mode} mode, namespace {cluster.operator_namespace}")
+        self.progress.line(f"run {run_id}: operator in {cluster.mode} mode, namespace {cluster.operator_namespace}, "
+                           f"release {cluster.operator_release or 'unknown'}")
         for line in checked.exposure:
             self.progress.line(f"exposure: {line}")
         try:
@@ -231,6 +234,7 @@ class CanaryRun:
                 cleanup.callback(self._restore, applied, placement)
                 run.upgrade_started_wall_ns = time.time_ns()
                 run.held_nodes = tuple(applied.skipped_nodes)
+                run.policy_applied_to, run.operator_release = applied.describe(), cluster.operator_release or ""
                 run.exposure = preflight.exposure(cluster, pool_nodes=pool.nodes, target=settings.driver_version,
                                                   held=run.held_nodes)
                 if run.held_nodes:
@@ -266,7 +270,8 @@ class CanaryRun:
             service_phases=service_phases, service_rate=service_rate, upgrade_policy=run.upgrade_policy,
             run_id=run.run_id, policy_path=str(settings.policy), finished_wall_ns=finished_wall_ns,
             ci=ci_identity(os.environ), gpu_job_work_s=settings.job_duration_s,
-            gpu_job_until_wall_ns=run.gpu_job_until_wall_ns, exposure=run.exposure, held_nodes=run.held_nodes)
+            gpu_job_until_wall_ns=run.gpu_job_until_wall_ns, exposure=run.exposure, held_nodes=run.held_nodes,
+            operator_release=run.operator_release, policy_applied_to=run.policy_applied_to)
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)
 

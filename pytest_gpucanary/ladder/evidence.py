@@ -56,6 +56,8 @@ class RunEvidence:
     # and the nodes held back by the skip label); one line each
     exposure: tuple[str, ...] = ()
     held_nodes: tuple[str, ...] = ()   # GPU nodes the run held back with the operator's skip label
+    operator_release: str = ""         # as the ClusterPolicy's Helm labels name it; "" when unknown
+    policy_applied_to: str = ""        # which object got the policy and which the version
 
     def __post_init__(self) -> None:
         for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate", "exposure",
@@ -124,7 +126,9 @@ class RunEvidence:
                    upgrade_policy=doc["upgrade_policy"], run_id=doc["run_id"], policy_path=doc["policy_path"],
                    finished_wall_ns=doc["finished_wall_ns"], ci=doc["ci"],
                    gpu_job_work_s=doc.get("gpu_job_work_s", 0.0), gpu_job_until_wall_ns=doc.get("gpu_job_until_wall_ns", 0),
-                   exposure=tuple(doc.get("exposure", ())), held_nodes=tuple(doc.get("held_nodes", ())))
+                   exposure=tuple(doc.get("exposure", ())), held_nodes=tuple(doc.get("held_nodes", ())),
+                   operator_release=doc.get("operator_release", ""),
+                   policy_applied_to=doc.get("policy_applied_to", ""))
 
     def write(self, report_dir: Path) -> Path:
         """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""

@@ -42,6 +42,10 @@ class AppliedUpgrade:
     skipped_nodes: list[str] = field(default_factory=list)
     operator_namespace: str = ""
     prior_version: str = ""      # ClusterPolicy mode: the driver version the held-back nodes run
+    where: list[str] = field(default_factory=list)   # what went where, for the receipt
+
+    def describe(self) -> str:
+        return "; ".join(self.where)
 
 
 def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: dict, prior: dict,
@@ -52,6 +56,8 @@ def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: di
         kube.patch(*kind, name, {"metadata": {"annotations": {SAVED_SPEC_ANNOTATION: saved}}})
     applied.saved.append((kind, name))
     kube.patch(*kind, name, {"spec": spec_patch})
+    knobs = spec_patch.get("driver", spec_patch)
+    applied.where.append(f"{kind[1]} {name}: {' and '.join(sorted(knobs))}")
 
 
 def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *, driver_to: str,

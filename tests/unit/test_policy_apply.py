@@ -110,6 +110,7 @@ def test_per_driver_policy_goes_on_the_pools_nvidiadriver_only_and_comes_off_aga
 
     canary = fake.get(*NVIDIADRIVER, "canary-pool")
     assert canary["spec"]["version"] == DRIVER_TO and canary["spec"]["upgradePolicy"] == CANARY_POLICY
+    assert applied.describe() == "NVIDIADriver canary-pool: upgradePolicy and version"   # what the receipt says
     saved = json.loads(canary["metadata"]["annotations"][upgrade.SAVED_SPEC_ANNOTATION])
     assert saved == {"run_id": "run-1", "spec": {"version": DRIVER_FROM, "upgradePolicy": None}}
     untouched = {key: obj for key, obj in fake.objects().items() if key[3] != "canary-pool"}
@@ -133,6 +134,7 @@ def test_older_operator_takes_the_policy_from_the_cluster_policy_and_the_version
     assert policy["spec"]["driver"]["version"] == DRIVER_FROM           # the version moves on the pool only
     canary = fake.get(*NVIDIADRIVER, "canary-pool")
     assert canary["spec"]["version"] == DRIVER_TO and "upgradePolicy" not in canary["spec"]
+    assert applied.describe() == "ClusterPolicy cluster-policy: upgradePolicy; NVIDIADriver canary-pool: version"
     assert content(fake.get(*NVIDIADRIVER, "fleet")) == before[(*NVIDIADRIVER, None, "fleet")]
 
     upgrade.restore(fake, applied)
@@ -255,3 +257,16 @@ def test_an_apiserver_outage_while_the_namespace_goes_still_restores_the_policy(
 
     assert content(fake.get(*NVIDIADRIVER, "canary-pool")) == before
     assert any("restoring the policy anyway" in line and "cannot reach the apiserver" in line for line in lines)
+
+
+def test_the_operator_release_comes_from_the_cluster_policy_labels_and_an_old_one_is_refused() -> None:
+    from pytest_gpucanary.errors import EnvError
+    from pytest_gpucanary.gpu_operator import RELEASE_LABEL, release_of, release_series
+    from pytest_gpucanary.preflight import _drivable
+
+    assert release_of({RELEASE_LABEL: "v26.7.0", "helm.sh/chart": "gpu-operator-v26.7.0"}) == "v26.7.0"
+    assert release_of({}) is None
+    assert release_series("v25.10.1") == (25, 10) and release_series("main-latest") is None
+    assert _drivable("v26.7.0") == "v26.7.0" and _drivable(None) is None and _drivable("v1.0.0-devel") == "v1.0.0-devel"
+    with pytest.raises(EnvError, match="GPU Operator v24.9.2 is older than the releases the canary knows how to drive"):
+        _drivable("v24.9.2")
