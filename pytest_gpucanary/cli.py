@@ -265,7 +265,8 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
                     "eviction count, service phase or upgrade time is worse than on base. The runs go in "
                     "parallel when the cluster gives each NVIDIADriver its own upgradePolicy (GPU Operator "
                     "v26.7+) and each run makes its own pool, else one after the other. Writes "
-                    "REPORTS_DIR/gate-<id>/gate.{md,json,html}; stdout: the Markdown receipt's path.")
+                    "REPORTS_DIR/gate-<id>/gate.{md,json,html}, <id> from --gpucanary-run-id (the runs are <id>-base "
+                    "and <id>-head); stdout: the Markdown receipt's path.")
     parser.add_argument("--base", required=True, metavar="OLD",
                         help="The policy before the change: a file or git:REF:PATH (read with git show)")
     parser.add_argument("--head", required=True, metavar="NEW", help="The policy after the change: a file or git:REF:PATH")
@@ -292,7 +293,7 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
 
     settings = _gate_settings(args.pytest_args)
     planned = gate.plan(base=args.base, head=args.head, run_args=args.pytest_args,
-                        reports_dir=Path(settings.reports_dir), gate_id=new_run_id())
+                        reports_dir=Path(settings.reports_dir), gate_id=settings.run_id or new_run_id())
     env, fleet = dict(os.environ), None
     if settings.kubeconfig:
         kube = Kube.connect(settings.kubeconfig, context=settings.context)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from pytest_gpucanary.config import flag
+from pytest_gpucanary.config import RUN_ID_MAX, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.ladder import RunEvidence
 from pytest_gpucanary.ladder.compare import Comparison, Side, compare
@@ -31,9 +31,9 @@ from pytest_gpucanary.receipt.gate import write_gate_receipt
 from pytest_gpucanary.receipt.json import parse_json
 
 GIT_PREFIX = "git:"
-# options the gate sets per run itself: passing them would make both runs share one id or one policy
-# (the reports dir is read as the root of reports/gate-<id>/ and given again, last, per run)
-OWN_OPTIONS = ("policy", "run_id")
+# the gate gives each run its policy; it reads --gpucanary-run-id as its own id (the runs are <id>-base
+# and <id>-head) and --gpucanary-reports-dir as the root of gate-<id>/, and gives each run both again, last
+OWN_OPTIONS = ("policy",)
 SIDES = ("base", "head")
 
 
@@ -147,6 +147,10 @@ class GatePlan:
 def plan(*, base: str, head: str, run_args: Sequence[str], reports_dir: Path, gate_id: str) -> GatePlan:
     """Read and lint both policies; every input fault is raised here, before any cluster is contacted."""
     check_run_args(run_args)
+    longest = max(len(f"{gate_id}-{label}") for label in SIDES)
+    if run_id_rule(f"{gate_id}-base"):
+        raise ConfigError(f"{flag('run_id')}={gate_id!r} gives run ids such as {gate_id}-base, {longest} characters, "
+                          f"which {run_id_rule(f'{gate_id}-base')}", hint=f"give at most {RUN_ID_MAX - 5} characters")
     gate_dir = reports_dir / f"gate-{gate_id}"
     try:
         gate_dir.mkdir(parents=True, exist_ok=True)

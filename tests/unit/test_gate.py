@@ -188,7 +188,12 @@ def test_a_git_source_is_read_with_git_show_and_a_bad_ref_is_a_config_error(tmp_
 def test_the_gate_names_each_run_itself() -> None:
     with pytest.raises(ConfigError, match="gate sets --gpucanary-policy for each run itself"):
         check_run_args(["--gpucanary-policy=x.yaml"])
-    check_run_args(["--gpucanary-driver-version=580.95.05", "--gpucanary-reports-dir=r"])
+    check_run_args(["--gpucanary-driver-version=580.95.05", "--gpucanary-reports-dir=r", "--gpucanary-run-id=x"])
+
+
+def test_a_gate_id_too_long_for_its_run_ids_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="gives run ids such as"):
+        plan(base="a.yaml", head="b.yaml", run_args=[], reports_dir=tmp_path, gate_id="g" * 36)
 
 
 def test_plan_reads_and_diffs_both_policies_before_any_cluster(tmp_path: Path) -> None:
