@@ -332,3 +332,34 @@ def test_github_gate_runs_on_policy_prs_with_the_base_branch_file_through_env_on
     assert any('gate-$CANARY_RUN_ID/gate.md' in s and "$GITHUB_STEP_SUMMARY" in s for s in scripts)
     assert '--run-id "$CANARY_RUN_ID-$side"' in scripts[-1]
     assert job["steps"][0]["with"] == {"persist-credentials": False, "fetch-depth": 0}
+
+
+def test_gitlab_gate_runs_on_policy_merge_requests_and_its_scripts_pass_shellcheck() -> None:
+    document = yaml.safe_load(GITLAB_GATE.read_text())
+    assert list(document) == ["gpu-policy-gate"]
+    job = document["gpu-policy-gate"]
+    assert set(job) <= GITLAB_JOB_KEYWORDS and job["variables"]["GPUCANARY_VERSION"] == VERSION
+    assert job["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "merge_request_event"',
+                             "changes": ["gpu-operator/upgrade-policy.yaml"]}]
+    script = "\n".join(job["script"])
+    assert '--base "git:origin/$CI_MERGE_REQUEST_TARGET_BRANCH_NAME:$CANARY_POLICY" --head "$CANARY_POLICY"' in script
+    assert '--run-id "$CANARY_RUN_ID-$side"' in "\n".join(job["after_script"])
+    for part in ("script", "after_script"):
+        text = "#!/bin/bash\nset -eo pipefail\n" + "\n".join(job[part]) + "\n"
+        assert shellcheck(text, shell="bash") == "", part
+
+
+def test_jenkins_gate_runs_on_change_requests_and_its_sh_scripts_pass_shellcheck(tmp_path: Path) -> None:
+    source = JENKINS_GATE.read_text()
+    code = masked(source)
+    assert not re.search(r"\bsh\s*\(?\s*\"", code)
+    when = code[slice(*block(code, "when"))]
+    assert "changeRequest()" in when and "changeset" in when
+    scripts = sh_scripts(source)
+    assert len(scripts) == 3
+    for script in scripts:
+        shell = "bash" if script.startswith("#!/bin/bash") else "sh"
+        assert shellcheck(script if shell == "bash" else "#!/bin/sh\n" + script, shell=shell) == "", script
+    gate = next(s for s in scripts if 'gpucanary" gate' in s)
+    assert '--base "git:origin/$CHANGE_TARGET:$CANARY_POLICY"' in gate and '--gpucanary-run-id="$CANARY_RUN_ID"' in gate
+    assert f"GPUCANARY_VERSION = '{VERSION}'" in source
