@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TextIO
 
 from pytest_gpucanary.config import RUN_ID_MAX, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, EnvError
@@ -94,21 +94,22 @@ def run_all(specs: Sequence[RunSpec], *, run_args: Sequence[str], gate_dir: Path
     """Every spec's `gpucanary run`, its output in gate_dir/<label>.log; the exit codes and the wall time."""
     started = time.monotonic()
     codes: dict[str, int] = {}
-    running: list[tuple[RunSpec, subprocess.Popen, object]] = []
+    running: list[tuple[RunSpec, subprocess.Popen, TextIO]] = []
     try:
         for spec in specs:
             log = open(gate_dir / f"{spec.label}.log", "w", encoding="utf-8")
             progress(f"gate: {spec.label} run {spec.run_id} of {spec.source} started (log {log.name})")
+            # same process group: a Ctrl-C reaches both runs, and each unwinds its own undo stack
             proc = subprocess.Popen(_command(spec, run_args, gate_dir), stdout=log, stderr=subprocess.STDOUT,
-                                    env=dict(env), start_new_session=False)
+                                    env=dict(env))
             running.append((spec, proc, log))
             if not parallel:
-                codes[spec.label] = _finish(spec, proc, log, started, progress)
-        for spec, proc, log in running:
+                codes[spec.label] = _finish(spec, proc, started, progress)
+        for spec, proc, _ in running:
             if spec.label not in codes:
-                codes[spec.label] = _finish(spec, proc, log, started, progress)
+                codes[spec.label] = _finish(spec, proc, started, progress)
     finally:
-        for _, proc, log in running:       # Ctrl-C: each run unwinds its own undo stack on SIGINT/SIGTERM
+        for _, proc, log in running:       # SIGTERM ends a run the same way: it restores, then exits 2
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait()
@@ -116,8 +117,7 @@ def run_all(specs: Sequence[RunSpec], *, run_args: Sequence[str], gate_dir: Path
     return codes, time.monotonic() - started
 
 
-def _finish(spec: RunSpec, proc: subprocess.Popen, log: object, started: float,
-            progress: Callable[[str], None]) -> int:
+def _finish(spec: RunSpec, proc: subprocess.Popen, started: float, progress: Callable[[str], None]) -> int:
     code = proc.wait()
     progress(f"gate: {spec.label} run {spec.run_id} ended with exit {code} at +{time.monotonic() - started:.1f} s")
     return code
