@@ -30,6 +30,7 @@ from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 T = TypeVar("T")
 OWNER_LABEL = "app.kubernetes.io/managed-by"
+OWNER = "gpucanary"
 RUN_ID_LABEL = "gpucanary.io/run-id"
 
 
@@ -112,7 +113,7 @@ _crash_hook = _CrashAfterWrite(os.environ.get(CRASH_HOOK_ENV))
 
 
 def owned_labels(run_id: str) -> dict[str, str]:
-    return {OWNER_LABEL: "gpucanary", RUN_ID_LABEL: run_id}
+    return {OWNER_LABEL: OWNER, RUN_ID_LABEL: run_id}
 
 
 @dataclass

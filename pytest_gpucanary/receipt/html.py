@@ -108,8 +108,14 @@ def scale_of(evidence: RunEvidence) -> Scale:
     return Scale(min(0.0, max(min(offsets + [0.0]), -0.15 * end_s)), end_s)
 
 
-def timeline_svg(result: LadderResult, evidence: RunEvidence) -> str:
-    scale = scale_of(evidence)
+def shared_scale(*scales: Scale) -> Scale:
+    """One x axis for several runs, each drawn from its own upgrade start (the gate's base and head)."""
+    return Scale(min(s.t0_s for s in scales), max(s.t1_s for s in scales))
+
+
+def timeline_svg(result: LadderResult, evidence: RunEvidence, *, scale: Scale | None = None,
+                 label: str = "upgrade timeline") -> str:
+    scale = scale or scale_of(evidence)
     parts, y = [], 10
     for node in evidence.pool_nodes:
         parts += _node_band(evidence, [s for s in result.state_spans if s.node == node], node, scale, y)
@@ -129,7 +135,7 @@ def timeline_svg(result: LadderResult, evidence: RunEvidence) -> str:
                  f'<text x="{zero + 3:.1f}" y="9" font-size="9">upgrade start</text>')
     legend, bottom = _legend(y + 34)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{bottom + 8}" role="img" '
-            f'aria-label="upgrade timeline" font-family="system-ui,sans-serif">' + "".join(parts + legend) + "</svg>")
+            f'aria-label="{html.escape(label)}" font-family="system-ui,sans-serif">' + "".join(parts + legend) + "</svg>")
 
 
 def _node_band(evidence: RunEvidence, spans: list[StateSpan], node: str, scale: Scale, y: float) -> list[str]:

@@ -303,3 +303,63 @@ def test_jenkins_run_id_reaches_the_gate_and_the_cleanup(jenkins: tuple[str, str
                             text=True, env={"PATH": os.environ["PATH"], "BUILD_NUMBER": "42",
                                             "JOB_NAME": "gpu/Canary Folder/main"}, timeout=30)
     assert re.fullmatch(r"jk-42-[0-9a-f]{10}\n", result.stdout)   # a DNS label and a label value
+
+
+# --- the pre-merge policy gate (base vs head) ------------------------------------------------------------
+
+GITHUB_GATE = TEMPLATES / "github-actions-gate.yaml"
+GITLAB_GATE = TEMPLATES / "gitlab-ci-gate.yaml"
+JENKINS_GATE = TEMPLATES / "Jenkinsfile.gate"
+
+
+def test_actionlint_and_shellcheck_accept_the_github_gate_template(actionlint: str, tmp_path: Path) -> None:
+    result = run_actionlint(actionlint, GITHUB_GATE, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_github_gate_runs_on_policy_prs_with_the_base_branch_file_through_env_only() -> None:
+    workflow = yaml.safe_load(GITHUB_GATE.read_text())
+    workflow["on"] = workflow.pop(True, workflow.get("on"))
+    assert workflow["on"] == {"pull_request": {"paths": ["gpu-operator/upgrade-policy.yaml"]}}
+    assert workflow["permissions"] == {"contents": "read"}          # job summary, no PR comment
+    job = workflow["jobs"]["gate"]
+    assert job["env"]["CANARY_BASE"] == "git:origin/${{ github.base_ref }}:gpu-operator/upgrade-policy.yaml"
+    assert job["env"]["GPUCANARY_VERSION"] == VERSION
+    scripts = [s["run"] for s in job["steps"] if "run" in s]
+    assert [s for s in scripts if "${{" in s] == []
+    gate = next(s for s in scripts if " gate " in s)
+    assert '--base "$CANARY_BASE" --head "$CANARY_POLICY"' in gate and '--gpucanary-run-id="$CANARY_RUN_ID"' in gate
+    assert any('gate-$CANARY_RUN_ID/gate.md' in s and "$GITHUB_STEP_SUMMARY" in s for s in scripts)
+    assert '--run-id "$CANARY_RUN_ID-$side"' in scripts[-1]
+    assert job["steps"][0]["with"] == {"persist-credentials": False, "fetch-depth": 0}
+
+
+def test_gitlab_gate_runs_on_policy_merge_requests_and_its_scripts_pass_shellcheck() -> None:
+    document = yaml.safe_load(GITLAB_GATE.read_text())
+    assert list(document) == ["gpu-policy-gate"]
+    job = document["gpu-policy-gate"]
+    assert set(job) <= GITLAB_JOB_KEYWORDS and job["variables"]["GPUCANARY_VERSION"] == VERSION
+    assert job["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "merge_request_event"',
+                             "changes": ["gpu-operator/upgrade-policy.yaml"]}]
+    script = "\n".join(job["script"])
+    assert '--base "git:origin/$CI_MERGE_REQUEST_TARGET_BRANCH_NAME:$CANARY_POLICY" --head "$CANARY_POLICY"' in script
+    assert '--run-id "$CANARY_RUN_ID-$side"' in "\n".join(job["after_script"])
+    for part in ("script", "after_script"):
+        text = "#!/bin/bash\nset -eo pipefail\n" + "\n".join(job[part]) + "\n"
+        assert shellcheck(text, shell="bash") == "", part
+
+
+def test_jenkins_gate_runs_on_change_requests_and_its_sh_scripts_pass_shellcheck(tmp_path: Path) -> None:
+    source = JENKINS_GATE.read_text()
+    code = masked(source)
+    assert not re.search(r"\bsh\s*\(?\s*\"", code)
+    when = code[slice(*block(code, "when"))]
+    assert "changeRequest()" in when and "changeset" in when
+    scripts = sh_scripts(source)
+    assert len(scripts) == 3
+    for script in scripts:
+        shell = "bash" if script.startswith("#!/bin/bash") else "sh"
+        assert shellcheck(script if shell == "bash" else "#!/bin/sh\n" + script, shell=shell) == "", script
+    gate = next(s for s in scripts if 'gpucanary" gate' in s)
+    assert '--base "git:origin/$CHANGE_TARGET:$CANARY_POLICY"' in gate and '--gpucanary-run-id="$CANARY_RUN_ID"' in gate
+    assert f"GPUCANARY_VERSION = '{VERSION}'" in source
