@@ -20,9 +20,11 @@ demo: setup build
 		--gpucanary-driver-version=$(DEMO_TARGET) --gpucanary-probe-interval-s=10; \
 		test $$? -eq 1 && echo "demo: the field-note policy was stopped by the gate, as it should be"
 
+# Two worker processes, whole files each, one fleet per worker (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: setup build
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Every step boundary x SIGINT/SIGTERM/SIGKILL, the crash-after-write samples and the control-plane
 # faults on the local fleet (hours); `make test` runs a subset of each.

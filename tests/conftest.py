@@ -1,1 +1,31 @@
+"""The test session: pytester, and under pytest-xdist one local fleet per worker.
+
+`make test` runs the suite in two worker processes (the end-to-end files spend most of their time
+waiting for the GPU Operator's 2-minute requeue, not computing). Each worker gets a fleet of its own:
+worker n's port base is the session's + 4,000 n (the fleet's second fleets and extra ports live
+below +4,000) and its state directory gets the worker's name, so two fleets never share a port,
+a process or a file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
 pytest_plugins = ["pytester"]
+
+WORKER_PORT_SPACING = 4000
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or worker == "gw0":
+        return
+    index = int(worker[2:])
+    base = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400)
+    os.environ["GPUCANARY_FLEET_PORT_BASE"] = str(base + WORKER_PORT_SPACING * index)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    default_dir = Path(os.environ.get("GPUCANARY_FLEET_DIR") or Path(state) / "gpucanary" / "fleet")
+    os.environ["GPUCANARY_FLEET_DIR"] = f"{default_dir}-{worker}"

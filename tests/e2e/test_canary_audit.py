@@ -15,6 +15,8 @@ import pytest
 from pytest_gpucanary.fleet.audit import Scope
 from pytest_gpucanary.fleet.audit_run import run_canary
 from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.preflight import discover
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -29,7 +31,7 @@ def describe(records) -> str:
     return "\n".join(f"{r.verb} {r.request_uri} -> {r.code}" for r in records[:20])
 
 
-def test_a_full_run_writes_only_to_its_pool_namespace_own_objects_and_the_policy(gpucanary_fleet,
+def test_a_full_run_writes_only_to_its_pool_namespace_own_objects_and_the_policy(gpucanary_fleet, kube: Kube,
                                                                                   tmp_path: Path) -> None:
     result = run_canary(gpucanary_fleet.fleet, [POLICY, f"--gpucanary-driver-version={TARGET}", *FAST],
                         reports=tmp_path / "reports")
@@ -41,9 +43,15 @@ def test_a_full_run_writes_only_to_its_pool_namespace_own_objects_and_the_policy
     outside = [r for r in writes if by_scope[r.audit_id] not in
                (Scope.OWN_NAMESPACE, Scope.POOL_NODE, Scope.OWN_OBJECT, Scope.POLICY)]
     assert not outside, describe(outside)
-    # the run did the writes it exists for: its namespace, its pool node, and the policy it restored
+    # the run did the writes it exists for: its namespace, its pool node, and the policy it restored: on the
+    # pool's own NVIDIADriver where the operator reads it there (v26.7+), else on the ClusterPolicy
     touched = set(by_scope.values())
-    assert {Scope.OWN_NAMESPACE, Scope.POOL_NODE, Scope.POLICY} <= touched, touched
+    per_driver = discover(kube).per_driver_policy
+    assert {Scope.OWN_NAMESPACE, Scope.POOL_NODE, Scope.OWN_OBJECT if per_driver else Scope.POLICY} <= touched, touched
+    if per_driver:
+        assert Scope.POLICY not in touched, describe([r for r in writes if by_scope[r.audit_id] == Scope.POLICY])
+        driver_writes = [r for r in writes if r.resource == "nvidiadrivers" and r.verb == "patch"]
+        assert driver_writes and {r.name for r in driver_writes} <= {n.rsplit("-", 1)[0] for n in scope.pool_nodes}
     created_nodes = {r.name for r in writes if r.resource == "nodes" and r.verb == "create"}
     assert created_nodes == scope.pool_nodes
     policy_writes = [r for r in writes if by_scope[r.audit_id] == Scope.POLICY]

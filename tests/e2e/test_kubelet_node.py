@@ -22,8 +22,10 @@ from pytest_gpucanary.kube import Kube
 pytestmark = pytest.mark.e2e
 
 NODE = node_name(0)
-SECOND_FLEET_PORT_BASE = 27800  # away from the session fleet and the other e2e fleets (27400, 27600)
-OPERATOR_PLUGIN_FLEET_PORT_BASE = 27900
+# away from the session fleet and the other e2e fleets (base + 1000, + 1200, + 2000; Prometheus at + 1590)
+SESSION_PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400)
+SECOND_FLEET_PORT_BASE = SESSION_PORT_BASE + 1400
+OPERATOR_PLUGIN_FLEET_PORT_BASE = SESSION_PORT_BASE + 1700
 MACHINE_PATHS = ("/var/lib/kubelet", "/run/containerd", "/run/netns", "/opt/containerd")
 SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
 
