@@ -200,7 +200,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> ExitCode:
-    from pytest_gpucanary.run import replay
+    from pytest_gpucanary.outcome import replay
 
     overrides = {k.name: getattr(args, k.name) for k in KNOBS if k.threshold and getattr(args, k.name) is not None}
     outcome = replay(Path(args.report_dir), overrides)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
     from pytest_gpucanary.kube import Kube
     from pytest_gpucanary.pool import PoolProvider
-    from pytest_gpucanary.run import RunOutcome
+    from pytest_gpucanary.outcome import RunOutcome
 
 pytest_plugins = ["pytest_gpucanary.sweep.fixtures"]
 
@@ -97,7 +97,8 @@ class GpucanarySession:
             return self.outcome
         if self.error is not None:
             self.fail(self.error)
-        from pytest_gpucanary.run import CanaryRun, ProgressLine
+        from pytest_gpucanary.progress import ProgressLine
+        from pytest_gpucanary.run import CanaryRun
 
         settings = self.settings
         provider = self.config.hook.pytest_gpucanary_make_pool(config=self.config, settings=settings)

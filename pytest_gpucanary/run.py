@@ -23,33 +23,31 @@ kube.CRASH_HOOK_ENV is the hook that does it on a real cluster.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Protocol, TextIO
+from typing import Iterator, Protocol
 
-from pytest_gpucanary import ladder, metrics, preflight, workloads
-from pytest_gpucanary.config import DEFAULTS, Settings, flag
-from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
+from pytest_gpucanary import metrics, preflight, workloads
+from pytest_gpucanary.config import Settings, flag
+from pytest_gpucanary.errors import EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
-from pytest_gpucanary.ladder import (
-    LadderResult, MetricCheck, Outcome, PhaseStats, RatePoint, RunEvidence, Stage, StageVerdict, WorkloadRef, timeline,
-)
+from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, timeline
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
 from pytest_gpucanary.lease import RunLease
 from pytest_gpucanary.load import LoadRun, check_locustfile
+from pytest_gpucanary.outcome import RunOutcome, judge
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
 from pytest_gpucanary.pool import Pool, PoolProvider
-from pytest_gpucanary.receipt import FILES, write_receipt
+from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
 from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.recorder import Recorder, StreamSpec
 from pytest_gpucanary.workloads import ProbeLoop
+
 
 class LocalEndpoints(Protocol):
     """What the run asks of a local test bed when it is the target (the fleet's ingress and Prometheus)."""
@@ -58,7 +56,6 @@ class LocalEndpoints(Protocol):
 
     def service_url(self, namespace: str, name: str) -> str: ...
 
-STEPS_FILE = "steps.json"
 WORKLOAD_READY_TIMEOUT_S = 180
 # past the GPU job's deadline: a replacement pod evicted late in the upgrade is scheduled again after the
 # uncordon and must start and finish its last round
@@ -69,67 +66,6 @@ WARM_UP_REQUESTS = 20
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """One run's evidence, the ladder's judgement of it, and where the receipt was written."""
-
-    evidence: RunEvidence
-    result: LadderResult
-    settings: Settings
-    report_dir: Path
-    receipt: Mapping[str, str] = field(default_factory=dict)
-
-    def verdict(self, stage: Stage | str) -> StageVerdict:
-        return self.result.verdict(stage)
-
-    def fails_gate(self, verdict: StageVerdict) -> bool:
-        return verdict.outcome is Outcome.FAIL or (verdict.outcome is Outcome.INCONCLUSIVE
-                                                   and self.settings.inconclusive_fails)
-
-
-def judge(evidence: RunEvidence, settings: Settings, report_dir: Path) -> RunOutcome:
-    """Judge the evidence and write the receipt: what a run does at its end, and `gpucanary evaluate` again."""
-    result = ladder.evaluate(evidence, settings)
-    paths = write_receipt(report_dir, result, evidence)
-    return RunOutcome(evidence, result, settings, report_dir, {kind: str(path) for kind, path in paths.items()})
-
-
-class StepClock:
-    """Wall time of each step of a run (monotonic clock, s), written to steps.json when the run ends."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._step: str | None = None
-        self._since = time.monotonic()
-
-    def next(self, step: str | None) -> None:
-        now = time.monotonic()
-        if self._step is not None:
-            self.seconds[self._step] = self.seconds.get(self._step, 0.0) + now - self._since
-        self._step, self._since = step, now
-
-    def describe(self) -> str:
-        return ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.seconds.items())
-
-    def write(self, path: Path) -> None:
-        path.write_text(json.dumps({"clock": "monotonic", "seconds": self.seconds}, indent=1) + "\n")
-
-
-def replay(report_dir: Path, overrides: Mapping[str, Any]) -> RunOutcome:
-    """Judge a recorded run again, offline, with the thresholds it was judged with unless overridden, and
-    rewrite its receipt: judging is a pure function of what the run wrote."""
-    try:
-        evidence = RunEvidence.read(report_dir)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{report_dir} holds no readable recorded run ({type(err).__name__}: {str(err)[:120]})",
-                          hint="give a reports/<run-id> directory that a canary run wrote") from None
-    try:
-        recorded = json.loads((report_dir / FILES["json"]).read_text(encoding="utf-8"))["thresholds"]
-    except (OSError, ValueError, KeyError):
-        recorded = {}     # the run ended before its receipt: judge with the defaults
-    return judge(evidence, DEFAULTS.with_thresholds({**recorded, **overrides}), report_dir)
 
 
 @dataclass
@@ -470,34 +406,3 @@ def _running(records: list, namespace: str, role: str, *, finished_ok: bool = Fa
     phases = ("Running", "Succeeded") if finished_ok else ("Running",)
     pods = timeline.live_pods(records, namespace=namespace, label=(workloads.ROLE_LABEL, role))
     return True if any(p.phase in phases for p in pods) else None
-
-
-class ProgressLine:
-    """Progress while minutes-long waits run: one updating line on a terminal, plain lines otherwise."""
-
-    def __init__(self, write: Callable[[str], None] | None = None, *, stream: TextIO = sys.stderr) -> None:
-        self._stream = stream
-        self._write = write
-        self._tty = write is None and stream.isatty()
-        self._last = ""
-        self._started = time.monotonic()
-
-    def line(self, text: str) -> None:
-        """A message that stays (a step began or ended)."""
-        self._emit(text, final=True)
-
-    def status(self, text: str) -> None:
-        """A status that replaces the previous one on a terminal; printed only when it changes elsewhere."""
-        if text != self._last:
-            self._emit(text, final=False)
-            self._last = text
-
-    def _emit(self, text: str, *, final: bool) -> None:
-        stamped = f"[gpucanary +{time.monotonic() - self._started:5.0f}s] {text}"
-        if self._write is not None:
-            self._write(stamped)
-        elif self._tty:
-            self._stream.write("\r\033[K" + stamped + ("\n" if final else ""))
-            self._stream.flush()
-        else:
-            print(stamped, file=self._stream, flush=True)

@@ -32,7 +32,8 @@ from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
 from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
-from pytest_gpucanary.run import CanaryRun, ProgressLine
+from pytest_gpucanary.progress import ProgressLine
+from pytest_gpucanary.run import CanaryRun
 from pytest_gpucanary.workloads import IMAGE_PULL_ROLE, ROLE_LABEL
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.95.05"

@@ -21,7 +21,8 @@ from pytest_gpucanary.kube import Unavailable
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.preflight import ClusterInfo
-from pytest_gpucanary.run import CanaryRun, ProgressLine
+from pytest_gpucanary.progress import ProgressLine
+from pytest_gpucanary.run import CanaryRun
 from pytest_gpucanary.workloads import Placement
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.82.07"
