@@ -182,7 +182,8 @@ def test_new_version_takes_only_the_pool_node_through_the_full_sequence(
     events = timeline.node_events(recorder.records, node)
     assert {(e.namespace, e.source) for e in events} == {("default", "nvidia-gpu-operator")}
     for other in gpucanary_fleet.fleet.gpu_node_names():
-        assert timeline.upgrade_states(recorder.records, other) == ["upgrade-done"], other
+        # never in an upgrade cycle; on a young fleet the operator may label the node upgrade-done only now
+        assert [s for s in timeline.upgrade_states(recorder.records, other) if s] == ["upgrade-done"], other
 
 
 def test_default_policy_evicts_the_gpu_pod_and_spares_the_non_gpu_pod(no_drain_phase: dict[str, Scenario],
