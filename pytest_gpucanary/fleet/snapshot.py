@@ -45,8 +45,10 @@ def snapshot(kube: Kube) -> Snapshot:
                 for api, kind in (CLUSTER_POLICY, NVIDIADRIVER) for o in kube.list(api, kind)}
     namespaces = sorted(n["metadata"]["name"] for n in kube.list("v1", "Namespace")
                         if not n["metadata"].get("deletionTimestamp"))
+    # an earlier run's namespace still terminating is on its way out, not something this run left
     owned = sorted(f"{kind}/{o['metadata']['name']}" for api, kind in (("v1", "Node"), ("v1", "Namespace"), NVIDIADRIVER)
-                   for o in kube.list(api, kind, label_selector=f"{OWNER_LABEL}=gpucanary"))
+                   for o in kube.list(api, kind, label_selector=f"{OWNER_LABEL}=gpucanary")
+                   if not o["metadata"].get("deletionTimestamp"))
     return {"nodes": nodes, "policies": policies, "namespaces": namespaces, "owned": owned}
 
 

@@ -140,6 +140,12 @@ def test_prometheus_stopped_mid_run_makes_metric_checks_inconclusive_and_fails_t
                                    f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
     try:
+        from pytest_gpucanary import metrics
+
+        deadline = time.monotonic() + 120        # the run's preflight wants every series the checks read
+        while (missing := metrics.missing_series(f"http://127.0.0.1:{port}")) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert not missing, missing
         proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
                                  f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                                  f"--gpucanary-driver-version={TARGET}", *FAST,

@@ -136,7 +136,9 @@ def test_missing_source_archive_is_refused_in_one_line(gpucanary_fleet, tmp_path
     env = {"GPUCANARY_FLEET_DIR": str(tmp_path / "fleet"), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
            "GPUCANARY_OPERATOR_RELEASE": "v26.3.3", "GPUCANARY_OPERATOR_BIN_DIR": "",
            "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir()),
-           "GPUCANARY_OPERATOR_ARCHIVE_DIR": str(tmp_path / "none")}
+           "GPUCANARY_OPERATOR_ARCHIVE_DIR": str(tmp_path / "none"),
+           "GPUCANARY_CACHE": str(tmp_path / "cache"),   # no earlier build of the release to fall back on
+           "GPUCANARY_FLEET_KUBELET_NODES": "0"}
     result = gpucanary(env, "fleet", "up")
     assert result.returncode == 6, result.stderr
     last = result.stderr.strip().splitlines()[-1]
