@@ -174,6 +174,10 @@ class Settings:
     # validation alone may take 600 s (fixed in the operator), so the budget leaves room beyond it
     upgrade_budget_s: float = knob(1200.0, "Time budget for the pool to reach upgrade-done", check=positive,
                                    threshold=True)
+    # from the driver manager pausing the device plugin to its return with the new driver; a driver
+    # built on the node (not precompiled) compiles its kernel modules in that window
+    max_gpus_gone_s: float = knob(900.0, "Longest a pool node's GPUs may be gone from allocatable during its upgrade",
+                                  check=positive, threshold=True)
     # pool probes wait out the cordon: cordon to uncordon
     max_queue_delay_s: float = knob(300.0, "Longest a pool probe may wait to be scheduled", check=positive,
                                     threshold=True)

@@ -44,6 +44,22 @@ DRIVER_POD_LABELS = (("app.kubernetes.io/component", "nvidia-driver"), ("app", "
 DRIVER_COMPONENT_SELECTOR = "app.kubernetes.io/component=nvidia-driver"
 VALIDATOR_APP = "nvidia-operator-validator"
 VALIDATOR_SELECTOR = f"app={VALIDATOR_APP}"
+DEVICE_PLUGIN_APP = "nvidia-device-plugin-daemonset"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"                          # GPU Feature Discovery
+DRIVER_VERSION_LABEL = "nvidia.com/cuda.driver-version.full"      # GPU Feature Discovery: the loaded driver
+
+# What k8s-driver-manager does on every driver pod start (cmd/driver-manager/main.go,
+# evictAllGPUOperatorComponents / waitForPodsToTerminate / rescheduleGPUOperatorComponents): it pauses
+# these node labels, which the operand DaemonSets select on, waits until the operand pods (by `app`)
+# are gone, and restores them once the driver is swapped.
+OPERAND_DEPLOY_LABELS = tuple(f"nvidia.com/gpu.deploy.{operand}" for operand in (
+    "operator-validator", "container-toolkit", "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm",
+    "mig-manager", "nvsm", "sandbox-validator", "sandbox-device-plugin", "vgpu-device-manager", "client",
+    "dra-validator", "dcgm-dra", "dcgm-exporter-dra"))
+OPERAND_APPS = (VALIDATOR_APP, "nvidia-container-toolkit-daemonset", DEVICE_PLUGIN_APP, "gpu-feature-discovery",
+                "nvidia-dcgm-exporter", "nvidia-dcgm", "nvidia-dcgm-exporter-dra", "nvidia-dcgm-dra",
+                "nvidia-mig-manager")
+PAUSED = "paused-for-driver-upgrade"
 
 
 # The release: the Helm chart labels the ClusterPolicy it deploys with the chart's appVersion
@@ -72,6 +88,10 @@ def is_driver_pod(labels: Mapping[str, str]) -> bool:
 
 def is_validator_pod(labels: Mapping[str, str]) -> bool:
     return labels.get("app") == VALIDATOR_APP
+
+
+def is_device_plugin_pod(labels: Mapping[str, str]) -> bool:
+    return labels.get("app") == DEVICE_PLUGIN_APP
 
 
 def gpus_requested(containers: list[dict]) -> int:

@@ -181,10 +181,14 @@ class Kube:
                    body={"propagationPolicy": "Background"})
         _crash_hook.wrote(kind)
 
-    def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None) -> dict:
-        """JSON merge patch (RFC 7386): works for built-in kinds and CRDs alike."""
+    def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None,
+              status: bool = False) -> dict:
+        """JSON merge patch (RFC 7386): works for built-in kinds and CRDs alike; `status` patches the
+        status subresource."""
         resource = self._resource(api_version, kind)
-        patched = self._call(f"patch {kind} {name}", resource.patch, body=body, name=name, namespace=namespace,
+        target = resource.subresources["status"] if status else resource
+        patched = self._call(f"patch {kind} {name}{'/status' if status else ''}", self.dynamic.patch, target,
+                             body=body, name=name, namespace=namespace,
                              content_type="application/merge-patch+json").to_dict()
         _crash_hook.wrote(kind)
         return patched

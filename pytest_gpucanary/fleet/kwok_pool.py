@@ -13,12 +13,16 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, NVIDIADRIVER, driver_version_of
+from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, NVIDIADRIVER, driver_version_of
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
+from pytest_gpucanary.fleet.operator import gpus_allocatable
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo, Permission
+
+
+GPUS_TIMEOUT_S = 180.0    # a fresh node: driver pod, its driver manager, then validator and device plugin
 
 
 @dataclass
@@ -49,6 +53,16 @@ class KwokPool:
         driver["metadata"] = {"name": self.name, "labels": owned_labels(self.run_id)}
         driver["spec"].update(version=version, nodeSelector={DRIVER_POOL_LABEL: self.name})
         return driver
+
+    def wait_for_gpus(self, timeout_s: float = GPUS_TIMEOUT_S) -> None:
+        """Until every node shows its GPUs: the driver pod Ready, then the device plugin (fleet/node_agent.py)."""
+        for name in self.nodes:
+            try:
+                self.kube.wait_for("v1", "Node", name, gpus_allocatable, timeout_s=timeout_s)
+            except TimeoutError:
+                raise EnvError(f"pool node {name} shows no {GPU_RESOURCE} allocatable after {timeout_s:.0f} s",
+                               hint="are the GPU Operator and the fleet's node agent running? see `gpucanary fleet "
+                                    "status`") from None
 
     def set_driver_version(self, version: str) -> None:
         self.kube.patch(*NVIDIADRIVER, self.name, {"spec": {"version": version}})
@@ -89,6 +103,7 @@ class KwokPoolProvider:
         driver_from = fleet_driver_version(kube)
         self.pool = KwokPool(kube, name=f"canary-{run_id}", run_id=run_id, size=self.size)
         self.pool.create(driver_version=driver_from if cluster.nvidiadriver_mode else None)
+        self.pool.wait_for_gpus()
         return Pool(tuple(self.pool.nodes), self.pool.name if self.pool.has_driver else None, driver_from)
 
     def release(self, kube: Kube) -> None:

@@ -15,6 +15,7 @@ from typing import Callable
 import yaml
 
 from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.gpu_operator import GPU_COUNT_LABEL, GPU_RESOURCE
 from pytest_gpucanary.fleet import waits
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
@@ -78,16 +79,27 @@ def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]
     timeout_s = ready_timeout_s(len(gpu_nodes))
     started = time.monotonic()
     wanted: set = {(app, node) for app in READY_APPS for node in gpu_nodes}
+
+    def remaining_s() -> float:
+        return max(10.0, timeout_s - (time.monotonic() - started))
+
     try:
         waits.wait_all(kube, "v1", "Pod", namespace=OPERATOR_NAMESPACE, wanted=wanted, timeout_s=timeout_s,
                        satisfies=lambda pod: [(_app(pod), pod["spec"].get("nodeName"))] if _is_ready(pod) else [],
                        progress=progress, what="the GPU Operator's pods")
-        remaining_s = max(10.0, timeout_s - (time.monotonic() - started))
-        kube.wait_for("nvidia.com/v1", "ClusterPolicy", "cluster-policy",
-                      policy_ready, timeout_s=remaining_s)
+        waits.wait_all(kube, "v1", "Node", wanted=set(gpu_nodes), timeout_s=remaining_s(),
+                       satisfies=lambda node: [node["metadata"]["name"]] if gpus_allocatable(node) else [],
+                       progress=progress, what=f"{GPU_RESOURCE} allocatable (the device plugin's GPUs)")
+        kube.wait_for("nvidia.com/v1", "ClusterPolicy", "cluster-policy", policy_ready, timeout_s=remaining_s())
     except TimeoutError as exc:
         raise EnvError(f"the GPU Operator was not ready after {timeout_s:.0f} s: {str(exc)[:300]}",
                        hint="see the gpu-operator log in the fleet's logs directory") from None
+
+
+def gpus_allocatable(node: dict) -> bool:
+    """The node shows as many GPUs as GPU Feature Discovery counted (the device plugin registered them)."""
+    count = node["metadata"].get("labels", {}).get(GPU_COUNT_LABEL)
+    return count is not None and node.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE) == count
 
 
 def policy_ready(policy: dict) -> bool:

@@ -13,17 +13,17 @@ from typing import Callable
 from pytest_gpucanary.config import DEFAULTS, Settings
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.application import check_application, evictions
-from pytest_gpucanary.ladder.device import check_device
+from pytest_gpucanary.ladder.device import capacity_dips, check_device
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import (
-    Evidence, Eviction, LadderResult, MetricCheck, Outcome, PhaseStats, ProbeScope, ProbeSeen, RatePoint, Stage,
+    CapacityDip, Evidence, Eviction, LadderResult, MetricCheck, Outcome, PhaseStats, ProbeScope, ProbeSeen, RatePoint, Stage,
     StageVerdict, UpgradePhase, WorkloadRef, decide, summarize,
 )
 from pytest_gpucanary.ladder.network import check_network
 from pytest_gpucanary.ladder.rollout import check_rollout
 from pytest_gpucanary.ladder.scheduler import check_scheduler
 
-__all__ = ["CHECKS", "Evidence", "Eviction", "LadderResult", "MetricCheck", "Outcome", "PhaseStats", "ProbeScope",
+__all__ = ["CHECKS", "CapacityDip", "Evidence", "Eviction", "LadderResult", "MetricCheck", "Outcome", "PhaseStats", "ProbeScope",
            "ProbeSeen", "RatePoint", "RunEvidence", "Stage", "StageVerdict", "UpgradePhase", "WorkloadRef",
            "decide", "evaluate", "evictions", "summarize"]
 
@@ -41,4 +41,5 @@ def evaluate(evidence: RunEvidence, settings: Settings = DEFAULTS) -> LadderResu
                   phase_windows=tuple(timeline.phase_windows(evidence.records, first_node,
                                                              since_wall_ns=evidence.upgrade_started_wall_ns)),
                   state_spans=tuple(span for node in evidence.pool_nodes
-                                    for span in timeline.state_spans(evidence.records, node)))
+                                    for span in timeline.state_spans(evidence.records, node)),
+                  capacity=capacity_dips(evidence))

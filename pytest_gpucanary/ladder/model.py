@@ -183,6 +183,32 @@ class Eviction:
         return f"{what} {self.namespace}/{self.name} {verb} {how} at +{self.offset_s:.0f}s (allowed: {self.allowed_text})"
 
 
+@dataclass(frozen=True)
+class CapacityDip:
+    """One pool node's GPUs leaving allocatable during its upgrade and coming back (times from the upgrade start)."""
+
+    node: str
+    before: int | None             # allocatable GPUs before the node's upgrade cycle
+    lowest: int | None             # fewest allocatable during the cycle
+    left_s: float | None           # first drop below `before`
+    back_s: float | None           # first return to `before` after the drop
+    after: int | None              # allocatable at the end of the recording
+    series: tuple[tuple[float, int | None], ...] = ()   # (offset s, allocatable) at each change, for the receipt
+
+    @property
+    def gone_s(self) -> float | None:
+        return None if self.left_s is None or self.back_s is None else self.back_s - self.left_s
+
+    def line(self) -> str:
+        if self.left_s is None:
+            return f"{self.node}: {self.before} GPUs allocatable throughout (no dip recorded)"
+        if self.back_s is None:
+            return (f"{self.node}: GPUs left allocatable at +{self.left_s:.1f}s ({self.before} -> {self.lowest}) "
+                    f"and were not back when the recording ended ({self.after})")
+        return (f"{self.node}: GPUs left allocatable at +{self.left_s:.1f}s ({self.before} -> {self.lowest}), back "
+                f"at +{self.back_s:.1f}s: gone {self.gone_s:.1f} s")
+
+
 # --- latency summaries -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -224,6 +250,7 @@ class LadderResult:
     evictions: tuple[Eviction, ...] = ()
     phase_windows: tuple[PhaseWindow, ...] = ()     # of the first pool node, as the service load is cut
     state_spans: tuple[StateSpan, ...] = ()
+    capacity: tuple[CapacityDip, ...] = ()          # per pool node
 
     def verdict(self, stage: Stage | str) -> StageVerdict:
         return next(v for v in self.verdicts if v.stage is Stage(stage))

@@ -10,6 +10,7 @@ from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.config import DEFAULTS, Settings
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder.device import VALIDATION, validator_line
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
 from pytest_gpucanary.ladder.rules import Finding, stage_metrics, metrics_note, verdict
@@ -33,6 +34,8 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
             if p.node == node and p.removed_wall_ns is None and p.phase in ("Running", "Pending")
             and "DaemonSet" not in p.owner_kinds]
     knobs = {"pod-deletion-required": "podDeletion", "drain-required": "drain"}
+    if step.state == VALIDATION:
+        return validator_line(ev, node)
     if step.state not in knobs:
         return f"failed in {step.state}"
     knob = knobs[step.state]
@@ -74,11 +77,13 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
         return Finding(Outcome.PASS, f"node {node} reached upgrade-done at +{done_s:.0f}s"), done_s
     current = states[-1] if states else (every[-1].state or "unlabelled")
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
+    held = f" ({validator_line(ev, node)})" if current == VALIDATION else ""
     elapsed_s = ev.offset_s(ev.end_wall_ns())
     if elapsed_s >= settings.upgrade_budget_s:
-        return Finding(Outcome.FAIL, f"node {node} {where} at +{elapsed_s:.0f}s, no upgrade-done within {budget}"), None
+        return Finding(Outcome.FAIL, f"node {node} {where} at +{elapsed_s:.0f}s, no upgrade-done within {budget}"
+                                     f"{held}"), None
     return Finding(Outcome.INCONCLUSIVE, f"node {node} {where} when the recording ended at +{elapsed_s:.0f}s "
-                                         f"({budget} not yet spent)"), None
+                                         f"({budget} not yet spent){held}"), None
 
 
 def check_rollout(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageVerdict:

@@ -164,6 +164,7 @@ class PodSeen:
     removed_wall_ns: int | None   # deletionTimestamp seen or DELETED, client receive time
     received_wall_ns: int         # the last record of this pod
     empty_dirs: tuple[str, ...] = ()   # names of emptyDir volumes (from the trimmed spec)
+    ready_wall_ns: int | None = None   # first record Running with every container ready
 
     @property
     def ready(self) -> bool:
@@ -250,6 +251,8 @@ def _pod_seen(record: Record, before: PodSeen | None) -> PodSeen:
     reason = next((c.get("reason", "") for c in status.get("conditions", []) or []
                    if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), "")
     removed = record.received_wall_ns if record.type == "DELETED" or meta.get("deletionTimestamp") else None
+    ready_now = (status.get("phase") == "Running" and bool(statuses) and all(c.get("ready") for c in statuses)
+                 and removed is None)
     return PodSeen(
         namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
         node=spec.get("nodeName") or (before.node if before else None), phase=status.get("phase", ""),
@@ -261,7 +264,22 @@ def _pod_seen(record: Record, before: PodSeen | None) -> PodSeen:
         disruption_reason=reason or (before.disruption_reason if before else ""),
         first_seen_wall_ns=before.first_seen_wall_ns if before else record.received_wall_ns,
         removed_wall_ns=(before.removed_wall_ns if before and before.removed_wall_ns else removed),
-        received_wall_ns=record.received_wall_ns, empty_dirs=tuple(spec.get("emptyDirs", []) or []))
+        received_wall_ns=record.received_wall_ns, empty_dirs=tuple(spec.get("emptyDirs", []) or []),
+        ready_wall_ns=(before.ready_wall_ns if before and before.ready_wall_ns else
+                       record.received_wall_ns if ready_now else None))
+
+
+def allocatable_series(records: Iterable[Record], node: str, resource: str) -> list[tuple[int, int | None]]:
+    """(receive time, allocatable count or None when not advertised) each time the node's value changed."""
+    series: list[tuple[int, int | None]] = []
+    for record in records:
+        if record.kind != "Node" or record.name != node or record.type in SKIP_TYPES + ("DELETED",):
+            continue
+        raw = (record.object.get("status", {}).get("allocatable", {}) or {}).get(resource)
+        value = int(raw) if raw is not None and str(raw).isdigit() else None
+        if not series or series[-1][1] != value:
+            series.append((record.received_wall_ns, value))
+    return series
 
 
 def state_spans(records: Iterable[Record], node: str) -> list[StateSpan]:

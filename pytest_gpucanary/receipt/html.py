@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pytest_gpucanary.ladder import Eviction, LadderResult, Outcome, ProbeScope, RunEvidence
 from pytest_gpucanary.ladder.application import allowed_text
-from pytest_gpucanary.ladder.model import StateSpan
+from pytest_gpucanary.ladder.model import CapacityDip, StateSpan
 from pytest_gpucanary.receipt.common import headline, run_rows
 
 OUTCOME_COLOURS = {Outcome.PASS: "#2e7d32", Outcome.FAIL: "#c62828", Outcome.INCONCLUSIVE: "#e65100",
@@ -25,7 +25,7 @@ STATE_COLOURS = {
     "validation-required": "#64b5f6", "uncordon-required": "#80cbc4", "upgrade-done": "#a5d6a7",
     "upgrade-failed": "#e53935"}
 WIDTH, LEFT, RIGHT = 1000, 170, 20
-BAND_H, LABEL_H, LANE_H = 22, 30, 70
+BAND_H, LABEL_H, LANE_H, CAPACITY_H = 22, 30, 70, 34
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpucanary launch receipt {run_id}</title>
@@ -121,6 +121,9 @@ def timeline_svg(result: LadderResult, evidence: RunEvidence, *, scale: Scale | 
         parts += _node_band(evidence, [s for s in result.state_spans if s.node == node], node, scale, y)
         parts += _eviction_marks(evidence, [e for e in result.evictions if e.node == node], scale, y)
         y += BAND_H + LABEL_H
+    for dip in result.capacity:
+        parts += _capacity_lane(dip, scale, y)
+        y += CAPACITY_H + 14
     parts += _probe_lane(evidence, scale, y)
     y += LANE_H + 14
     if evidence.service_phases:
@@ -164,6 +167,26 @@ def _eviction_marks(evidence: RunEvidence, removed: list[Eviction], scale: Scale
                      f'<text x="{x + 4:.1f}" y="{label_y}" font-size="10" fill="{colour}">'
                      f'{html.escape(e.name)} {evidence.offset_s(e.received_wall_ns):+.0f}s</text>')
     return parts
+
+
+def _capacity_lane(dip: CapacityDip, scale: Scale, y: float) -> list[str]:
+    """The node's allocatable GPUs as a step line: the dip while the driver manager has the device plugin
+    paused, and the return once a new one registered."""
+    top = max([v or 0 for _, v in dip.series] + [1])
+    end_s = scale.t1_s
+
+    def height(v: int | None) -> float:
+        return y + CAPACITY_H - 2 - (CAPACITY_H - 8) * (v or 0) / top
+
+    coords = []
+    for (t, v), (t_next, _) in zip(dip.series, list(dip.series[1:]) + [(end_s, None)]):
+        coords += [f"{scale.x(t):.1f},{height(v):.1f}", f"{scale.x(t_next):.1f},{height(v):.1f}"]
+    note = f"gone {dip.gone_s:.0f} s" if dip.gone_s is not None else "no dip" if dip.left_s is None else "not back"
+    return [f'<text x="4" y="{y + 12}" font-size="11">{html.escape(dip.node)} GPUs</text>',
+            f'<text x="4" y="{y + 25}" font-size="9" fill="#6a1b9a">allocatable 0..{top}; {note}</text>',
+            f'<rect x="{LEFT}" y="{y}" width="{WIDTH - LEFT - RIGHT}" height="{CAPACITY_H}" fill="#fafafa" '
+            f'stroke="#e0e0e0"><title>{html.escape(dip.line())}</title></rect>',
+            f'<polyline points="{" ".join(coords)}" fill="none" stroke="#6a1b9a" stroke-width="1.5"/>']
 
 
 def _probe_lane(evidence: RunEvidence, scale: Scale, y: float) -> list[str]:

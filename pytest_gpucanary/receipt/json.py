@@ -1,5 +1,5 @@
 """The JSON receipt: the gate, the run, the thresholds, every verdict with its evidence, and what the
-ladder computed (evictions, phase windows, state spans). `parse_json` reads it back."""
+ladder computed (evictions, phase windows, state spans, GPU capacity per node). `parse_json` reads it back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from pytest_gpucanary.ladder import Evidence, Eviction, LadderResult, Outcome, RunEvidence, Stage, StageVerdict
-from pytest_gpucanary.ladder.model import PhaseWindow, StateSpan
+from pytest_gpucanary.ladder.model import CapacityDip, PhaseWindow, StateSpan
 from pytest_gpucanary.receipt.common import utc
 
 SCHEMA = "gpucanary-receipt/1"
@@ -32,6 +32,7 @@ def render_json(result: LadderResult, evidence: RunEvidence) -> str:
         "evictions": [dataclasses.asdict(e) for e in result.evictions],
         "phase_windows": [dataclasses.asdict(w) for w in result.phase_windows],
         "state_spans": [dataclasses.asdict(s) for s in result.state_spans],
+        "capacity": [{**dataclasses.asdict(c), "gone_s": c.gone_s} for c in result.capacity],
     }
     return json.dumps(document, indent=1, default=str) + "\n"
 
@@ -45,4 +46,7 @@ def parse_json(text: str) -> LadderResult:
     return LadderResult(verdicts, Stage(first) if first else None, document["gate_passed"], document["thresholds"],
                         tuple(Eviction(**e) for e in document["evictions"]),
                         tuple(PhaseWindow(**w) for w in document["phase_windows"]),
-                        tuple(StateSpan(**s) for s in document["state_spans"]))
+                        tuple(StateSpan(**s) for s in document["state_spans"]),
+                        tuple(CapacityDip(**{**{k: v for k, v in c.items() if k != "gone_s"},
+                                             "series": tuple(tuple(point) for point in c["series"])})
+                              for c in document.get("capacity", [])))

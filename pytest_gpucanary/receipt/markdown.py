@@ -17,6 +17,8 @@ def render_markdown(result: LadderResult, evidence: RunEvidence) -> str:
     lines += ["| | |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in run_rows(evidence)]
     lines += ["", "## Stages", "", "| stage | outcome | summary |", "|---|---|---|"]
     lines += [f"| {v.stage.value} | {v.outcome.value} | {_cell(v.summary)} |" for v in result.verdicts]
+    if result.capacity:
+        lines += ["", "## GPU capacity", ""] + [f"- {_cell(c.line())}" for c in result.capacity]
     for v in result.verdicts:
         if v.evidence:
             lines += ["", f"### {v.stage.value}: evidence ({v.outcome.value})", ""]

@@ -183,7 +183,8 @@ class FakeKube:
                         self._write(api, other, "DELETED", objects[key], None)
         self._wrote("delete", kind, namespace, name)
 
-    def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None) -> dict:
+    def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None,
+              status: bool = False) -> dict:
         self._fault("patch", kind)
         with self._cond:
             old = self._find(api_version, kind, name, namespace)

@@ -30,7 +30,9 @@ from pytest_gpucanary import lease
 from pytest_gpucanary.cleanup import cleanup
 from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
-from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
+from pytest_gpucanary.gpu_operator import (
+    CLUSTER_POLICY, GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_RESOURCE, NVIDIADRIVER, UPGRADE_STATE_LABEL,
+)
 from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
 from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.run import CanaryRun
@@ -95,7 +97,7 @@ class World:
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._follow, args=kind, daemon=True) for kind in
                         (("v1", "Namespace"), ("batch/v1", "Job"), ("apps/v1", "Deployment"), ("v1", "Pod"),
-                         (*CLUSTER_POLICY,), (*NVIDIADRIVER,))]
+                         ("v1", "Node"), (*CLUSTER_POLICY,), (*NVIDIADRIVER,))]
 
     def __enter__(self) -> World:
         for thread in self.threads:
@@ -114,7 +116,10 @@ class World:
 
     def _react(self, kind: str, obj: dict, *, added: bool) -> None:
         meta = obj["metadata"]
-        if kind == "Namespace" and added:
+        if kind == "Node" and added and obj.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE) == "0":
+            count = meta["labels"][GPU_COUNT_LABEL]      # a new kwok pool node: its device plugin registers
+            self.fake.patch("v1", "Node", meta["name"], {"status": {"allocatable": {GPU_RESOURCE: count}}})
+        elif kind == "Namespace" and added:
             self._create({"apiVersion": "v1", "kind": "ServiceAccount",
                           "metadata": {"name": "default", "namespace": meta["name"]}})
         elif kind == "Pod" and added and meta.get("labels", {}).get(ROLE_LABEL) == IMAGE_PULL_ROLE:

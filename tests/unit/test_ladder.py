@@ -78,20 +78,29 @@ def states(schedule: list[tuple[float, str]], *, name: str = NODE) -> list[Recor
     return records
 
 
-def operands(*, name: str = NODE, restart_s: float = 30, driver_tag: str = f"{NEW}-ubuntu22.04") -> list[Record]:
-    """The operator's own DaemonSet pods: restarted during the upgrade, never counted as evictions."""
+def operands(*, name: str = NODE, restart_s: float = 30, driver_tag: str = f"{NEW}-ubuntu22.04",
+             validator_after: bool = True) -> list[Record]:
+    """The operator's own DaemonSet pods: restarted during the upgrade, never counted as evictions. The
+    driver manager removes the validator and device plugin while it swaps the driver; new ones come up
+    after the new driver pod is Ready (or, `validator_after=False`, the old validator stays)."""
     driver = {"app.kubernetes.io/component": "nvidia-driver"}
     validator = {"app": "nvidia-operator-validator"}
+    plugin = {"app": "nvidia-device-plugin-daemonset"}
     ds = dict(owner="DaemonSet", node_name=name)
     old_image = f"nvcr.io/nvidia/driver:{OLD}-ubuntu22.04"
-    return [pod(-50, "gpu-operator", f"driver-{name}-old", labels=driver, image=old_image, **ds),
-            pod(-50, "gpu-operator", f"validator-{name}-old", labels=validator, image="gpu-operator-validator", **ds),
-            pod(restart_s, "gpu-operator", f"driver-{name}-old", labels=driver, removing=True, **ds),
-            pod(restart_s + 1, "gpu-operator", f"validator-{name}-old", labels=validator, removing=True, **ds),
-            pod(restart_s + 30, "gpu-operator", f"driver-{name}-new", labels=driver,
-                image=f"nvcr.io/nvidia/driver:{driver_tag}", **ds),
-            pod(restart_s + 70, "gpu-operator", f"validator-{name}-new", labels=validator,
-                image="gpu-operator-validator", **ds)]
+    records = [pod(-50, "gpu-operator", f"driver-{name}-old", labels=driver, image=old_image, **ds),
+               pod(-50, "gpu-operator", f"validator-{name}-old", labels=validator, image="gpu-operator-validator", **ds),
+               pod(-50, "gpu-operator", f"plugin-{name}-old", labels=plugin, image="k8s-device-plugin", **ds),
+               pod(restart_s, "gpu-operator", f"driver-{name}-old", labels=driver, removing=True, **ds),
+               pod(restart_s + 1, "gpu-operator", f"plugin-{name}-old", labels=plugin, removing=True, **ds),
+               pod(restart_s + 30, "gpu-operator", f"driver-{name}-new", labels=driver,
+                   image=f"nvcr.io/nvidia/driver:{driver_tag}", **ds),
+               pod(restart_s + 60, "gpu-operator", f"plugin-{name}-new", labels=plugin, image="k8s-device-plugin", **ds)]
+    if validator_after:
+        records += [pod(restart_s + 1, "gpu-operator", f"validator-{name}-old", labels=validator, removing=True, **ds),
+                    pod(restart_s + 70, "gpu-operator", f"validator-{name}-new", labels=validator,
+                        image="gpu-operator-validator", **ds)]
+    return records
 
 
 def workloads(*, evicted_at_s: float = 20, sched_api_evicted_at_s: float | None = None) -> list[Record]:
