@@ -1,4 +1,4 @@
-# Each target does all of its own set-up: Debian packages, the virtualenv, the Go build (cached).
+# Each target does all of its own set-up: Debian packages, the virtualenv, the Go builds (cached).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -51,6 +51,7 @@ build:
 	bash ci/build-operator.sh $(GPUCANARY_OPERATOR_RELEASE) >/dev/null
 	bash ci/build-kubelet.sh >/dev/null
 	bash ci/build-actionlint.sh >/dev/null
+	bash ci/build-helm.sh >/dev/null
 
 # Every release, one build at a time (each takes minutes cold; a warm cache builds nothing).
 build-operators:

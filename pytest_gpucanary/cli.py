@@ -7,10 +7,13 @@ import enum
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from pytest_gpucanary.config import KNOBS, Settings, env_source, flag, run_id_rule
+from pytest_gpucanary.config import BY_NAME, KNOBS, Settings, env_source, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
+
+if TYPE_CHECKING:
+    from pytest_gpucanary.policy.helm import HelmChart
 
 
 class ExitCode(enum.IntEnum):
@@ -160,7 +163,7 @@ def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.run import check_inputs
 
     settings = Settings.resolve(lambda knob: getattr(args, knob.name), env_source(os.environ))
-    check_inputs(settings)
+    check_inputs(settings, fleet_chart=fleet_chart(settings))
     prometheus_url = settings.prometheus_url
     if settings.kubeconfig:
         kube = Kube.connect(settings.kubeconfig, context=settings.context)
@@ -241,17 +244,41 @@ def _add_lint(sub: argparse._SubParsersAction) -> None:
                         help="Also print the knobs changed since OLD_POLICY and the findings each change adds (+) "
                              "or removes (-)")
     parser.add_argument("--json", action="store_true", help="Print the findings (and changes) as JSON")
+    for knob in (BY_NAME["helm_chart"], BY_NAME["helm_binary"]):
+        parser.add_argument(knob.flag, dest=knob.name, default=None, metavar="PATH",
+                            help=f"{knob.help} (env {knob.env})")
     parser.set_defaults(handler=_cmd_lint)
+
+
+def fleet_chart(settings: Settings) -> Callable[[], Path] | None:
+    """With the local fleet as the target, where its release's gpu-operator chart is (found only when
+    a Helm values policy needs it); None for a real cluster, which names its chart."""
+    if settings.kubeconfig is not None:
+        return None
+
+    def chart() -> Path:
+        from pytest_gpucanary.fleet import Fleet
+
+        return Fleet.from_env().helm_chart()
+    return chart
+
+
+def _helm(settings: Settings) -> HelmChart:
+    from pytest_gpucanary.policy.helm import HelmChart
+
+    return HelmChart.from_settings(settings, fleet_chart=fleet_chart(settings))
 
 
 def _cmd_lint(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.policy import lint as policy_lint
     from pytest_gpucanary.policy.parse import load_policy
 
-    policy = load_policy(args.policy)
-    changes = policy_lint.diff_policies(load_policy(args.against), policy) if args.against else None
+    # Helm values render with the named chart, else the local fleet's release chart
+    helm = _helm(Settings.resolve(lambda knob: getattr(args, knob.name, None), env_source(os.environ)))
+    policy = load_policy(args.policy, helm=helm)
+    changes = policy_lint.diff_policies(load_policy(args.against, helm=helm), policy) if args.against else None
     findings = policy_lint.lint_policy(policy)
-    output = (policy_lint.render_json if args.json else policy_lint.render_lines)(findings, changes)
+    output = (policy_lint.render_json if args.json else policy_lint.render_lines)(findings, changes, policy=policy)
     if output:
         print(output)
     return ExitCode.GATE_FAILED if policy_lint.has_errors(findings) else ExitCode.OK
@@ -293,7 +320,8 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
 
     settings = _gate_settings(args.pytest_args)
     planned = gate.plan(base=args.base, head=args.head, run_args=args.pytest_args,
-                        reports_dir=Path(settings.reports_dir), gate_id=settings.run_id or new_run_id())
+                        reports_dir=Path(settings.reports_dir), gate_id=settings.run_id or new_run_id(),
+                        helm=_helm(settings))
     env, fleet = dict(os.environ), None
     if settings.kubeconfig:
         kube = Kube.connect(settings.kubeconfig, context=settings.context)

@@ -152,6 +152,11 @@ class Settings:
     kubeconfig: Path | None = knob(None, "Kubeconfig of a real cluster; without it the local fleet is the target")
     context: str | None = knob(None, "Context in the kubeconfig")
     policy: Path | None = knob(None, "Upgrade policy under test: ClusterPolicy, NVIDIADriver or Helm values YAML")
+    # Helm values become the ClusterPolicy the chart renders (policy/helm.py); a CR needs neither
+    helm_chart: Path | None = knob(None, "GPU Operator chart (directory or .tgz) that renders a Helm values policy "
+                                         "(local fleet: its release's chart)")
+    helm_binary: Path | None = knob(None, "Helm binary that renders a Helm values policy (default: helm on PATH, "
+                                          "else the build of ci/build-helm.sh)")
     driver_version: str | None = knob(None, "Driver version to upgrade the canary pool to", check=version_rule)
     pool_provider: str | None = knob(None, "Pool provider: kwok (local fleet default) or existing (real clusters)",
                                      check=one_of("kwok", "existing"))

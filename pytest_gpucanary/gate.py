@@ -26,6 +26,7 @@ from pytest_gpucanary.ladder import RunEvidence
 from pytest_gpucanary.ladder.compare import Comparison, Side, compare
 from pytest_gpucanary.policy import lint as policy_lint
 from pytest_gpucanary.policy.parse import load_policy
+from pytest_gpucanary.policy.render import ValuesRenderer
 from pytest_gpucanary.receipt import FILES as RUN_FILES
 from pytest_gpucanary.receipt.gate import write_gate_receipt
 from pytest_gpucanary.receipt.json import parse_json
@@ -144,8 +145,10 @@ class GatePlan:
     findings: tuple[policy_lint.Finding, ...]    # of head
 
 
-def plan(*, base: str, head: str, run_args: Sequence[str], reports_dir: Path, gate_id: str) -> GatePlan:
-    """Read and lint both policies; every input fault is raised here, before any cluster is contacted."""
+def plan(*, base: str, head: str, run_args: Sequence[str], reports_dir: Path, gate_id: str,
+         helm: ValuesRenderer | None = None) -> GatePlan:
+    """Read and lint both policies (Helm values rendered by `helm`); every input fault is raised here,
+    before any cluster is contacted."""
     check_run_args(run_args)
     longest = max(len(f"{gate_id}-{label}") for label in SIDES)
     if run_id_rule(f"{gate_id}-base"):
@@ -159,7 +162,7 @@ def plan(*, base: str, head: str, run_args: Sequence[str], reports_dir: Path, ga
                           hint=f"point {flag('reports_dir')} at a writable directory") from err
     paths = {label: read_source(source, into=gate_dir / "policies", label=label)
              for label, source in zip(SIDES, (base, head))}
-    policies = {label: load_policy(path) for label, path in paths.items()}
+    policies = {label: load_policy(path, helm=helm) for label, path in paths.items()}
     specs = tuple(RunSpec(label, paths[label], source, f"{gate_id}-{label}")
                   for label, source in zip(SIDES, (base, head)))
     return GatePlan(gate_id, gate_dir, specs, tuple(policy_lint.diff_policies(policies["base"], policies["head"])),

@@ -133,10 +133,11 @@ class GpucanarySession:
         """Refuse bad gate input before any test runs or the cluster is touched: exit 4, one line."""
         if not any("gpucanary_run" in getattr(item, "fixturenames", ()) for item in items):
             return
+        from pytest_gpucanary.cli import fleet_chart
         from pytest_gpucanary.run import check_inputs
 
         try:
-            check_inputs(self.settings)
+            check_inputs(self.settings, fleet_chart=fleet_chart(self.settings))
         except ConfigError as err:
             raise pytest.UsageError(f"gpucanary: {err}") from None
 

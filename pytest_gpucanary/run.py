@@ -29,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from pytest_gpucanary import metrics, preflight, workloads
 from pytest_gpucanary.config import Settings, flag
@@ -41,6 +41,7 @@ from pytest_gpucanary.lease import RunLease
 from pytest_gpucanary.load import LoadRun, check_locustfile
 from pytest_gpucanary.outcome import RunOutcome, judge
 from pytest_gpucanary.policy import apply as upgrade
+from pytest_gpucanary.policy.helm import HelmChart
 from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
 from pytest_gpucanary.pool import Pool, PoolProvider
 from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
@@ -55,6 +56,8 @@ class LocalEndpoints(Protocol):
     prometheus_url: str
 
     def service_url(self, namespace: str, name: str) -> str: ...
+
+    def helm_chart(self) -> Path: ...
 
 WORKLOAD_READY_TIMEOUT_S = 180
 # past the GPU job's deadline: a replacement pod evicted late in the upgrade is scheduled again after the
@@ -84,6 +87,7 @@ class _Measured:
     held_nodes: tuple[str, ...] = ()
     operator_release: str = ""
     policy_applied_to: str = ""
+    policy_rendering: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager
@@ -106,11 +110,12 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def check_inputs(settings: Settings) -> UpgradePolicy:
-    """Everything the user gave, read and checked before the cluster is touched: the policy, the
-    workload manifests, the locustfile and the reports directory. Returns the policy."""
+def check_inputs(settings: Settings, *, fleet_chart: Callable[[], Path] | None = None) -> UpgradePolicy:
+    """Everything the user gave, read and checked before the cluster is touched: the policy (Helm
+    values rendered by helm, with `fleet_chart` when the local fleet is the target and no chart is
+    given), the workload manifests, the locustfile and the reports directory. Returns the policy."""
     settings.require_gate_inputs()
-    policy = load_policy(settings.policy)
+    policy = load_policy(settings.policy, helm=HelmChart.from_settings(settings, fleet_chart=fleet_chart))
     workloads.check(settings)
     check_locustfile(settings.locustfile)
     return policy
@@ -125,7 +130,7 @@ class CanaryRun:
     def execute(self) -> RunOutcome:
         settings, clock = self.settings, StepClock()
         clock.next("preflight")
-        policy = check_inputs(settings)                  # refuse bad input before touching the cluster
+        policy = check_inputs(settings, fleet_chart=self.fleet.helm_chart if self.fleet else None)   # before any write
         checked = preflight.check(self.kube, self.provider, target=settings.driver_version,   # read-only
                                   prometheus_url=self._prometheus_url(), service_url=settings.service_url)
         for problem in checked.problems:
@@ -147,7 +152,8 @@ class CanaryRun:
                 clock.next("pool")
                 pool = self.provider.provision(self.kube, cluster, run_id=run_id)
                 cleanup.callback(self.provider.release, self.kube)
-                run = _Measured(run_id, pool, upgrade_policy=policy.to_cr())
+                run = _Measured(run_id, pool, upgrade_policy=policy.to_cr(),
+                                policy_rendering=policy.rendering.lines() if policy.rendering else ())
                 self.progress.line(f"pool {', '.join(pool.nodes)} ({self.provider.name}), driver {pool.driver_from} "
                                    f"-> {settings.driver_version}")
                 clock.next("workloads")
@@ -207,7 +213,8 @@ class CanaryRun:
             run_id=run.run_id, policy_path=str(settings.policy), finished_wall_ns=finished_wall_ns,
             ci=ci_identity(os.environ), gpu_job_work_s=settings.job_duration_s,
             gpu_job_until_wall_ns=run.gpu_job_until_wall_ns, exposure=run.exposure, held_nodes=run.held_nodes,
-            operator_release=run.operator_release, policy_applied_to=run.policy_applied_to)
+            operator_release=run.operator_release, policy_applied_to=run.policy_applied_to,
+            policy_rendering=run.policy_rendering)
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import EnvError
 
 CI_DIR = Path(__file__).resolve().parents[2] / "ci"
@@ -54,6 +55,16 @@ def find_operator_bin_dir(release: str, progress: Callable[[str], None]) -> Path
                        hint=f"set GPUCANARY_OPERATOR_RELEASE={built} or point {GPU_OPERATOR.env_var} at a "
                             f"{release} build (bash ci/build-operator.sh {release})")
     return bin_dir
+
+
+def operator_chart(release: str, progress: Callable[[str], None]) -> Path:
+    """The gpu-operator Helm chart of `release`, from the same tree the operator binary was built from."""
+    bin_dir = find_operator_bin_dir(release, progress)
+    chart = Path(read_paths_env(bin_dir).get("GPU_OPERATOR_MODULE_DIR", "")) / "deployments" / "gpu-operator"
+    if not (chart / "Chart.yaml").is_file():
+        raise EnvError(f"the GPU Operator {release} tree of {bin_dir} has no chart at {chart}",
+                       hint=f"rebuild it (bash ci/build-operator.sh {release}) or pass {flag('helm_chart')}=PATH")
+    return chart
 
 
 def operator_release(bin_dir: Path) -> str:

@@ -21,8 +21,8 @@ import yaml
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, operator, processes, waits
-from pytest_gpucanary.fleet.binaries import (CONTROL_PLANE, find_bin_dir, find_operator_bin_dir, operator_release,
-                                             read_paths_env)
+from pytest_gpucanary.fleet.binaries import (CONTROL_PLANE, find_bin_dir, find_operator_bin_dir, operator_chart,
+                                             operator_release, read_paths_env)
 from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
@@ -80,6 +80,10 @@ class Fleet:
     @property
     def ingress_url(self) -> str:
         return f"http://{HOST}:{self.layout.port('ingress')}"
+
+    def helm_chart(self) -> Path:
+        """The gpu-operator chart of the fleet's release, which renders a Helm values policy."""
+        return operator_chart(self.layout.operator_release, _quiet)
 
     def service_url(self, namespace: str, name: str) -> str:
         """Where a load generator reaches a Service through the fleet's ingress (no trailing slash)."""

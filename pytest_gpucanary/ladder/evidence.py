@@ -58,10 +58,12 @@ class RunEvidence:
     held_nodes: tuple[str, ...] = ()   # GPU nodes the run held back with the operator's skip label
     operator_release: str = ""         # as the ClusterPolicy's Helm labels name it; "" when unknown
     policy_applied_to: str = ""        # which object got the policy and which the version
+    # Helm values: the chart that rendered the applied CR, then each knob it filled in or changed; one line each
+    policy_rendering: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate", "exposure",
-                     "held_nodes"):
+                     "held_nodes", "policy_rendering"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def offset_s(self, wall_ns: int) -> float:
@@ -128,7 +130,8 @@ class RunEvidence:
                    gpu_job_work_s=doc.get("gpu_job_work_s", 0.0), gpu_job_until_wall_ns=doc.get("gpu_job_until_wall_ns", 0),
                    exposure=tuple(doc.get("exposure", ())), held_nodes=tuple(doc.get("held_nodes", ())),
                    operator_release=doc.get("operator_release", ""),
-                   policy_applied_to=doc.get("policy_applied_to", ""))
+                   policy_applied_to=doc.get("policy_applied_to", ""),
+                   policy_rendering=tuple(doc.get("policy_rendering", ())))
 
     def write(self, report_dir: Path) -> Path:
         """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""

@@ -212,7 +212,7 @@ def has_errors(findings: Iterable[Finding]) -> bool:
 
 def diff_policies(old: UpgradePolicy, new: UpgradePolicy) -> list[Change]:
     """The knobs that differ, in CR order, each with the findings its change adds or removes."""
-    before, after = _flatten(old.to_cr()), _flatten(new.to_cr())
+    before, after = old.knobs(), new.knobs()
     changed = [knob for knob in after if before[knob] != after[knob]]
     old_findings = {(f.code, f.severity): f for f in lint_policy(old)}
     new_findings = {(f.code, f.severity): f for f in lint_policy(new)}
@@ -225,27 +225,29 @@ def diff_policies(old: UpgradePolicy, new: UpgradePolicy) -> list[Change]:
             for knob in changed]
 
 
-def _flatten(cr: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in cr.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def render_lines(findings: list[Finding], changes: list[Change] | None = None) -> str:
-    """`change PATH: OLD -> NEW` with `  + finding` / `  - finding` under it, then one finding per line."""
+def render_lines(findings: list[Finding], changes: list[Change] | None = None, *,
+                 policy: UpgradePolicy | None = None) -> str:
+    """For Helm values (`policy.rendering`), first `rendered by ...: {CR}` and one `chart PATH: ...` per
+    knob the chart filled in or changed; then `change PATH: OLD -> NEW` with `  + finding` /
+    `  - finding` under it; then one finding per line."""
     lines: list[str] = []
+    if policy is not None and policy.rendering is not None:
+        lines.append(f"{policy.rendering.lines()[0]}: spec.driver.upgradePolicy {json.dumps(policy.to_cr())}")
+        lines += [f"chart {note.line()}" for note in policy.rendering.notes]
     for change in changes or ():
         lines.append(f"change {change.path}: {json.dumps(change.old)} -> {json.dumps(change.new)}")
         lines += [f"  + {f.line()}" for f in change.introduced] + [f"  - {f.line()}" for f in change.removed]
     return "\n".join(lines + [f.line() for f in findings])
 
 
-def render_json(findings: list[Finding], changes: list[Change] | None = None) -> str:
+def render_json(findings: list[Finding], changes: list[Change] | None = None, *,
+                policy: UpgradePolicy | None = None) -> str:
     document: dict[str, Any] = {"findings": [_finding_dict(f) for f in findings]}
+    if policy is not None and policy.rendering is not None:
+        document["rendered"] = {"chart": policy.rendering.chart, "upgradePolicy": policy.to_cr(),
+                                "notes": [{"knob": n.knob, "path": n.path, "in_values": n.in_values,
+                                           "values": n.given, "rendered": n.rendered, "line": n.line()}
+                                          for n in policy.rendering.notes]}
     if changes is not None:
         document["changes"] = [{"knob": c.knob, "path": c.path, "old": c.old, "new": c.new,
                                 "introduced": [_finding_dict(f) for f in c.introduced],

@@ -5,28 +5,32 @@ Pure: takes text and returns records. Never imports `kubernetes` or `kube.py`; w
 into the cluster belongs to `policy.apply`, which takes `UpgradePolicy.to_cr()`. The lint of legal
 but risky policies is in `policy.lint`. Every fault is a one-line `ConfigError` naming the
 document path (`spec.driver.upgradePolicy.drain.timeoutSeconds`) and what to write instead.
+Helm values are never read by imitating the chart: the values file is checked for what it says,
+then a `ValuesRenderer` (real `helm template`, `policy.helm`) renders it with the chart, and the
+rendered ClusterPolicy is parsed like any other (`policy.render` picks it out and notes the knobs
+the chart filled in or changed).
 
 Where the policy lives (gpu-operator v25.3.4, the fleet's; v25.10.1 reads it the same way):
   ClusterPolicy  nvidia.com/v1        spec.driver.upgradePolicy
   NVIDIADriver   nvidia.com/v1alpha1  spec.upgradePolicy (operator v26.7 and later only)
   Helm values    no apiVersion/kind   driver.upgradePolicy, with `gpuPodDeletion` where the CR
                                       has `podDeletion` (the chart's template renames it)
-Defaults are the CRD's for a CR and the chart's for Helm values; they differ only in autoUpgrade
-(ClusterPolicy CRD false, NVIDIADriver CRD and chart true). A CR must carry `drain` and
-`podDeletion` itself: the CRD gives them no default (see `_missing_block`). Helm values may leave
-them out, because the chart's own values fill them in.
+Defaults are the CRD's for a CR; for Helm values, whatever the chart renders. A CR must carry
+`drain` and `podDeletion` itself: the CRD gives them no default (see `_required_block`). Helm values
+may leave them out, because the chart's own values fill them in.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pytest_gpucanary.config import yaml_documents
+from pytest_gpucanary.config import flag, yaml_documents
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.policy.render import Rendering, ValuesRenderer, chart_notes, pick_cluster_policy
 
 
 class SourceKind(enum.StrEnum):
@@ -84,6 +88,7 @@ class UpgradePolicy:
     drain: Drain
     source_kind: SourceKind
     driver_version: str | None = None     # the driver version the document names, if any
+    rendering: Rendering | None = None    # Helm values: the chart that rendered the CR, and what it filled in
 
     def to_cr(self) -> dict[str, Any]:
         """The `upgradePolicy` mapping to write into a ClusterPolicy or an NVIDIADriver."""
@@ -95,6 +100,10 @@ class UpgradePolicy:
             "podDeletion": _cr_block(self.pod_deletion, POD_DELETION_FIELDS),
             "drain": _cr_block(self.drain, DRAIN_FIELDS),
         }
+
+    def knobs(self) -> dict[str, Any]:
+        """`to_cr()` flat: {"drain.enable": False, ...}."""
+        return flat_knobs(self.to_cr())
 
     def path_of(self, knob: str) -> str:
         """Where a CR-shaped key such as `podDeletion.timeoutSeconds` sits in the source document."""
@@ -186,8 +195,19 @@ def _cr_block(block: Any, fields: Mapping[str, tuple[str, Check]]) -> dict[str, 
     return {key: getattr(block, attr) for key, (attr, _) in fields.items()}
 
 
-def load_policy(path: str | Path) -> UpgradePolicy:
-    """Read and validate a policy file (examples in fixtures/policies/)."""
+def flat_knobs(cr: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested upgradePolicy mapping with dotted keys: {"drain": {"enable": x}} -> {"drain.enable": x}."""
+    flat: dict[str, Any] = {}
+    for key, value in cr.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_knobs(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def load_policy(path: str | Path, *, helm: ValuesRenderer | None = None) -> UpgradePolicy:
+    """Read and validate a policy file (examples in fixtures/policies/); Helm values need `helm`."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
@@ -195,13 +215,20 @@ def load_policy(path: str | Path) -> UpgradePolicy:
                           hint="check the path; it names a ClusterPolicy, NVIDIADriver or Helm values file") from err
     except UnicodeDecodeError as err:
         raise ConfigError(f"policy {str(path)!r} is not UTF-8 text", hint="give a YAML file") from err
-    return parse_policy(text, source=str(path))
+    return parse_policy(text, source=str(path), helm=helm)
 
 
-def parse_policy(text: str, *, source: str = "<policy>") -> UpgradePolicy:
-    """Validate one YAML document and normalise its upgrade policy to the CR shape."""
+def parse_policy(text: str, *, source: str = "<policy>", helm: ValuesRenderer | None = None) -> UpgradePolicy:
+    """Validate one YAML document and normalise its upgrade policy to the CR shape. Helm values are
+    checked, then rendered by `helm`, and the policy is the rendered ClusterPolicy's."""
     doc = _load_yaml(text, source)
     kind = _kind(doc, source)
+    if kind is SourceKind.HELM_VALUES:
+        return _rendered_policy(text, doc, source, helm)
+    return _parse_cr(doc, kind, source)
+
+
+def _parse_cr(doc: Mapping[str, Any], kind: SourceKind, source: str) -> UpgradePolicy:
     at = _At(source, ".".join(POLICY_PATHS[kind]))
     raw = _dig(doc, POLICY_PATHS[kind], source)
     if raw is None:
@@ -266,10 +293,8 @@ def _fields(raw: Any, at: _At, accepted: tuple[str, ...]) -> Mapping[str, Any]:
 
 
 def _policy(raw: Any, at: _At, kind: SourceKind, *, driver_version: str | None) -> UpgradePolicy:
-    pod_deletion_key = HELM_POD_DELETION if kind is SourceKind.HELM_VALUES else "podDeletion"
-    accepted = tuple(pod_deletion_key if key == "podDeletion" else key for key in POLICY_FIELDS)
     _refuse_other_shape_key(raw, at, kind)
-    raw = _fields(raw, at, accepted)
+    raw = _fields(raw, at, POLICY_FIELDS)
     wait_raw = raw.get("waitForCompletion", {})
     return UpgradePolicy(
         auto_upgrade=_auto_upgrade(raw, at, kind),
@@ -277,9 +302,9 @@ def _policy(raw: Any, at: _At, kind: SourceKind, *, driver_version: str | None) 
                                      hint="write a node count such as 1 (0 means no limit)"),
         max_unavailable=_max_unavailable(raw.get("maxUnavailable", "25%"), at.child("maxUnavailable")),
         wait_for_completion=_block(WaitForCompletion, wait_raw, at.child("waitForCompletion"), WAIT_FIELDS),
-        pod_deletion=_required_block(PodDeletion, raw, at.child(pod_deletion_key), POD_DELETION_FIELDS, kind,
+        pod_deletion=_required_block(PodDeletion, raw, at.child("podDeletion"), POD_DELETION_FIELDS,
                                      if_nil=NIL_POD_DELETION),
-        drain=_required_block(Drain, raw, at.child("drain"), DRAIN_FIELDS, kind, if_nil=NIL_DRAIN),
+        drain=_required_block(Drain, raw, at.child("drain"), DRAIN_FIELDS, if_nil=NIL_DRAIN),
         source_kind=kind,
         driver_version=driver_version,
     )
@@ -297,14 +322,16 @@ def _refuse_other_shape_key(raw: Any, at: _At, kind: SourceKind) -> None:
                                             hint=f"rename it to {HELM_POD_DELETION}")
 
 
+AUTO_UPGRADE_OFF = ("the upgrade controller then removes nvidia.com/gpu-driver-upgrade-state from every node and "
+                    "upgrades nothing, so a canary cannot test this policy")
+
+
 def _auto_upgrade(raw: Mapping[str, Any], at: _At, kind: SourceKind) -> bool:
-    consequence = ("the upgrade controller then removes nvidia.com/gpu-driver-upgrade-state from every node and "
-                   "upgrades nothing, so a canary cannot test this policy")
     if "autoUpgrade" not in raw and kind is SourceKind.CLUSTER_POLICY:
-        raise at.child("autoUpgrade").error(f"is missing and the ClusterPolicy CRD defaults it to false: {consequence}",
+        raise at.child("autoUpgrade").error(f"is missing and the ClusterPolicy CRD defaults it to false: {AUTO_UPGRADE_OFF}",
                                             hint="write autoUpgrade: true")
     if not _bool(raw.get("autoUpgrade", True), at.child("autoUpgrade")):
-        raise at.child("autoUpgrade").error(f"is false: {consequence}", hint="write autoUpgrade: true")
+        raise at.child("autoUpgrade").error(f"is false: {AUTO_UPGRADE_OFF}", hint="write autoUpgrade: true")
     return True
 
 
@@ -314,18 +341,16 @@ def _block(cls: type, raw: Any, at: _At, fields: Mapping[str, tuple[str, Check]]
 
 
 # What the operator does when the block is nil (absent from a CR, or null; in Helm values a null
-# deletes the chart's default, so the rendered ClusterPolicy has it nil too).
+# deletes the chart's default, and the chart's template then fails on it).
 NIL_DRAIN = ("gpu-operator v25.10 and earlier panic in the upgrade controller on a nil drain "
              "(it reads drain.podSelector)")
 NIL_POD_DELETION = ("the CRD gives it no default, so GPU pod deletion fails on every reconcile "
                     "('pod deletion spec should not be empty') and nodes stay in pod-deletion-required")
 
 
-def _required_block(cls: type, raw: Mapping[str, Any], at: _At, fields: Mapping[str, tuple[str, Check]],
-                    kind: SourceKind, *, if_nil: str) -> Any:
+def _required_block(cls: type, raw: Mapping[str, Any], at: _At, fields: Mapping[str, tuple[str, Check]], *,
+                    if_nil: str) -> Any:
     key = at.path.rsplit(".", 1)[1]
-    if key not in raw and kind is SourceKind.HELM_VALUES:
-        return cls()      # the chart's values.yaml carries the same defaults as the dataclass
     if raw.get(key) is None:
         what = "is empty (null)" if key in raw else "is missing"
         example = ", ".join(f"{name}: {_example(attr)}" for name, (attr, _) in fields.items())
@@ -335,6 +360,53 @@ def _required_block(cls: type, raw: Mapping[str, Any], at: _At, fields: Mapping[
 
 def _example(attr: str) -> str:
     return {"timeout_s": "300", "pod_selector": '""'}.get(attr, "false")
+
+
+def _rendered_policy(text: str, doc: Mapping[str, Any], source: str, helm: ValuesRenderer | None) -> UpgradePolicy:
+    given = _check_values(doc, source)
+    if helm is None:
+        raise ConfigError(f"{source} is gpu-operator Helm values, which only the chart renders into a ClusterPolicy",
+                          hint=f"pass {flag('helm_chart')}=PATH (the gpu-operator chart of the cluster's release)")
+    rendered = helm.render(text, source=source)
+    cluster_policy = pick_cluster_policy(rendered, source=source)
+    policy = _parse_cr(cluster_policy, SourceKind.CLUSTER_POLICY, f"{source} as rendered by helm")
+    policy = replace(policy, source_kind=SourceKind.HELM_VALUES)     # findings point into the values file
+    return replace(policy, rendering=Rendering(rendered.chart, chart_notes(given, policy.knobs(),
+                                                                           path_of=policy.path_of)))
+
+
+_HELM_BLOCKS: dict[str, tuple[type, Mapping[str, tuple[str, Check]], str | None]] = {
+    "waitForCompletion": (WaitForCompletion, WAIT_FIELDS, None),
+    HELM_POD_DELETION: (PodDeletion, POD_DELETION_FIELDS, NIL_POD_DELETION),
+    "drain": (Drain, DRAIN_FIELDS, NIL_DRAIN)}
+
+
+def _check_values(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The knobs a Helm values file sets (flat, CR-shaped keys), each checked as the CR checks it.
+    Nothing is filled in: what the file leaves out is the chart's to say."""
+    kind = SourceKind.HELM_VALUES
+    at = _At(source, ".".join(POLICY_PATHS[kind]))
+    raw = _dig(doc, POLICY_PATHS[kind], source)
+    if raw is None:
+        raise at.error("is missing", hint=_MISSING_POLICY_HINTS[kind])
+    _refuse_other_shape_key(raw, at, kind)
+    raw = _fields(raw, at, tuple(HELM_POD_DELETION if key == "podDeletion" else key for key in POLICY_FIELDS))
+    if "autoUpgrade" in raw:
+        _auto_upgrade(raw, at, kind)
+    if "maxParallelUpgrades" in raw:
+        _whole(raw["maxParallelUpgrades"], at.child("maxParallelUpgrades"),
+               hint="write a node count such as 1 (0 means no limit)")
+    if "maxUnavailable" in raw:
+        _max_unavailable(raw["maxUnavailable"], at.child("maxUnavailable"))
+    for key, (cls, fields, if_nil) in _HELM_BLOCKS.items():
+        if key in raw and if_nil is not None:
+            _required_block(cls, raw, at.child(key), fields, if_nil=if_nil)
+        elif key in raw:
+            _block(cls, raw[key], at.child(key), fields)
+    _driver_version(doc, kind, source)
+    _refuse_sandbox_workloads(doc, kind, source)
+    given = {("podDeletion" if key == HELM_POD_DELETION else key): value for key, value in raw.items()}
+    return flat_knobs(given)
 
 
 def _driver_version(doc: Mapping[str, Any], kind: SourceKind, source: str) -> str | None:
@@ -358,6 +430,4 @@ def _refuse_sandbox_workloads(doc: Mapping[str, Any], kind: SourceKind, source: 
     value = _dig(doc, path, source)
     at = _At(source, ".".join(path))
     if value is not None and _bool(value, at):
-        raise at.error("is true: the upgrade controller then removes nvidia.com/gpu-driver-upgrade-state from "
-                       "every node and upgrades nothing, so a canary cannot test this policy",
-                       hint="write sandboxWorkloads.enabled: false for the canary")
+        raise at.error(f"is true: {AUTO_UPGRADE_OFF}", hint="write sandboxWorkloads.enabled: false for the canary")

@@ -28,7 +28,7 @@ def run_rows(ev: RunEvidence) -> list[tuple[str, str]]:
     return [("run id", ev.run_id), ("pool", ", ".join(ev.pool_nodes)),
             ("driver", f"{ev.driver_from} -> {ev.driver_to}"), ("upgrade policy", ev.policy_path),
             ("GPU Operator", ev.operator_release or "release unknown (no app.kubernetes.io/version label)"),
-            ("applied to", ev.policy_applied_to or "-"),
+            ("applied to", ev.policy_applied_to or "-"), *(("policy render", line) for line in ev.policy_rendering),
             ("GPU job", f"{ev.gpu_job.name} (uid {ev.gpu_job.uid or 'unknown'})"),
             ("started", utc(ev.upgrade_started_wall_ns)), ("finished", utc(ev.finished_wall_ns)), ("CI", ci),
             *(("exposure", line) for line in ev.exposure)]

@@ -1,4 +1,5 @@
-"""Parsing, validation, lint and diff of upgrade policies (pure; no cluster)."""
+"""Parsing, validation, lint and diff of upgrade policies (pure; no cluster, no helm: Helm values
+rendered by real helm are in test_policy_helm.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ EXPECTED = {
     "operator-default.yaml": None,
     "field-note.yaml": None,
     "nvidiadriver.yaml": None,
-    "helm-values.yaml": None,
+    # checked, then handed to helm, which these pure tests do not give
+    "helm-values.yaml": "is gpu-operator Helm values, which only the chart renders into a ClusterPolicy; pass "
+                        "--gpucanary-helm-chart=PATH",
     "broken/missing-drain.yaml": "spec.driver.upgradePolicy.drain is missing: gpu-operator v25.10 and earlier "
                                  "panic in the upgrade controller on a nil drain",
     "broken/unknown-field.yaml": "spec.driver.upgradePolicy.maxParallel is not a known field; accepted: autoUpgrade, "
@@ -63,27 +66,16 @@ def test_fixture_parses_or_fails_with_its_one_line_message(name: str) -> None:
     assert "\n" not in message
 
 
-def test_helm_and_cr_shapes_normalise_to_the_same_cr() -> None:
+def test_cr_shapes_normalise_to_the_same_cr() -> None:
     cluster_policy = load_policy(POLICIES / "default.yaml")
-    helm = load_policy(POLICIES / "helm-values.yaml")
     driver = load_policy(POLICIES / "nvidiadriver.yaml")
-    assert cluster_policy.to_cr() == helm.to_cr() == driver.to_cr()
-    assert [p.source_kind for p in (cluster_policy, helm, driver)] == ["ClusterPolicy", "HelmValues", "NVIDIADriver"]
-    assert cluster_policy.driver_version == helm.driver_version == driver.driver_version == "580.95.05"
-
-
-def test_to_cr_always_writes_every_block_in_cr_keys() -> None:
-    cr = parse_policy("driver:\n  upgradePolicy:\n    autoUpgrade: true\n").to_cr()
-    assert cr == {
-        "autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "25%",
-        "waitForCompletion": {"podSelector": "", "timeoutSeconds": 0},
-        "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
-        "drain": {"enable": False, "force": False, "podSelector": "", "timeoutSeconds": 300, "deleteEmptyDir": False},
-    }
+    assert cluster_policy.to_cr() == driver.to_cr()
+    assert [p.source_kind for p in (cluster_policy, driver)] == ["ClusterPolicy", "NVIDIADriver"]
+    assert cluster_policy.driver_version == driver.driver_version == "580.95.05"
 
 
 def test_paths_follow_the_source_shape() -> None:
-    helm = load_policy(POLICIES / "helm-values.yaml")
+    helm = replace(load_policy(POLICIES / "default.yaml"), source_kind=SourceKind.HELM_VALUES)
     assert helm.path_of("podDeletion.timeoutSeconds") == "driver.upgradePolicy.gpuPodDeletion.timeoutSeconds"
     assert load_policy(POLICIES / "nvidiadriver.yaml").path_of("drain.enable") == "spec.upgradePolicy.drain.enable"
 
@@ -97,7 +89,7 @@ def test_lint_of_the_field_note_policy_predicts_the_non_gpu_eviction() -> None:
     assert "falls back to a full drain" in findings["emptydir-blocks-pod-deletion"].message
 
 
-@pytest.mark.parametrize("name", ["default.yaml", "nvidiadriver.yaml", "helm-values.yaml"])
+@pytest.mark.parametrize("name", ["default.yaml", "nvidiadriver.yaml"])
 def test_the_default_policy_has_no_error_findings(name: str) -> None:
     findings = lint_policy(load_policy(POLICIES / name))
     assert [f for f in findings if f.severity is Severity.ERROR] == []
@@ -192,7 +184,6 @@ def test_kind_defaults_for_auto_upgrade() -> None:
     driver = yaml.safe_dump({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
                              "spec": {"upgradePolicy": _with("autoUpgrade", ...)}})
     assert parse_policy(driver).auto_upgrade    # the NVIDIADriver CRD (v26.7) defaults it to true
-    assert parse_policy("driver:\n  upgradePolicy: {}\n").auto_upgrade   # so does the chart
 
 
 def test_max_unavailable_keeps_the_form_given() -> None:
@@ -212,7 +203,7 @@ def test_diff_names_the_knobs_and_the_findings_they_bring() -> None:
 
 
 def test_diff_of_equal_policies_is_empty() -> None:
-    assert diff_policies(load_policy(POLICIES / "default.yaml"), load_policy(POLICIES / "helm-values.yaml")) == []
+    assert diff_policies(load_policy(POLICIES / "default.yaml"), load_policy(POLICIES / "nvidiadriver.yaml")) == []
 
 
 def test_narrowing_the_drain_turns_the_error_into_a_warning() -> None:
@@ -242,21 +233,18 @@ policies = st.builds(
 
 
 def doc_with(policy: UpgradePolicy) -> dict[str, Any]:
-    """A document of the policy's source kind carrying `policy.to_cr()` where that kind keeps it."""
+    """A CR of the policy's source kind carrying `policy.to_cr()` where that kind keeps it."""
     cr = policy.to_cr()
     version = {} if policy.driver_version is None else {"version": policy.driver_version}
     if policy.source_kind is SourceKind.CLUSTER_POLICY:
         return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
                 "spec": {"driver": {**version, "upgradePolicy": cr}}}
-    if policy.source_kind is SourceKind.NVIDIA_DRIVER:
-        return {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "spec": {**version, "upgradePolicy": cr}}
-    cr["gpuPodDeletion"] = cr.pop("podDeletion")
-    return {"driver": {**version, "upgradePolicy": cr}}
+    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "spec": {**version, "upgradePolicy": cr}}
 
 
 @settings(max_examples=200, deadline=None)
-@given(policies)
-def test_to_cr_round_trips_through_every_document_shape(policy: UpgradePolicy) -> None:
+@given(policies.filter(lambda p: p.source_kind is not SourceKind.HELM_VALUES))
+def test_to_cr_round_trips_through_every_cr_shape(policy: UpgradePolicy) -> None:
     assert parse_policy(yaml.safe_dump(doc_with(policy))) == policy
 
 

@@ -141,3 +141,16 @@ def test_unwritable_receipt_dir_is_one_line_error(tmp_path: Path) -> None:
 ])
 def test_ci_identity(environ: dict[str, str], expected: dict[str, str]) -> None:
     assert ci_identity(environ) == expected
+
+
+def test_a_helm_rendered_policy_shows_its_chart_notes_in_every_readable_receipt(tmp_path: Path) -> None:
+    rendering = ("rendered by helm template from chart charts/gpu-operator",
+                 "driver.upgradePolicy.drain.force: not in values -> false (chart default)")
+    result, evidence = judged(dataclasses.replace(clean_run(probes=probes(3)), policy_rendering=rendering,
+                                                  upgrade_policy={"drain": {"enable": False}}))
+    assert RunEvidence.from_json(evidence.to_json(), evidence.records).policy_rendering == rendering
+    run = json.loads(render_json(result, evidence))["run"]
+    assert (run["policy_rendering"], run["upgrade_policy"]) == (list(rendering), {"drain": {"enable": False}})
+    markdown = render_markdown(result, evidence)
+    assert "| policy render | driver.upgradePolicy.drain.force: not in values -> false (chart default) |" in markdown
+    assert "not in values -&gt; false (chart default)" in render_html(result, evidence)
