@@ -31,8 +31,8 @@ def _describe(p: timeline.PodSeen) -> str:
 
 
 def _pod_evidence(ev: RunEvidence, p: timeline.PodSeen) -> Evidence:
-    ready = f"Ready at +{ev.offset_s(p.ready_wall_ns):.1f}s" if p.ready_wall_ns else "never Ready"
-    gone = f", gone at +{ev.offset_s(p.removed_wall_ns):.1f}s" if p.removed_wall_ns else ""
+    ready = f"Ready at {ev.offset_s(p.ready_wall_ns):+.1f}s" if p.ready_wall_ns else "never Ready"
+    gone = f", gone at {ev.offset_s(p.removed_wall_ns):+.1f}s" if p.removed_wall_ns else ""
     images = ", ".join(p.images) or "none reported"
     return at(ev, p.ready_wall_ns or p.first_seen_wall_ns, "Pod", f"{p.namespace}/{p.name}",
               f"{ready}{gone}; {_describe(p)}; images {images}")
@@ -45,7 +45,7 @@ def validator_line(ev: RunEvidence, node: str) -> str:
         return (f"no {op.VALIDATOR_SELECTOR} pod on {node}: the operator waits in {VALIDATION} without ever "
                 f"starting its validation timeout")
     p = live[-1]
-    return (f"validator pod {p.namespace}/{p.name} is {_describe(p)} since +{ev.offset_s(p.first_seen_wall_ns):.0f}s "
+    return (f"validator pod {p.namespace}/{p.name} is {_describe(p)} since {ev.offset_s(p.first_seen_wall_ns):+.0f}s "
             f"(the operator fails the node after its 600 s validation timeout)")
 
 
@@ -85,13 +85,13 @@ def _ready_after(ev: RunEvidence, node: str, what: str, is_operand: Callable[[Ma
     if older:
         p = older[-1]
         return Finding(Outcome.FAIL, f"{what} pod {p.namespace}/{p.name} on {node} was Ready at "
-                                     f"+{ev.offset_s(p.ready_wall_ns):.1f}s, before the new driver pod {driver.name} "
-                                     f"at +{driver_ready_s:.1f}s: it checked the old driver, and none was Ready "
+                                     f"{ev.offset_s(p.ready_wall_ns):+.1f}s, before the new driver pod {driver.name} "
+                                     f"at {driver_ready_s:+.1f}s: it checked the old driver, and none was Ready "
                                      f"after"), items
     if live:
         p = live[-1]
         return Finding(Outcome.FAIL, f"{what} pod {p.namespace}/{p.name} on {node} is {_describe(p)}, not Ready "
-                                     f"since the new driver pod {driver.name} was at +{driver_ready_s:.1f}s"), items
+                                     f"since the new driver pod {driver.name} was at {driver_ready_s:+.1f}s"), items
     return Finding(Outcome.INCONCLUSIVE, f"no {what} pod recorded on {node}"), items
 
 

@@ -90,8 +90,42 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
                         "application": "pass"}, receipt["verdicts"]
     junit = (tmp_path / "junit.xml").read_text()
     assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage:' in junit
+    assert_device_evidence_is_from_after_the_new_driver(tmp_path / "reports", receipt)
     assert_nothing_left(kube, policy_before)
     assert_replay_reproduces(tmp_path / "reports", returncode=0)
+
+
+def first_ready_ns(reports: Path) -> dict[str, tuple[str, int]]:
+    """Straight from the recorded timeline: each operator pod's (app, first time seen Running and all ready)."""
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    ready: dict[str, tuple[str, int]] = {}
+    for line in (run_dir / "timeline.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        pod = record["object"]
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        if (record["kind"] == "Pod" and pod["metadata"].get("namespace") == "gpu-operator"
+                and pod["status"].get("phase") == "Running" and statuses and all(s["ready"] for s in statuses)):
+            labels = pod["metadata"].get("labels", {})
+            app = "driver" if labels.get("app.kubernetes.io/component") == "nvidia-driver" else labels.get("app", "")
+            images = " ".join(s.get("image", "") for s in statuses)
+            ready.setdefault(pod["metadata"]["name"], (f"{app}@{TARGET}" if TARGET in images else app,
+                                                       record["received_wall_ns"]))
+    return ready
+
+
+def assert_device_evidence_is_from_after_the_new_driver(reports: Path, receipt: dict) -> None:
+    """The device stage passed, and the validator and device plugin it cites came up after the new driver
+    pod (the fleet's driver manager removed the old ones); the GPUs left allocatable and came back."""
+    device = next(v for v in receipt["verdicts"] if v["stage"] == "device")
+    assert device["summary"].startswith(f"device: 1/1 pool nodes: driver {TARGET} Ready, then validator and device "
+                                        "plugin Ready; GPUs gone at most "), device["summary"]
+    ready = first_ready_ns(reports).values()
+    [driver_ns] = [at for app, at in ready if app == f"driver@{TARGET}"]
+    for app in ("nvidia-operator-validator", "nvidia-device-plugin-daemonset"):
+        assert any(a == app and at > driver_ns for a, at in ready), f"no {app} pod Ready after the new driver"
+    [capacity] = receipt["capacity"]
+    assert capacity["before"] == 8 and capacity["lowest"] == 0 and capacity["after"] == 8, capacity
+    assert 0 < capacity["left_s"] < capacity["back_s"] and capacity["gone_s"] > 0, capacity
 
 
 def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(

@@ -317,6 +317,54 @@ def test_device_fails_when_gpu_allocatable_is_not_restored() -> None:
         "device: node canary-0 allocatable nvidia.com/gpu = 7 after upgrade-done, expected 8 (before the upgrade)")
 
 
+def test_device_passes_on_a_validator_and_device_plugin_ready_after_the_new_driver_and_reports_the_gpu_dip() -> None:
+    result = evaluate(clean_run())
+    device = result.verdict(Stage.DEVICE)
+    assert device.outcome is Outcome.PASS
+    assert device.summary == (f"device: 1/1 pool nodes: driver {NEW} Ready, then validator and device plugin Ready; "
+                              "GPUs gone at most 104 s, all back by +130s (<= 900 s)")
+    [dip] = result.capacity
+    assert (dip.before, dip.lowest, dip.left_s, dip.back_s, dip.gone_s, dip.after) == (8, 0, 26.0, 130.0, 104.0, 8)
+    assert dip.series[0] == (-60.0, 8) and (26.0, 0) in dip.series and (130.0, 8) in dip.series
+
+
+def test_device_fails_on_a_validator_that_was_ready_only_before_the_new_driver_giving_both_times() -> None:
+    schedule = list(zip([5, 10, 12, 14, 26, 90, 130, 135], HAPPY))
+    stale = run(states(schedule) + operands(validator_after=False) + workloads() + [node(500, "upgrade-done")])
+    assert evaluate(stale).verdict(Stage.DEVICE).summary == (
+        "device: validator pod gpu-operator/validator-canary-0-old on canary-0 was Ready at -50.0s, before the new "
+        "driver pod driver-canary-0-new at +60.0s: it checked the old driver, and none was Ready after")
+
+
+def test_device_fails_when_the_gpus_stay_gone_longer_than_allowed() -> None:
+    summary = evaluate(clean_run(), Settings(max_gpus_gone_s=60)).verdict(Stage.DEVICE).summary
+    assert summary == "device: node canary-0's GPUs were gone from allocatable for 104 s > 60 s"
+
+
+def test_a_node_held_in_validation_required_names_its_unready_validator_at_rollout_and_device() -> None:
+    schedule = list(zip([5, 10, 12, 14, 26, 90], HAPPY[:6]))
+    stuck = pod(80, "gpu-operator", "validator-canary-0-new", labels={"app": "nvidia-operator-validator"},
+                phase="Pending", owner="DaemonSet")
+    records = states(schedule) + operands(validator_after=False)[:-1] + [
+        pod(27, "gpu-operator", "validator-canary-0-old", labels={"app": "nvidia-operator-validator"}, removing=True,
+            owner="DaemonSet"), stuck, node(1300, "validation-required", gpus="8")]
+    result = evaluate(run(records))
+    assert result.first_failed is Stage.ROLLOUT
+    line = ("validator pod gpu-operator/validator-canary-0-new is Pending, 0/0 containers ready since +80s (the "
+            "operator fails the node after its 600 s validation timeout)")
+    assert result.verdict(Stage.ROLLOUT).summary == (
+        f"rollout: node canary-0 in validation-required at +1300s, no upgrade-done within budget 1200 s ({line})")
+    assert result.verdict(Stage.DEVICE).summary == f"device: node canary-0 held in validation-required: {line}"
+
+
+def test_a_node_without_any_validator_pod_says_the_operator_never_times_it_out() -> None:
+    schedule = list(zip([5, 10, 12, 14, 26, 90], HAPPY[:6]))
+    records = [r for r in states(schedule) + operands() if "validator" not in (r.name or "")]
+    summary = evaluate(run(records + [node(1300, "validation-required")])).verdict(Stage.ROLLOUT).summary
+    assert summary.endswith("(no app=nvidia-operator-validator pod on canary-0: the operator waits in "
+                            "validation-required without ever starting its validation timeout)")
+
+
 def test_service_phases_fail_naming_the_phase_and_value() -> None:
     phases = tuple(PhaseStats(p, 1000, 0, 0.02, 0.05, 0.1) for p in ("before", "after", "restart")) + (
         PhaseStats("drain", 1000, 40, 0.02, 0.4, 0.9),)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -39,6 +40,16 @@ def test_json_round_trips() -> None:
     result, evidence = judged(field_note_run(), Settings(max_p99_s=2.0))
     assert parse_json(render_json(result, evidence)) == result
     assert result.evictions and result.phase_windows and result.state_spans
+
+
+def test_every_receipt_shows_the_gpu_dip_and_when_the_gpus_came_back() -> None:
+    result, evidence = judged(clean_run())
+    line = "canary-0: GPUs left allocatable at +26.0s (8 -> 0), back at +130.0s: gone 104.0 s"
+    [capacity] = json.loads(render_json(result, evidence))["capacity"]
+    assert (capacity["left_s"], capacity["back_s"], capacity["gone_s"]) == (26.0, 130.0, 104.0)
+    assert f"- {line}" in render_markdown(result, evidence)
+    page = render_html(result, evidence)
+    assert "canary-0 GPUs" in page and "allocatable 0..8; gone 104 s" in page and html.escape(line) in page
 
 
 def test_evidence_round_trips_without_its_records(tmp_path: Path) -> None:

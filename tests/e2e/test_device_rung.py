@@ -1,0 +1,98 @@
+"""The device rung on the fleet, with the real GPU Operator: a validator that never comes back after the
+driver swap, and a node with no validator pod at all. Both runs go at once, each on its own pool (the
+fleet's default operator v26.7 reads each pool's policy from its own NVIDIADriver).
+
+The fault is put on the pool node by the test once the operator has started its upgrade (the node's
+upgrade-state label is upgrade-required): the node agent's `gpucanary.io/simulated-validator:
+never-ready` keeps new validator pods unready; `nvidia.com/gpu.deploy.operator-validator=false` is
+how a cluster switches the validator off on a node, so the operator's DaemonSet leaves it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from test_canary_gate import FAST, TARGET, UNBUFFERED, assert_nothing_left, policy_before  # noqa: F401
+
+from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.fleet.node_agent import VALIDATOR_ANNOTATION
+from pytest_gpucanary.gpu_operator import UPGRADE_REQUIRED, UPGRADE_STATE_LABEL
+from pytest_gpucanary.kube import Kube, NotFound
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BUDGET_S = 240      # v26.7 reaches validation-required about 150 s after the policy (its 2-minute requeue)
+FAULTS = {"validator-never-ready": {"metadata": {"annotations": {VALIDATOR_ANNOTATION: "never-ready"}}},
+          "no-validator": {"metadata": {"labels": {"nvidia.com/gpu.deploy.operator-validator": "false"}}}}
+
+
+def _inject_once_upgrading(kube: Kube, node: str, patch: dict, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        try:
+            if kube.get("v1", "Node", node)["metadata"].get("labels", {}).get(UPGRADE_STATE_LABEL) == UPGRADE_REQUIRED:
+                kube.patch("v1", "Node", node, patch)
+                return
+        except NotFound:
+            continue
+
+
+def _run(kube: Kube, fault: str, reports: Path) -> tuple[subprocess.CompletedProcess[str], float, dict]:
+    run_id = f"dev-{uuid.uuid4().hex[:6]}"
+    stop = threading.Event()
+    injector = threading.Thread(target=_inject_once_upgrading, args=(kube, f"canary-{run_id}-0", FAULTS[fault], stop),
+                                daemon=True)
+    injector.start()
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest_gpucanary.cli", "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+             f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-upgrade-budget-s={BUDGET_S}",
+             "--gpucanary-load-users=4", f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}"],
+            capture_output=True, text=True, timeout=900, env=UNBUFFERED)
+    finally:
+        stop.set()
+    took_s = time.monotonic() - started
+    receipt = reports / run_id / "receipt.json"
+    return result, took_s, json.loads(receipt.read_text()) if receipt.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def faulted_runs(gpucanary_fleet, kube: Kube, tmp_path_factory) -> dict[str, tuple]:
+    with ThreadPoolExecutor(max_workers=len(FAULTS)) as pool:
+        futures = {fault: pool.submit(_run, kube, fault, tmp_path_factory.mktemp(fault)) for fault in FAULTS}
+        return {fault: future.result() for fault, future in futures.items()}
+
+
+def test_a_validator_that_never_comes_back_fails_at_rollout_naming_validation_required_and_the_pod(
+        faulted_runs, kube: Kube, policy_before: dict) -> None:
+    result, took_s, receipt = faulted_runs["validator-never-ready"]
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    first = next(v for v in receipt["verdicts"] if v["stage"] == receipt["first_failed"])
+    assert receipt["first_failed"] == "rollout", receipt["verdicts"]
+    assert "in validation-required" in first["summary"] and "validator pod gpu-operator/nvidia-operator-validator-" \
+        in first["summary"] and "0/1 containers ready" in first["summary"], first["summary"]
+    device = next(v for v in receipt["verdicts"] if v["stage"] == "device")
+    assert device["outcome"] == "fail" and "held in validation-required" in device["summary"]
+    assert first["summary"] in result.stdout         # the failing test's first line
+    assert took_s < BUDGET_S + 300, "the run ends within its budget plus set-up and restore"
+    assert_nothing_left(kube, policy_before)
+
+
+def test_a_node_without_a_validator_fails_within_the_budget_saying_the_operator_would_wait_forever(
+        faulted_runs, kube: Kube, policy_before: dict) -> None:
+    result, took_s, receipt = faulted_runs["no-validator"]
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    assert receipt["first_failed"] == "rollout", receipt["verdicts"]
+    first = next(v for v in receipt["verdicts"] if v["stage"] == "rollout")
+    assert "in validation-required" in first["summary"] and "no app=nvidia-operator-validator pod on canary-" \
+        in first["summary"] and "without ever starting its validation timeout" in first["summary"], first["summary"]
+    assert took_s < BUDGET_S + 300, "the run ends within its budget plus set-up and restore"
+    assert_nothing_left(kube, policy_before)
