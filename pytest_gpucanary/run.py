@@ -33,7 +33,7 @@ from typing import Callable, Iterator, Protocol
 
 from pytest_gpucanary import metrics, preflight, workloads
 from pytest_gpucanary.config import Settings, flag
-from pytest_gpucanary.errors import EnvError, GpucanaryError
+from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
 from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, timeline
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
@@ -152,6 +152,11 @@ class CanaryRun:
                 clock.next("pool")
                 pool = self.provider.provision(self.kube, cluster, run_id=run_id)
                 cleanup.callback(self.provider.release, self.kube)
+                if pool.driver_from == settings.driver_version and not cluster.nvidiadriver_mode:
+                    raise ConfigError(f"the pool already runs driver {pool.driver_from}: a same-version run (a change "
+                                      "that leaves the driver as it is) relabels the pool's own NVIDIADriver, so it "
+                                      "needs the operator in NVIDIADriver mode",
+                                      hint=f"give {flag('driver_version')} a version other than {pool.driver_from}")
                 run = _Measured(run_id, pool, upgrade_policy=policy.to_cr(),
                                 policy_rendering=policy.rendering.lines() if policy.rendering else ())
                 self.progress.line(f"pool {', '.join(pool.nodes)} ({self.provider.name}), driver {pool.driver_from} "

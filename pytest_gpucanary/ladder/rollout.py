@@ -86,19 +86,32 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
                                          f"({budget} not yet spent){held}"), None
 
 
+EVICTING_STATES = ("wait-for-jobs-required", op.POD_DELETION_REQUIRED, op.DRAIN_REQUIRED)
+
+
+def how_upgraded(states: list[str]) -> str:
+    """The path the operator took: v26.7+ restarts the driver pod in place when the change leaves the
+    driver's configuration digest as it was (upgrade-required -> cordon-required -> pod-restart-required)."""
+    if "pod-restart-required" in states and not set(EVICTING_STATES) & set(states):
+        return "driver pod restarted in place (restart-only: no wait for jobs, pod deletion or drain)"
+    return "full upgrade (with drain)" if op.DRAIN_REQUIRED in states else "full upgrade (pod deletion, no drain)"
+
+
 def check_rollout(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageVerdict:
     """Every pool node reached upgrade-done after upgrade-required, within the budget from upgrade start."""
     if not evidence.pool_nodes:
         return verdict(Stage.ROLLOUT, [Finding(Outcome.INCONCLUSIVE, "no pool nodes given")], [], "")
-    findings, done_s, items = [], [], []
+    findings, done_s, items, paths = [], [], [], []
     for node in evidence.pool_nodes:
         finding, seconds = _rollout_node(evidence, node, settings)
         findings.append(finding)
         done_s += [seconds] if seconds is not None else []
-        items += _state_evidence(evidence, node, timeline.upgrade_cycle(
-            evidence.records, node, since_wall_ns=evidence.upgrade_started_wall_ns))
+        cycle = timeline.upgrade_cycle(evidence.records, node, since_wall_ns=evidence.upgrade_started_wall_ns)
+        items += _state_evidence(evidence, node, cycle)
+        paths.append(how_upgraded([t.state for t in cycle]))
     metric_findings, metric_items = stage_metrics(evidence, Stage.ROLLOUT)
     n = len(evidence.pool_nodes)
     pass_line = (f"{n}/{n} pool nodes reached upgrade-done, slowest at +{max(done_s or [0]):.0f}s <= budget "
-                 f"{settings.upgrade_budget_s:.0f} s (client receive time){metrics_note(metric_findings)}")
+                 f"{settings.upgrade_budget_s:.0f} s (client receive time); {', '.join(sorted(set(paths)))}"
+                 f"{metrics_note(metric_findings)}")
     return verdict(Stage.ROLLOUT, findings + metric_findings, items + metric_items, pass_line)

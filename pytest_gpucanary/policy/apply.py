@@ -60,13 +60,19 @@ def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: di
     applied.where.append(f"{kind[1]} {name}: {' and '.join(sorted(knobs))}")
 
 
+RESTART_LABEL = "gpucanary.io/restart"    # on the pool's driver pods when the run keeps the driver version
+
+
 def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *, driver_to: str,
           run_id: str) -> AppliedUpgrade:
     applied = AppliedUpgrade()
     if cluster.nvidiadriver_mode:
         assert pool.driver is not None, "an NVIDIADriver-mode pool always names its NVIDIADriver"
         driver_spec = kube.get(*NVIDIADRIVER, pool.driver)["spec"]
-        patch: dict = {"version": driver_to}
+        # the same version: the change under test is one that leaves the driver as it is (as a chart bump
+        # relabelling the driver pods does), which v26.7+ turns into an in-place restart
+        patch: dict = ({"version": driver_to} if driver_to != pool.driver_from else
+                       {"labels": {**(driver_spec.get("labels") or {}), RESTART_LABEL: run_id}})
         if cluster.per_driver_policy:
             patch["upgradePolicy"] = upgrade_policy
         else:

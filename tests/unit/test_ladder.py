@@ -254,6 +254,16 @@ def test_rollout_without_a_terminal_state_fails_only_once_the_budget_has_passed(
                                                         "budget 1200 s")
 
 
+def test_rollout_says_whether_the_driver_pod_was_restarted_in_place_or_fully_upgraded() -> None:
+    full = check_rollout(clean_run()).summary
+    assert full.endswith("(client receive time); full upgrade (pod deletion, no drain)")
+    restart_only = list(zip([5, 6, 8, 130, 131, 135], ["upgrade-required", "cordon-required", "pod-restart-required",
+                                                       "validation-required", "uncordon-required", "upgrade-done"]))
+    summary = check_rollout(run(states(restart_only))).summary
+    assert summary.endswith("; driver pod restarted in place (restart-only: no wait for jobs, pod deletion or drain)")
+    assert "full upgrade (with drain)" in check_rollout(field_note_run()).summary
+
+
 def test_probes_below_min_samples_are_inconclusive() -> None:
     verdict = check_scheduler(clean_run(probes=probes(2)), Settings())
     assert verdict.outcome is Outcome.INCONCLUSIVE

@@ -123,6 +123,20 @@ def test_per_driver_policy_goes_on_the_pools_nvidiadriver_only_and_comes_off_aga
     assert applied.saved == [] and applied.skipped_nodes == []
 
 
+def test_a_same_version_run_relabels_the_pools_driver_pods_and_puts_the_labels_back() -> None:
+    fake = FakeKube()
+    cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=True)
+    before = {key: content(obj) for key, obj in fake.objects().items()}
+
+    applied = upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_FROM, run_id="run-1")
+
+    canary = fake.get(*NVIDIADRIVER, "canary-pool")
+    assert canary["spec"]["version"] == DRIVER_FROM and canary["spec"]["labels"] == {upgrade.RESTART_LABEL: "run-1"}
+    assert applied.describe() == "NVIDIADriver canary-pool: labels and upgradePolicy"
+    upgrade.restore(fake, applied)
+    assert {key: content(obj) for key, obj in fake.objects().items()} == before
+
+
 def test_older_operator_takes_the_policy_from_the_cluster_policy_and_the_version_from_the_pools_driver() -> None:
     fake = FakeKube()
     cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=False)
