@@ -3,7 +3,7 @@ driver swap, and a node with no validator pod at all. Both runs go at once, each
 fleet's default operator v26.7 reads each pool's policy from its own NVIDIADriver).
 
 The fault is put on the pool node by the test once the operator has started its upgrade (the node's
-upgrade-state label is upgrade-required): the node agent's `gpucanary.io/simulated-validator:
+upgrade-state label has left upgrade-done): the node agent's `gpucanary.io/simulated-validator:
 never-ready` keeps new validator pods unready; `nvidia.com/gpu.deploy.operator-validator=false` is
 how a cluster switches the validator off on a node, so the operator's DaemonSet leaves it.
 """
@@ -24,8 +24,8 @@ from test_canary_gate import FAST, TARGET, UNBUFFERED, assert_nothing_left, poli
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.node_agent import VALIDATOR_ANNOTATION
-from pytest_gpucanary.gpu_operator import UPGRADE_REQUIRED, UPGRADE_STATE_LABEL
-from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.gpu_operator import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_STATE_LABEL
+from pytest_gpucanary.kube import Kube
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -35,13 +35,14 @@ FAULTS = {"validator-never-ready": {"metadata": {"annotations": {VALIDATOR_ANNOT
 
 
 def _inject_once_upgrading(kube: Kube, node: str, patch: dict, stop: threading.Event) -> None:
-    while not stop.wait(0.5):
-        try:
-            if kube.get("v1", "Node", node)["metadata"].get("labels", {}).get(UPGRADE_STATE_LABEL) == UPGRADE_REQUIRED:
-                kube.patch("v1", "Node", node, patch)
-                return
-        except NotFound:
-            continue
+    """Watch the pool node (it may not exist yet) until the operator has started its upgrade, then patch it."""
+    def upgrading(objects: dict[str, dict]) -> bool | None:
+        state = objects.get(node, {}).get("metadata", {}).get("labels", {}).get(UPGRADE_STATE_LABEL, "")
+        return True if state not in ("", UPGRADE_DONE, UPGRADE_FAILED) or stop.is_set() else None
+
+    kube.watch_until("v1", "Node", upgrading, timeout_s=900, field_selector=f"metadata.name={node}")
+    if not stop.is_set():
+        kube.patch("v1", "Node", node, patch)
 
 
 def _run(kube: Kube, fault: str, reports: Path) -> tuple[subprocess.CompletedProcess[str], float, dict]:
