@@ -1,34 +1,85 @@
-"""The gate as installed, not as checked out: a wheel built with `pip wheel . --no-deps`, installed into
-a fresh venv and with `pip install --user` into a throwaway HOME, run from an empty directory that holds
-a hostile pytest.ini and conftest.py. The canaries, fixtures and the gate's own pytest configuration are
-found through the installed distribution. (Needs no fleet: collection checks the inputs only.)
-
-The installs take the package alone (--no-deps); its dependencies come from this test's own
-environment through a .pth file, so no index is needed.
+"""The gate as installed, not as checked out: the wheelhouse of ci/wheelhouse.sh (the package's wheel and
+every dependency's) installed with no index, as the CI templates install from a wheel directory, into a
+fresh venv and with `pip install --user` into a throwaway HOME. The canaries, fixtures and the gate's own
+pytest configuration are found through the installed distribution: collection from a directory holding a
+hostile pytest.ini and conftest.py (no fleet needed), and `gpucanary preflight` then a whole `gpucanary run`
+from an empty directory as a ServiceAccount bound to exactly deploy/'s rules (so a rule the run needs and
+deploy/ lacks fails it).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import site
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from pytest_gpucanary.config import REPO_ROOT
+from pytest_gpucanary.config import FIXTURES, REPO_ROOT
+from pytest_gpucanary.kube import Kube
 
-pytestmark = [pytest.mark.e2e]    # about 5 s: one wheel build (setuptools from the index) and two installs
+pytestmark = [pytest.mark.e2e]    # the installs take about 30 s: the wheelhouse (from pip's cache) and two installs
+
+REQUIREMENT = f"pytest-gpucanary=={metadata.version('pytest-gpucanary')}"
+TARGET = "580.95.05"
+POLICY = f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}"   # the caller's own file
+# the fast settings of the other whole-gate tests; fewer simulated users, as two gates share 2 cores
+FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=60", "--gpucanary-load-users=4"]
+
+
+@dataclass(frozen=True)
+class Installed:
+    """One installation: its interpreter, its console script and the environment it is found in."""
+    python: Path
+    script: Path
+    env: dict[str, str]
+
+    def gpucanary(self, *args: str, cwd: Path, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.script), *args], capture_output=True, text=True, cwd=cwd, env=self.env,
+                              timeout=timeout_s)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "VIRTUAL_ENV"))}
+    return {**env, **extra}
+
+
+def pip_install(python: Path, wheelhouse: Path, *args: str, env: dict[str, str]) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index",
+                    "--find-links", str(wheelhouse), *args, REQUIREMENT], check=True, timeout=300, env=env)
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(REPO_ROOT)], check=True, timeout=300)
-    [built] = out.glob("pytest_gpucanary-*.whl")
-    return built
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheelhouse")
+    subprocess.run(["bash", str(REPO_ROOT / "ci" / "wheelhouse.sh"), str(out)], check=True, timeout=600,
+                   env={**os.environ, "PYTHON": sys.executable}, stdout=subprocess.DEVNULL)
+    return out
+
+
+@pytest.fixture(scope="module")
+def venv_install(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    env = clean_env()
+    pip_install(venv / "bin" / "python", wheelhouse, env=env)
+    return Installed(venv / "bin" / "python", venv / "bin" / "gpucanary", env)
+
+
+@pytest.fixture(scope="module")
+def user_install(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    home = tmp_path_factory.mktemp("home")
+    env = clean_env(HOME=str(home), PYTHONUSERBASE=str(home / ".local"))
+    venv = tmp_path_factory.mktemp("system-like")   # a venv with system site packages lets --user installs through
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    pip_install(venv / "bin" / "python", wheelhouse, "--user", env=env)
+    return Installed(venv / "bin" / "python", home / ".local" / "bin" / "gpucanary", env)
 
 
 def hostile_directory(path: Path) -> Path:
@@ -38,58 +89,63 @@ def hostile_directory(path: Path) -> Path:
     return path
 
 
-def collect(python: Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`gpucanary run --collect-only` with the installed package's own policy fixture."""
-    find = subprocess.run([str(python), "-c", "from pytest_gpucanary.config import FIXTURES, CANARIES; "
-                                              "print(FIXTURES); print(CANARIES)"],
-                          capture_output=True, text=True, cwd=cwd, env=env, check=True)
+@pytest.mark.parametrize("install", ["venv_install", "user_install"])
+def test_the_installed_gate_collects_from_a_hostile_directory(install: str, request: pytest.FixtureRequest,
+                                                              tmp_path: Path) -> None:
+    installed: Installed = request.getfixturevalue(install)
+    cwd = hostile_directory(tmp_path / "hostile")
+    find = subprocess.run([str(installed.python), "-c", "from pytest_gpucanary.config import FIXTURES, CANARIES; "
+                                                        "print(FIXTURES); print(CANARIES)"],
+                          capture_output=True, text=True, cwd=cwd, env=installed.env, check=True)
     fixtures, canaries = find.stdout.split()
     assert not fixtures.startswith(str(REPO_ROOT)) and not canaries.startswith(str(REPO_ROOT)), find.stdout
-    return subprocess.run([str(python), "-m", "pytest_gpucanary.cli", "run", "--collect-only", "-q",
-                           f"--gpucanary-policy={fixtures}/policies/default.yaml", "--gpucanary-driver-version=580.95.05",
-                           f"--gpucanary-reports-dir={cwd / 'reports'}"],
-                          capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
-
-
-def assert_isolated(result: subprocess.CompletedProcess[str], cwd: Path) -> None:
+    result = installed.gpucanary("run", "--collect-only", "-q", f"--gpucanary-policy={fixtures}/policies/default.yaml",
+                                 f"--gpucanary-driver-version={TARGET}", cwd=cwd, timeout_s=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "5 tests collected" in result.stdout
     assert not (cwd / ".pytest_cache").exists()
 
 
-def deps_pth(site_dir: Path) -> None:
-    site_dir.mkdir(parents=True, exist_ok=True)
-    (site_dir / "gpucanary-test-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+def gate(installed: Installed, *options: str, run_id: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`gpucanary preflight`, which must find nothing, then `gpucanary run` with the same options."""
+    preflight = installed.gpucanary("preflight", *options, cwd=cwd, timeout_s=60)
+    assert preflight.returncode == 0, preflight.stdout + preflight.stderr
+    assert json.loads(preflight.stdout)["problems"] == []
+    return installed.gpucanary("run", *options, f"--gpucanary-run-id={run_id}", cwd=cwd)
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "VIRTUAL_ENV"))}
-    return {**env, **extra}
-
-
-def test_a_fresh_venv_runs_the_gate_from_an_empty_directory(wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, timeout=300)
-    [site_dir] = (venv / "lib").glob("python3*/site-packages")
-    deps_pth(site_dir)
-    cwd = hostile_directory(tmp_path / "empty")
-    assert_isolated(collect(python, cwd, clean_env()), cwd)
-
-
-def test_a_user_install_runs_the_gate_from_an_empty_directory(wheel: Path, tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    env = clean_env(HOME=str(home), PYTHONUSERBASE=str(home / ".local"))
-    venv = tmp_path / "system-like"     # a venv with system site packages lets --user installs through
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--user", "--no-deps",
-                    str(wheel)], check=True, timeout=300, env=env)
-    user_site = subprocess.run([str(python), "-c", "import site; print(site.getusersitepackages())"],
-                               capture_output=True, text=True, env=env, check=True).stdout.strip()
-    assert user_site.startswith(str(home))
-    deps_pth(Path(user_site))
-    cwd = hostile_directory(tmp_path / "empty")
-    assert_isolated(collect(python, cwd, env), cwd)
+@pytest.mark.slow
+def test_each_install_passes_a_whole_gate_from_an_empty_directory_under_the_shipped_rules(
+        venv_install: Installed, user_install: Installed, canary_service_account, gpucanary_fleet, kube: Kube,
+        tmp_path: Path) -> None:
+    kubeconfig = canary_service_account("gpucanary")
+    sa = Kube.connect(kubeconfig)
+    assert not sa.can_i("list", "secrets") and not sa.can_i("create", "clusterrolebindings",
+                                                            group="rbac.authorization.k8s.io")
+    fleet = gpucanary_fleet.fleet
+    installs = {"wheel-venv": venv_install, "wheel-user": user_install}
+    # both at once, each on its own pool: operator v26.7 reads each pool's policy from its own NVIDIADriver
+    with ThreadPoolExecutor(len(installs)) as pool:
+        futures = {}
+        for run_id, installed in installs.items():
+            (tmp_path / run_id).mkdir()
+            futures[run_id] = pool.submit(
+                gate, installed, f"--gpucanary-kubeconfig={kubeconfig}", "--gpucanary-pool-provider=kwok", POLICY,
+                f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-prometheus-url={fleet.prometheus_url}",
+                f"--gpucanary-service-url={fleet.service_url(f'gpucanary-{run_id}', 'sched-api')}",
+                run_id=run_id, cwd=tmp_path / run_id)
+    for run_id, future in futures.items():
+        result = future.result()
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        lines = result.stdout.splitlines()
+        section = [line.strip("= ") for line in lines].index("gpucanary launch receipt")
+        summary = [line for line in lines[section + 1:] if line][:6]   # one line a stage, then the gate's
+        assert [line.split()[:2] for line in summary[:5]] == [
+            ["pass", "rollout:"], ["pass", "device:"], ["skipped", "network:"], ["pass", "scheduler:"],
+            ["pass", "application:"]], summary
+        assert f"GPU job gpucanary-{run_id}/gpu-train completed at +" in summary[4]
+        assert summary[5] == f"gate PASSED; first failed stage: none; receipt: reports/{run_id}/receipt.html"
+        assert (tmp_path / run_id / "reports" / run_id / "receipt.html").is_file()
+    assert not [n["metadata"]["name"] for n in kube.list("v1", "Namespace")
+                if n["metadata"]["name"].startswith(tuple(f"gpucanary-{r}" for r in installs))
+                and not n["metadata"].get("deletionTimestamp")]
