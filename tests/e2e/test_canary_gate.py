@@ -102,8 +102,10 @@ def first_ready_ns(reports: Path) -> dict[str, tuple[str, int]]:
     for line in (run_dir / "timeline.jsonl").read_text().splitlines():
         record = json.loads(line)
         pod = record["object"]
+        if record["kind"] != "Pod" or "metadata" not in pod:     # a relist's marker has no object
+            continue
         statuses = pod.get("status", {}).get("containerStatuses") or []
-        if (record["kind"] == "Pod" and pod["metadata"].get("namespace") == "gpu-operator"
+        if (pod["metadata"].get("namespace") == "gpu-operator"
                 and pod["status"].get("phase") == "Running" and statuses and all(s["ready"] for s in statuses)):
             labels = pod["metadata"].get("labels", {})
             app = "driver" if labels.get("app.kubernetes.io/component") == "nvidia-driver" else labels.get("app", "")

@@ -29,6 +29,7 @@ from pytest_gpucanary.kube import Kube
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+VALIDATION_START = "nvidia.com/gpu-driver-upgrade-validation-start-time"
 BUDGET_S = 240      # v26.7 reaches validation-required about 150 s after the policy (its 2-minute requeue)
 FAULTS = {"validator-never-ready": {"metadata": {"annotations": {VALIDATOR_ANNOTATION: "never-ready"}}},
           "no-validator": {"metadata": {"labels": {"nvidia.com/gpu.deploy.operator-validator": "false"}}}}
@@ -45,7 +46,7 @@ def _inject_once_upgrading(kube: Kube, node: str, patch: dict, stop: threading.E
         kube.patch("v1", "Node", node, patch)
 
 
-def _run(kube: Kube, fault: str, reports: Path) -> tuple[subprocess.CompletedProcess[str], float, dict]:
+def _run(kube: Kube, fault: str, reports: Path) -> tuple[subprocess.CompletedProcess[str], float, dict, Path]:
     run_id = f"dev-{uuid.uuid4().hex[:6]}"
     stop = threading.Event()
     injector = threading.Thread(target=_inject_once_upgrading, args=(kube, f"canary-{run_id}-0", FAULTS[fault], stop),
@@ -62,7 +63,16 @@ def _run(kube: Kube, fault: str, reports: Path) -> tuple[subprocess.CompletedPro
         stop.set()
     took_s = time.monotonic() - started
     receipt = reports / run_id / "receipt.json"
-    return result, took_s, json.loads(receipt.read_text()) if receipt.exists() else {}
+    return result, took_s, json.loads(receipt.read_text()) if receipt.exists() else {}, reports / run_id
+
+
+def validation_timer_started(run_dir: Path) -> bool:
+    """Whether the operator ever annotated the pool node with its validation start time (its 600 s timer)."""
+    for line in (run_dir / "timeline.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "Node" and VALIDATION_START in (record["object"]["metadata"].get("annotations") or {}):
+            return True
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +84,9 @@ def faulted_runs(gpucanary_fleet, kube: Kube, tmp_path_factory) -> dict[str, tup
 
 def test_a_validator_that_never_comes_back_fails_at_rollout_naming_validation_required_and_the_pod(
         faulted_runs, kube: Kube, policy_before: dict) -> None:
-    result, took_s, receipt = faulted_runs["validator-never-ready"]
+    result, took_s, receipt, run_dir = faulted_runs["validator-never-ready"]
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    assert validation_timer_started(run_dir), "the operator starts its validation timeout for an unready validator"
     first = next(v for v in receipt["verdicts"] if v["stage"] == receipt["first_failed"])
     assert receipt["first_failed"] == "rollout", receipt["verdicts"]
     assert "in validation-required" in first["summary"] and "validator pod gpu-operator/nvidia-operator-validator-" \
@@ -89,8 +100,9 @@ def test_a_validator_that_never_comes_back_fails_at_rollout_naming_validation_re
 
 def test_a_node_without_a_validator_fails_within_the_budget_saying_the_operator_would_wait_forever(
         faulted_runs, kube: Kube, policy_before: dict) -> None:
-    result, took_s, receipt = faulted_runs["no-validator"]
+    result, took_s, receipt, run_dir = faulted_runs["no-validator"]
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    assert not validation_timer_started(run_dir), "with no validator pod the operator never starts its timeout"
     assert receipt["first_failed"] == "rollout", receipt["verdicts"]
     first = next(v for v in receipt["verdicts"] if v["stage"] == "rollout")
     assert "in validation-required" in first["summary"] and "no app=nvidia-operator-validator pod on canary-" \
