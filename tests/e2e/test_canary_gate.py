@@ -21,6 +21,7 @@ import pytest
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.policy.parse import load_policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -79,7 +80,9 @@ def policy_before(kube: Kube) -> dict:
 
 def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
         gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
-    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+    """Given as Helm values: real Helm renders them with the release's chart, and the run applies exactly
+    the upgradePolicy of the ClusterPolicy it renders, the same as default.yaml's (the CR form)."""
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'helm-values.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", *FAST, f"--junitxml={tmp_path / 'junit.xml'}",
                        reports=tmp_path / "reports")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -88,6 +91,8 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
     outcomes = {v["stage"]: v["outcome"] for v in receipt["verdicts"]}
     assert outcomes == {"rollout": "pass", "device": "pass", "network": "skipped", "scheduler": "pass",
                         "application": "pass"}, receipt["verdicts"]
+    assert receipt["run"]["upgrade_policy"] == load_policy(FIXTURES / "policies" / "default.yaml").to_cr()
+    assert receipt["run"]["policy_rendering"], "the receipt shows what Helm rendered"
     junit = (tmp_path / "junit.xml").read_text()
     assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage:' in junit
     assert_device_evidence_is_from_after_the_new_driver(tmp_path / "reports", receipt)
