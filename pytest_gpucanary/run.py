@@ -104,6 +104,36 @@ def sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
+class RestoringStack(contextlib.ExitStack):
+    """An ExitStack that unwinds with SIGINT and SIGTERM deferred: a second Ctrl-C (or a CI runner's
+    SIGTERM after the first) cannot cut a restore short. The deferred signal is raised once every
+    callback has run; only SIGKILL abandons a restore, and `gpucanary cleanup` finishes it."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__()
+        self._say = say
+
+    def __exit__(self, *exc: object) -> bool:
+        if not _main_thread():
+            return super().__exit__(*exc)
+        deferred: list[int] = []
+
+        def defer(signum: int, frame: object) -> None:
+            deferred.append(signum)
+            self._say(f"signal {signum} deferred: restoring the cluster first (SIGKILL abandons the restore; "
+                      "`gpucanary cleanup` then finishes it)")
+
+        previous = {s: signal.signal(s, defer) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            suppressed = super().__exit__(*exc)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if deferred and (exc[0] is None or suppressed):
+            raise KeyboardInterrupt(f"signal {deferred[0]}, deferred until the cluster was restored")
+        return suppressed
+
+
 def _main_thread() -> bool:
     import threading
 
@@ -145,7 +175,7 @@ class CanaryRun:
         for line in checked.exposure:
             self.progress.line(f"exposure: {line}")
         try:
-            with sigterm_as_interrupt(), contextlib.ExitStack() as cleanup:
+            with sigterm_as_interrupt(), RestoringStack(self.progress.line) as cleanup:
                 cleanup.callback(self.progress.line, "cleanup done: the cluster is as the run found it")
                 # the first write: every later change has a live owner that `gpucanary cleanup` leaves alone
                 cleanup.callback(RunLease(self.kube, run_id).acquire().release)

@@ -247,8 +247,8 @@ def test_unreachable_cluster_is_an_environment_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_interrupted_run_restores_everything(gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict,
-                                             sig: signal.Signals) -> None:
+def test_interrupted_run_restores_everything_also_through_a_second_signal(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict, sig: signal.Signals) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
                              f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                              f"--gpucanary-driver-version={TARGET}", *FAST,
@@ -261,9 +261,13 @@ def test_interrupted_run_restores_everything(gpucanary_fleet, kube: Kube, tmp_pa
         if "applied; upgrading the pool" in line:
             break
     proc.send_signal(sig)
+    time.sleep(1.0)      # unwinding: the namespace's pods take seconds to go, the policy is not back yet
+    assert proc.poll() is None, "the run ended within 1 s of the signal; the second one would prove nothing"
+    proc.send_signal(sig)    # a second Ctrl-C, or the CI runner's SIGTERM after it, waits for the restore
     rest, _ = proc.communicate(timeout=180)
     output = "".join(seen) + rest
     assert proc.returncode == 2, output[-3000:]
+    assert f"signal {int(sig)} deferred: restoring the cluster first" in output, output[-3000:]
     assert "cleanup done" in output
     assert_nothing_left(kube, policy_before)
 
