@@ -164,7 +164,9 @@ def test_clean_upgrade_passes_every_stage_and_skips_network_with_the_reason() ->
         Stage.ROLLOUT: Outcome.PASS, Stage.DEVICE: Outcome.PASS, Stage.NETWORK: Outcome.SKIPPED,
         Stage.SCHEDULER: Outcome.PASS, Stage.APPLICATION: Outcome.PASS}
     assert result.gate_passed and result.first_failed is None
-    assert result.verdict(Stage.NETWORK).summary == "network: one-node pool: no multi-node collective probe possible"
+    assert result.verdict(Stage.NETWORK).summary == (
+        "network: no GPU networking configured on the 1-node pool (no nvidia-peermem, nvidia-fs or MOFED driver pod, "
+        "no RDMA or SR-IOV resource)")
     assert result.verdict(Stage.ROLLOUT).summary.startswith("rollout: 1/1 pool nodes reached upgrade-done, slowest at "
                                                             "+135s <= budget 1200 s")
     assert "judged on evictions only" in result.verdict(Stage.APPLICATION).summary
@@ -393,11 +395,50 @@ def test_gpu_job_that_never_finishes_fails() -> None:
                                       "(train-a1 Running, train-b2 Pending")
 
 
-def test_network_needs_probe_evidence_on_two_nodes() -> None:
+def test_network_is_skipped_without_gpu_networking_and_judges_a_collective_probe_when_given() -> None:
     two = clean_run(pool_nodes=(NODE, "canary-1"))
-    assert check_network(two).outcome is Outcome.INCONCLUSIVE
+    assert check_network(two).outcome is Outcome.SKIPPED
     ok = MetricCheck("nccl_allreduce", Stage.NETWORK, Outcome.PASS, 180.0, "bus bandwidth GB/s >= 150")
     assert check_network(dataclasses.replace(two, metric_checks=(ok,))).outcome is Outcome.PASS
+
+
+def rdma_run(*, peermem_ready_after: bool = True, rdma_after: str = "63") -> RunEvidence:
+    """The clean run on a node configured for GPUDirect RDMA: the driver pods carry nvidia-peermem-ctr,
+    the node advertises the RDMA shared device plugin's resource."""
+    records = []
+    for record in clean_run().records:
+        obj = record.object
+        if record.kind == "Pod" and obj.get("metadata", {}).get("name", "").startswith("driver-"):
+            ready = peermem_ready_after or obj["metadata"]["name"].endswith("-old")
+            obj = {**obj, "status": {**obj["status"], "containerStatuses": obj["status"]["containerStatuses"] + [
+                {"name": "nvidia-peermem-ctr", "image": "driver", "ready": ready}]}}
+        if record.kind == "Node" and "status" in obj:
+            late = record.received_wall_ns > at(200)
+            allocatable = {**obj["status"]["allocatable"], "rdma/rdma_shared_device_a": rdma_after if late else "63"}
+            obj = {**obj, "status": {**obj["status"], "allocatable": allocatable}}
+        records.append(dataclasses.replace(record, object=obj))
+    return run(records)
+
+
+def test_network_on_one_node_checks_peermem_and_the_rdma_devices_came_back() -> None:
+    verdict = check_network(rdma_run())
+    assert verdict.outcome is Outcome.PASS
+    assert verdict.summary == ("network: 1/1 pool nodes: GPUDirect RDMA (nvidia-peermem) back, "
+                               "rdma/rdma_shared_device_a back after the driver swap (one-node pool: no collective probe)")
+    assert check_network(rdma_run(peermem_ready_after=False)).summary == (
+        "network: GPUDirect RDMA (nvidia-peermem): container nvidia-peermem-ctr of driver pod driver-canary-0-new on "
+        "canary-0 is not ready after the driver swap")
+    assert check_network(rdma_run(rdma_after="0")).summary == (
+        "network: node canary-0 allocatable rdma/rdma_shared_device_a = 0 after the upgrade, expected 63 (before)")
+
+
+def test_a_configured_multi_node_pool_without_its_collective_probe_is_inconclusive() -> None:
+    two = dataclasses.replace(rdma_run(), pool_nodes=(NODE,))
+    assert check_network(two).outcome is Outcome.PASS
+    records = rdma_run().records
+    both = run(list(records) + [dataclasses.replace(r, name="canary-1", object={**r.object, "metadata": {
+        **r.object["metadata"], "name": "canary-1"}}) for r in records if r.kind == "Node"], pool_nodes=(NODE, "canary-1"))
+    assert check_network(both).summary.startswith("network: no collective probe result for the 2-node pool (n=0)")
 
 
 def test_timeline_loaded_from_jsonl_gives_the_same_verdicts(tmp_path: Path) -> None:
@@ -478,7 +519,7 @@ def test_missing_evidence_is_never_pass(drop: set[str], end_s: float, n_probes: 
     records = tuple(r for r in evidence.records if r.kind not in drop and r.received_wall_ns <= at(end_s))
     got = outcomes(dataclasses.replace(evidence, records=records))
     assert got[Stage.SCHEDULER] is not Outcome.PASS
-    assert got[Stage.NETWORK] is (Outcome.SKIPPED if nodes == 1 else Outcome.INCONCLUSIVE)
+    assert got[Stage.NETWORK] is not Outcome.PASS
     upgrade_unseen = "Node" in drop or end_s < 135 or nodes > 1       # upgrade-done at +135 on canary-0 only
     blind = {Stage.ROLLOUT} if upgrade_unseen else set()
     blind |= {Stage.DEVICE} if upgrade_unseen or "Pod" in drop else set()

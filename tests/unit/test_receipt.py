@@ -97,7 +97,7 @@ def test_junit_has_one_case_per_stage_with_failure_text_and_skip_reason() -> Non
     failure = cases["application"].find("failure")
     assert failure is not None and failure.get("message") == result.verdict(Stage.APPLICATION).summary
     skipped = cases["network"].find("skipped")
-    assert skipped is not None and "one-node pool" in skipped.get("message")
+    assert skipped is not None and "no GPU networking configured" in skipped.get("message")
     assert cases["rollout"].find("failure") is None and cases["rollout"].find("skipped") is None
     properties = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert properties == {"run_id": "r-7f3a", "pool": "canary-0", "driver_from": OLD, "driver_to": NEW}
@@ -114,7 +114,7 @@ def test_markdown_leads_with_the_verdict_and_lists_every_stage() -> None:
     result, evidence = judged(field_note_run())
     text = render_markdown(result, evidence)
     assert text.startswith("# gpucanary launch receipt: Gate FAILED at stage application")
-    assert "| network | skipped | network: one-node pool" in text
+    assert "| network | skipped | network: no GPU networking configured" in text
     assert "| upgrade policy | policies/drain-fallback.yaml |" in text
     passed = render_markdown(*judged(clean_run()))
     assert passed.startswith("# gpucanary launch receipt: Gate PASSED")
