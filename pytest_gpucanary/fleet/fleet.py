@@ -217,7 +217,7 @@ class Fleet:
         self._start(agent, progress)
         self._start(ingress, progress)
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
-                                release=paths["GPU_OPERATOR_VERSION"])
+                                release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma)
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
         if binaries.kubelet_node is not None:

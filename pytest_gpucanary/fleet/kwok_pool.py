@@ -22,6 +22,8 @@ from pytest_gpucanary.pool import DRIVER_POOL_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo, Permission
 
 
+FLEET_DRIVER = "fleet"                   # the NVIDIADriver of the fleet's own nodes (fixtures/fleet/nvidiadriver.yaml)
+NETWORKING_KEYS = ("rdma", "gds", "gdrcopy")
 GPUS_TIMEOUT_S = 180.0    # a fresh node: driver pod, its driver manager, then validator and device plugin
 
 
@@ -52,6 +54,9 @@ class KwokPool:
         driver = copy.deepcopy(yaml.safe_load((FLEET_FIXTURES / "nvidiadriver.yaml").read_text()))
         driver["metadata"] = {"name": self.name, "labels": owned_labels(self.run_id)}
         driver["spec"].update(version=version, nodeSelector={DRIVER_POOL_LABEL: self.name})
+        with contextlib.suppress(NotFound):     # a fresh node of the fleet: its GPU networking too
+            fleet_spec = self.kube.get(*NVIDIADRIVER, FLEET_DRIVER)["spec"]
+            driver["spec"].update({key: fleet_spec[key] for key in NETWORKING_KEYS if key in fleet_spec})
         return driver
 
     def wait_for_gpus(self, timeout_s: float = GPUS_TIMEOUT_S) -> None:

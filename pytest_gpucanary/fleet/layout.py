@@ -70,6 +70,7 @@ class FleetLayout:
     # where the kubelet nodes' nvidia.com/gpu comes from: "process" (a fleet process) or "operator"
     # (the GPU Operator's own device-plugin DaemonSet, running the fake plugin from a local image)
     kubelet_device_plugin: str = "process"
+    gpu_rdma: bool = False      # GPUDirect RDMA on (driver.rdma with host MOFED): peermem in every driver pod
 
     @classmethod
     def from_env(cls) -> FleetLayout:
@@ -82,6 +83,7 @@ class FleetLayout:
             operator_release=os.environ.get("GPUCANARY_OPERATOR_RELEASE") or DEFAULT_OPERATOR_RELEASE,
             kubelet_nodes=_int_env("GPUCANARY_FLEET_KUBELET_NODES", DEFAULT_KUBELET_NODES),
             kubelet_device_plugin=os.environ.get("GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN") or "process",
+            gpu_rdma=os.environ.get("GPUCANARY_FLEET_GPU_RDMA", "0") == "1",
         )
         if layout.kubelet_device_plugin not in ("process", "operator"):
             raise ConfigError(f"GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN={layout.kubelet_device_plugin!r} is unknown",

@@ -14,6 +14,8 @@ GPU Feature Discovery's driver labels, and the device plugin's GPU count.
   node annotated `gpucanary.io/simulated-validator: never-ready` keeps its validator pods unready.
 - **Device plugin.** `nvidia.com/gpu` allocatable is the node's GPU count while a device plugin pod
   is Ready on it and 0 otherwise, as the kubelet shows it when the plugin unregisters and registers.
+- **RDMA devices.** A node whose driver pod runs `nvidia-peermem-ctr` (GPUDirect RDMA) shows the RDMA
+  shared device plugin's `rdma/rdma_shared_device_a` in its allocatable.
 
 This stands in for the node, never for the upgrade controller: it writes no upgrade-state label and
 deletes no pod. Only nodes that run the operator's pods are touched (never a real kubelet node).
@@ -34,6 +36,9 @@ DRIVER_VERSION_LABELS = (op.DRIVER_VERSION_LABEL, "nvidia.com/cuda.driver-versio
                          "nvidia.com/cuda.driver-version.minor", "nvidia.com/cuda.driver-version.revision")
 ALLOWED_ANNOTATION = "gpucanary.io/simulated-ready"
 VALIDATOR_ANNOTATION = "gpucanary.io/simulated-validator"      # "never-ready": validators on the node stay unready
+# The Network Operator's RDMA shared device plugin (k8s-rdma-shared-dev-plugin), on a node whose driver
+# pod runs nvidia-peermem: its devices do not depend on the GPU driver, so they stay through a swap.
+RDMA_RESOURCE, RDMA_DEVICES = "rdma/rdma_shared_device_a", "63"
 USER_AGENT = "gpucanary-fleet-node-agent"   # not gpucanary/<version>: the audit log tells the canary apart by it
 
 
@@ -70,6 +75,10 @@ def _labels(pod: dict) -> dict[str, str]:
     return pod["metadata"].get("labels") or {}
 
 
+def _container_names(pod: dict) -> list[str]:
+    return [c.get("name", "") for c in pod.get("status", {}).get("containerStatuses") or []]
+
+
 def _allowed(pod: dict) -> bool:
     return ALLOWED_ANNOTATION in (pod["metadata"].get("annotations") or {})
 
@@ -82,6 +91,7 @@ class NodeAgent:
     swapping: dict[str, str] = field(default_factory=dict)        # node -> driver pod waiting for its operands
     driver_written: dict[str, str] = field(default_factory=dict)  # node -> version in its GFD labels
     gpus_shown: dict[str, bool] = field(default_factory=dict)     # node -> allocatable shows its GPUs
+    rdma_shown: set[str] = field(default_factory=set)             # nodes given their RDMA devices
 
     def handle(self, event: WatchEvent) -> None:
         if event.type == "RELISTED":
@@ -116,6 +126,10 @@ class NodeAgent:
         loaded = next((p for p in drivers if _ready(p)), None)
         if loaded is not None and node not in self.swapping:
             self._driver_loaded(node, loaded, on_node)
+        if loaded is not None and node not in self.rdma_shown and "nvidia-peermem-ctr" in _container_names(loaded):
+            self.kube.patch("v1", "Node", node, {"status": {"capacity": {RDMA_RESOURCE: RDMA_DEVICES},
+                                                            "allocatable": {RDMA_RESOURCE: RDMA_DEVICES}}}, status=True)
+            self.rdma_shown.add(node)
         plugins = [p for p in on_node if op.is_device_plugin_pod(_labels(p))]
         if plugins or drivers or node in self.gpus_shown:     # a GPU node, not one that only hosts a pod
             self._show_gpus(node, any(_ready(p) and not _gone(p) for p in plugins))

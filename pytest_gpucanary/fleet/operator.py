@@ -57,16 +57,24 @@ def release_labels(release: str) -> dict[str, str]:
             "app.kubernetes.io/managed-by": "gpucanary-fleet"}
 
 
-def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str) -> None:
+# GPUDirect RDMA with the host's MOFED (no Network Operator on the fleet): the operator adds the
+# nvidia-peermem-ctr container to every driver pod (assets/state-driver/0500_daemonset.yaml)
+RDMA = {"enabled": True, "useHostMofed": True}
+
+
+def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bool = False) -> None:
     """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet". ClusterPolicy mode: the same
     ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every GPU node."""
     policy = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())
     policy["metadata"].setdefault("labels", {}).update(release_labels(release))
     policy["spec"]["driver"]["useNvidiaDriverCRD"] = driver_mode == "nvidiadriver"
+    driver = yaml.safe_load((FLEET_FIXTURES / "nvidiadriver.yaml").read_text())
+    if rdma:
+        policy["spec"]["driver"]["rdma"] = driver["spec"]["rdma"] = RDMA
     apply = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f")
     kubectl(*apply, "-", stdin=json.dumps(policy))
     if driver_mode == "nvidiadriver":
-        kubectl(*apply, str(FLEET_FIXTURES / "nvidiadriver.yaml"))
+        kubectl(*apply, "-", stdin=json.dumps(driver))
 
 
 def ready_timeout_s(gpu_nodes: int) -> float:

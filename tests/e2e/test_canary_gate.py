@@ -91,6 +91,8 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
     outcomes = {v["stage"]: v["outcome"] for v in receipt["verdicts"]}
     assert outcomes == {"rollout": "pass", "device": "pass", "network": "skipped", "scheduler": "pass",
                         "application": "pass"}, receipt["verdicts"]
+    network = next(v for v in receipt["verdicts"] if v["stage"] == "network")
+    assert network["summary"].startswith("network: no GPU networking configured on the 1-node pool")
     assert receipt["run"]["upgrade_policy"] == load_policy(FIXTURES / "policies" / "default.yaml").to_cr()
     assert receipt["run"]["policy_rendering"], "the receipt shows what Helm rendered"
     junit = (tmp_path / "junit.xml").read_text()
