@@ -416,13 +416,16 @@ class CanaryRun:
         (it works until its deadline, a replacement pod too), then let the probes in flight finish. All
         bounded: what has not happened by then is reported, not waited for."""
         wait_s = 2 * self.settings.probe_interval_s + 60
+        job = run.gpu_job
         if all(timeline.terminal_state(recorder.records, n) == "upgrade-done" for n in pool.nodes):
             done_ns = time.time_ns()
             self._wait_quietly(recorder, lambda rs: True if any(
                 p.scope == "pool" and p.created_wall_ns > done_ns and p.running_wall_ns
                 for p in probes.results(rs)) else None, wait_s, "a pool probe running after the upgrade")
-        job = run.gpu_job
-        bound_s = max(0.0, (run.gpu_job_until_wall_ns - time.time_ns()) / 1e9) + JOB_COMPLETION_GRACE_S
+            # a replacement evicted late is scheduled again after the uncordon and works its last round
+            bound_s = max(0.0, (run.gpu_job_until_wall_ns - time.time_ns()) / 1e9) + JOB_COMPLETION_GRACE_S
+        else:       # the pool is still cordoned: a replacement cannot start, only a running pod can finish
+            bound_s = max(0.0, (run.gpu_job_until_wall_ns - time.time_ns()) / 1e9)
         self.progress.line(f"waiting for GPU job {job} to complete (at most {bound_s:.0f} s)")
         self._wait_quietly(recorder, lambda rs: _job_over(rs, job), bound_s, f"GPU job {job} complete")
         probes.stop()
