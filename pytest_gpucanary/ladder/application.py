@@ -92,11 +92,26 @@ def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
                                  f"{why}; its pods ran {worked_s:.0f} s{asked}{deadline}, {evicted} evicted)"), items
 
 
+def _phases_not_passed(ev: RunEvidence) -> set[UpgradePhase]:
+    """Phases the first pool node's whole, ended upgrade cycle never entered; none while it is unknown."""
+    node = ev.pool_nodes[0] if ev.pool_nodes else ""
+    windows = timeline.phase_windows(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
+    if not windows or windows[-1].phase is not UpgradePhase.AFTER:
+        return set()
+    return set(UpgradePhase) - {w.phase for w in windows}
+
+
 def _service_phases(ev: RunEvidence, settings: Settings) -> tuple[list[Finding], list[Evidence]]:
     findings, items = [], []
     by_phase = {s.phase: s for s in ev.service_phases}
+    not_passed = _phases_not_passed(ev)
     for phase in UpgradePhase:
         s = by_phase.get(phase)
+        if phase in not_passed:
+            items.append(Evidence(None, None, "LoadStats", f"{ev.service}@{phase.value}",
+                                  f"phase {phase.value} not passed: the pool's upgrade went round it (a restart "
+                                  f"in place has no drain)"))
+            continue
         if s is None or s.requests < settings.min_phase_requests:
             findings.append(Finding(Outcome.INCONCLUSIVE, f"service {ev.service} has too few requests in phase "
                                                           f"{phase.value} to judge (n={s.requests if s else 0} < "

@@ -70,7 +70,8 @@ def validation_timer_started(run_dir: Path) -> bool:
     """Whether the operator ever annotated the pool node with its validation start time (its 600 s timer)."""
     for line in (run_dir / "timeline.jsonl").read_text().splitlines():
         record = json.loads(line)
-        if record["kind"] == "Node" and VALIDATION_START in (record["object"]["metadata"].get("annotations") or {}):
+        annotations = record["object"].get("metadata", {}).get("annotations") or {}    # relist markers have none
+        if record["kind"] == "Node" and VALIDATION_START in annotations:
             return True
     return False
 
@@ -93,7 +94,7 @@ def test_a_validator_that_never_comes_back_fails_at_rollout_naming_validation_re
         in first["summary"] and "0/1 containers ready" in first["summary"], first["summary"]
     device = next(v for v in receipt["verdicts"] if v["stage"] == "device")
     assert device["outcome"] == "fail" and "held in validation-required" in device["summary"]
-    assert first["summary"] in result.stdout         # the failing test's first line
+    assert first["summary"][:120] in result.stdout      # the failing test's first line
     assert took_s < BUDGET_S + 300, "the run ends within its budget plus set-up and restore"
     assert_nothing_left(kube, policy_before)
 

@@ -259,11 +259,20 @@ def test_rollout_without_a_terminal_state_fails_only_once_the_budget_has_passed(
 def test_rollout_says_whether_the_driver_pod_was_restarted_in_place_or_fully_upgraded() -> None:
     full = check_rollout(clean_run()).summary
     assert full.endswith("(client receive time); full upgrade (pod deletion, no drain)")
-    restart_only = list(zip([5, 6, 8, 130, 131, 135], ["upgrade-required", "cordon-required", "pod-restart-required",
-                                                       "validation-required", "uncordon-required", "upgrade-done"]))
+    # as v26.7 did on the fleet: cordoned without a cordon-required label, straight to pod-restart-required
+    restart_only = list(zip([5, 5.1, 130, 131, 135], ["upgrade-required", "pod-restart-required",
+                                                      "validation-required", "uncordon-required", "upgrade-done"]))
     summary = check_rollout(run(states(restart_only))).summary
     assert summary.endswith("; driver pod restarted in place (restart-only: no wait for jobs, pod deletion or drain)")
     assert "full upgrade (with drain)" in check_rollout(field_note_run()).summary
+    served = tuple(PhaseStats(p, 1000, 0, 0.02, 0.05, 0.1) for p in ("before", "restart", "after"))
+    in_place = run(states(restart_only) + operands() + workloads(evicted_at_s=1000), service_phases=served)
+    application = evaluate(in_place).verdict(Stage.APPLICATION)
+    assert "phase drain" not in application.summary
+    assert any("phase drain not passed" in e.text for e in application.evidence)
+    cut_short = run(states(restart_only[:2]) + operands() + workloads(evicted_at_s=1000), service_phases=served)
+    unfinished = evaluate(cut_short).verdict(Stage.APPLICATION)        # no end state yet: every phase is judged
+    assert not any("not passed" in e.text for e in unfinished.evidence) and unfinished.outcome is not Outcome.PASS
 
 
 def test_probes_below_min_samples_are_inconclusive() -> None:
