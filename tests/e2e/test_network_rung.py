@@ -19,7 +19,7 @@ from pytest_gpucanary.config import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2250   # beside the session fleet's (worker bases + 2250 stay below port 32768)
+PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2250  # below 32768 for both workers
 
 
 @pytest.fixture(scope="module")
