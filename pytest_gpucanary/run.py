@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from pytest_gpucanary import metrics, preflight, workloads
+from pytest_gpucanary import gpu_operator as op, metrics, preflight, workloads
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
@@ -217,7 +217,7 @@ class CanaryRun:
                 if run.held_nodes:
                     self.progress.line(f"exposure: {run.exposure[1]}")
                 self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
-                self._watch_upgrade(pool, recorder)
+                self._watch_upgrade(pool, recorder, cluster.operator_release)
                 clock.next("settle")
                 self._settle(pool, recorder, probes, run)
                 clock.next("evaluate")
@@ -390,7 +390,7 @@ class CanaryRun:
         return metrics.default_checks(url, nodes=pool.nodes, target_driver=self.settings.driver_version,
                                       start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns)
 
-    def _watch_upgrade(self, pool: Pool, recorder: Recorder) -> None:
+    def _watch_upgrade(self, pool: Pool, recorder: Recorder, release: str | None) -> None:
         started = time.monotonic()
         budget_s = self.settings.upgrade_budget_s
         while time.monotonic() - started < budget_s:
@@ -399,17 +399,23 @@ class CanaryRun:
                                   timeout_s=2.0)
                 break
             except TimeoutError:
-                self.progress.status(self._status_text(pool, recorder, time.monotonic() - started))
+                self.progress.status(self._status_text(pool, recorder, time.monotonic() - started, release))
         for node in pool.nodes:
             state = timeline.terminal_state(recorder.records, node) or "no end state within the budget"
             self.progress.line(f"{node}: {state} after {time.monotonic() - started:.0f} s")
 
-    def _status_text(self, pool: Pool, recorder: Recorder, elapsed_s: float) -> str:
+    def _status_text(self, pool: Pool, recorder: Recorder, elapsed_s: float, release: str | None) -> str:
         node = pool.nodes[0]
         states = timeline.upgrade_states(recorder.records, node)
         events = timeline.node_events(recorder.records, node)
         last = events[-1].message.replace("Successfully updated node state label to ", "state -> ") if events else "-"
-        return f"{node}: {states[-1] if states else '?'} | {elapsed_s:.0f}/{self.settings.upgrade_budget_s:.0f} s | {last}"
+        state = states[-1] if states else "?"
+        if state == "pod-restart-required" and _waits_for_requeue(release):
+            since = timeline.label_transitions(recorder.records, node, op.UPGRADE_STATE_LABEL)[-1].received_wall_ns
+            if any(op.is_driver_pod(p.labels) and p.ready and p.first_seen_wall_ns > since
+                   for p in timeline.live_pods(recorder.records, node=node)):
+                last = "new driver pod Ready; this release moves on at its next 2-minute requeue"
+        return f"{node}: {state} | {elapsed_s:.0f}/{self.settings.upgrade_budget_s:.0f} s | {last}"
 
     def _settle(self, pool: Pool, recorder: Recorder, probes: ProbeLoop, run: _Measured) -> None:
         """After the upgrade, give new work the chance to land again and the GPU job the time to complete
@@ -439,6 +445,13 @@ class CanaryRun:
             recorder.wait_for(predicate, timeout_s=timeout_s, what=what)
         except TimeoutError as err:
             self.progress.line(str(err))
+
+
+def _waits_for_requeue(release: str | None) -> bool:
+    """From v26.3 the node watch reacts only to upgrade-state and skip labels: nothing but the controller's
+    2-minute requeue ends pod-restart-required once the new driver pod is Ready."""
+    series = op.release_series(release) if release else None
+    return series is not None and series >= (26, 3)
 
 
 def _job_over(records: list, job: WorkloadRef) -> bool | None:

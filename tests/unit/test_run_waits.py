@@ -1,4 +1,5 @@
-"""A second signal while the run restores the cluster waits until every restore step has run."""
+"""How a run behaves while it waits and unwinds: a second signal during the restore waits until every
+restore step has run; the progress line says what the operator release is waiting for."""
 
 from __future__ import annotations
 
@@ -31,3 +32,20 @@ def test_the_first_interrupt_still_propagates_and_a_second_one_is_not_raised_ove
             stack.callback(lambda: (os.kill(os.getpid(), signal.SIGINT), steps.append("restored")))
             raise KeyboardInterrupt("first")
     assert steps == ["restored"]
+
+
+def test_the_progress_line_says_a_v26_release_waits_for_its_requeue_once_the_new_driver_is_ready() -> None:
+    from types import SimpleNamespace
+
+    from test_ladder import HAPPY, NODE, operands, states
+
+    from pytest_gpucanary.config import Settings
+    from pytest_gpucanary.pool import Pool
+    from pytest_gpucanary.run import CanaryRun
+
+    records = sorted(states(list(zip([5, 10, 12, 14, 26], HAPPY[:5]))) + operands(), key=lambda r: r.received_wall_ns)
+    run, pool = SimpleNamespace(settings=Settings()), Pool((NODE,), None, "580.82.07")
+    line = CanaryRun._status_text(run, pool, SimpleNamespace(records=records), 100.0, "v26.7.0")
+    assert line.startswith(f"{NODE}: pod-restart-required | 100/1200 s | ")
+    assert line.endswith("new driver pod Ready; this release moves on at its next 2-minute requeue")
+    assert "requeue" not in CanaryRun._status_text(run, pool, SimpleNamespace(records=records), 100.0, "v25.10.1")
