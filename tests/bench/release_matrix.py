@@ -69,7 +69,7 @@ def report(runs: list[ReleaseRun]) -> None:
 def main(argv: list[str]) -> int:
     args, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     if len(args) < 2:
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        print(__doc__.split("\n\n")[1].splitlines()[0], file=sys.stderr)
         return 4
     out = Path(args[0]).resolve()
     runs = []
