@@ -57,9 +57,11 @@ build:
 build-operators:
 	for release in $(OPERATOR_RELEASES); do bash ci/build-operator.sh $$release >/dev/null || exit 1; done
 
-# The release smoke on every release and both driver modes, beside the session fleet.
+# The upgrade, ClusterPolicy-mode and fleet smoke tests once per release, each on a fleet of that
+# release, one after the other; ends with each release's results, wall time and time-in-state table.
+RELEASES_DIR ?= reports/releases
 test-releases: setup build build-operators
-	GPUCANARY_E2E_OPERATOR_RELEASES=all $(PY) -m pytest tests/e2e/test_fleet_releases.py $(PYTEST_ARGS)
+	$(PY) tests/bench/release_matrix.py $(RELEASES_DIR) $(OPERATOR_RELEASES) -- $(PYTEST_ARGS)
 
 fleet-up: setup build
 	GPUCANARY_OPERATOR_RELEASE=$(GPUCANARY_OPERATOR_RELEASE) $(VENV)/bin/gpucanary fleet up

@@ -242,7 +242,7 @@ def test_dcgm_driver_version_follows_the_new_driver_pod(no_drain_phase: dict[str
 
 
 def test_operator_metric_counts_the_failed_pool_nodes(no_drain_phase: dict[str, Scenario], gpucanary_fleet) -> None:
-    """gpu_operator_nodes_upgrades_failed is set in NVIDIADriver mode too (v25.3.4): the shm and PDB pools."""
+    """gpu_operator_nodes_upgrades_failed is set in NVIDIADriver mode too, on every release: the shm and PDB pools."""
     from pytest_gpucanary import metrics
 
     deadline = time.monotonic() + 60
