@@ -91,6 +91,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def sigint_default() -> None:
+    """In the child: SIGINT back to its default, which a run started in the background (a non-interactive
+    shell's `&`) inherits as ignored; the stop is locust's own SIGINT handling."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class LoadRun:
     """One bounded locust run against `host` (a URL; requests go to host + path)."""
 
@@ -144,7 +150,7 @@ class LoadRun:
             for argv in self._commands():
                 # cwd: locust reads locust.conf and pyproject.toml from its working directory
                 self._procs.append(subprocess.Popen(argv, cwd=self.log_dir, env=self._env(), stdin=subprocess.DEVNULL,
-                                                    stdout=out, stderr=subprocess.STDOUT))
+                                                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=sigint_default))
         return self
 
     def running(self) -> bool:

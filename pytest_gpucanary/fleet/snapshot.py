@@ -28,6 +28,7 @@ from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fe
 from pytest_gpucanary.fleet.fleet import Fleet
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
 from pytest_gpucanary.kube import OWNER_LABEL, Kube
+from pytest_gpucanary.load import sigint_default
 
 Snapshot = dict[str, object]
 
@@ -79,7 +80,7 @@ def run_killed(fleet: Fleet, args: list[str], *, reports: Path, cue: Callable[[s
                 "GPUCANARY_FLEET_GPU_NODES": str(fleet.layout.gpu_nodes), **(env or {})}
     since_s = time.time()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_default)
     if on_start is not None:
         on_start(proc)
     timer = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))

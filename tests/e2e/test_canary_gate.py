@@ -21,6 +21,7 @@ import pytest
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.load import sigint_default
 from pytest_gpucanary.policy.parse import load_policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -255,7 +256,8 @@ def test_interrupted_run_restores_everything_also_through_a_second_signal(
                              f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                              f"--gpucanary-driver-version={TARGET}", *FAST,
                              f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED,
+                            preexec_fn=sigint_default)     # as from a terminal, whatever this process inherited
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:

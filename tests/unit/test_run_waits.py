@@ -15,6 +15,7 @@ from pytest_gpucanary.run import RestoringStack
 def test_a_signal_during_the_restore_is_deferred_until_every_step_ran(signum: int) -> None:
     said: list[str] = []
     steps: list[str] = []
+    handler_before = signal.signal(signal.SIGINT, signal.default_int_handler)   # as a terminal starts a process
     with pytest.raises(KeyboardInterrupt, match="deferred until the cluster was restored"):
         with RestoringStack(said.append) as stack:
             stack.callback(steps.append, "policy restored")          # runs last
@@ -23,10 +24,12 @@ def test_a_signal_during_the_restore_is_deferred_until_every_step_ran(signum: in
     assert said == [f"signal {signum} deferred: restoring the cluster first (SIGKILL abandons the restore; "
                     "`gpucanary cleanup` then finishes it)"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler      # handlers put back
+    signal.signal(signal.SIGINT, handler_before)
 
 
 def test_the_first_interrupt_still_propagates_and_a_second_one_is_not_raised_over_it() -> None:
     steps: list[str] = []
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with pytest.raises(KeyboardInterrupt, match="^first$"):
         with RestoringStack(lambda line: None) as stack:
             stack.callback(lambda: (os.kill(os.getpid(), signal.SIGINT), steps.append("restored")))
