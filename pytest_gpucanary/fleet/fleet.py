@@ -26,6 +26,7 @@ from pytest_gpucanary.fleet.binaries import (CONTROL_PLANE, find_bin_dir, find_o
 from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
+from pytest_gpucanary import metrics
 from pytest_gpucanary.kube import Kube
 
 Progress = Callable[[str], None]
@@ -34,6 +35,7 @@ FLEET_NODE_SELECTOR = "gpucanary.io/fleet=local"   # the fleet's own node templa
 APPLY_CHUNK = 50
 APPLY_PARALLELISM = 4
 START_TIMEOUT_S = {"etcd": 30, "kube-apiserver": 120, "prometheus": 60}
+SERIES_TIMEOUT_S = 120.0
 NODES_READY_TIMEOUT_S = 120
 HOST_ETC_MOUNTPOINT = Path("/host-etc")
 
@@ -220,9 +222,20 @@ class Fleet:
                                 release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma)
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
+        self._wait_series(progress)
         if binaries.kubelet_node is not None:
             KubeletNodes.planned(self.layout, binaries.kubelet_node).wait_operator_gpus(
                 self._kubectl_for(binaries.control_plane), progress)
+
+    def _wait_series(self, progress: Progress) -> None:
+        """Until Prometheus holds every series a canary's preflight asks for, so a run can follow `fleet up`
+        at once (its scrapes and service discovery run every 5 s)."""
+        deadline = time.monotonic() + SERIES_TIMEOUT_S
+        while missing := metrics.missing_series(self.prometheus_url):
+            if time.monotonic() > deadline:
+                raise EnvError(f"the fleet's Prometheus still lacks a series after {SERIES_TIMEOUT_S:.0f} s: "
+                               f"{missing[0]}", hint=f"see {self.layout.logs / 'prometheus.log'}")
+            time.sleep(1.0)
 
     def _start(self, part: components.Component, progress: Progress) -> None:
         progress(f"fleet: starting {part.name} on 127.0.0.1:{part.port}")
