@@ -32,9 +32,9 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
 class Run:
     """One `gpucanary run` in the background, its output collected, a line awaited."""
 
-    def __init__(self, run_id: str, reports: Path) -> None:
+    def __init__(self, run_id: str, reports: Path, *extra: str) -> None:
         self.run_id = run_id
-        self.proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run", *ARGS,
+        self.proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run", *ARGS, *extra,
                                       f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}"],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
         self.lines: list[str] = []
@@ -79,7 +79,9 @@ def test_two_parallel_runs_each_followed_by_cleanup_leave_the_other_intact(gpuca
     assert discover(kube).per_driver_policy, "two runs at once need per-NVIDIADriver policies (operator v26.7+)"
     first = Run("par-first", tmp_path / "reports")
     assert first.applied.wait(timeout=300), first.output[-3000:]
-    second = Run("par-second", tmp_path / "reports")      # starts while the first one upgrades its pool
+    # starts while the first one upgrades its pool; its longer GPU job keeps it live (waiting for the job)
+    # well past the first run's end and cleanup, however slow the machine
+    second = Run("par-second", tmp_path / "reports", "--gpucanary-job-duration-s=300")
     assert second.applied.wait(timeout=300), second.output[-3000:]
 
     assert first.finish() == 0, first.output[-3000:]
