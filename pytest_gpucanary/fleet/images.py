@@ -9,6 +9,9 @@ which then finds them). Each image is one uncompressed layer, so its diff ID is 
   (busybox:1.36 in fixtures/workloads/probe.yaml) and for anything that needs a shell.
 - pause: ci/node/pause, standing in for registry.k8s.io/pause as the sandbox image.
 - fake-gpu-plugin: ci/node/fake-gpu-plugin, standing in for nvcr.io/nvidia/k8s-device-plugin.
+- allreduce: ci/node/allreduce as /allreduce, a two-rank all-reduce over TCP standing in for
+  nccl-tests' all_reduce_perf (same flags and summary lines), with busybox so a manifest can wrap
+  it in `sh -c`.
 - with the operator's device plugin (GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN=operator), two more under
   the names the fleet's ClusterPolicy gives: the validator image (busybox: the device plugin's
   init container only waits for a file) and the device plugin image (busybox, the fake plugin as
@@ -34,6 +37,7 @@ PAUSE_IMAGE = "localhost/gpucanary/pause:1"
 BUSYBOX_IMAGES = ("localhost/gpucanary/busybox:1", "docker.io/library/busybox:1.36",
                   "docker.io/library/busybox:latest")
 FAKE_GPU_PLUGIN_IMAGE = "localhost/gpucanary/fake-gpu-plugin:1"
+ALLREDUCE_IMAGE = "localhost/gpucanary/allreduce:1"
 _PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
 
 
@@ -132,6 +136,7 @@ def node_images(bin_dir: Path) -> list[ImageSpec]:
         ImageSpec((PAUSE_IMAGE,), ("/pause",), (("/pause", bin_dir / "pause"),)),
         ImageSpec((FAKE_GPU_PLUGIN_IMAGE,), ("/fake-gpu-plugin",),
                   (("/fake-gpu-plugin", bin_dir / "fake-gpu-plugin"),)),
+        _busybox((ALLREDUCE_IMAGE,), ("/allreduce",), files=(("/allreduce", bin_dir / "allreduce"),)),
     ]
 
 

@@ -29,7 +29,7 @@ from pytest_gpucanary.fleet.layout import FleetLayout
 Progress = Callable[[str], None]
 Kubectl = Callable[..., str]
 KUBELET_NODE_BUILD = Build("GPUCANARY_KUBELET_BIN_DIR", "build-kubelet.sh",
-                           ("kubelet", "pause", "fake-gpu-plugin", "gpucanary-netns"))
+                           ("kubelet", "pause", "fake-gpu-plugin", "gpucanary-netns", "allreduce"))
 DEBIAN_TOOLS = {"containerd": "containerd", "containerd-shim-runc-v2": "containerd", "ctr": "containerd",
                 "runc": "runc", "nsenter": "util-linux", "ip": "iproute2", "openssl": "openssl"}
 READY_TIMEOUT_S = 120
