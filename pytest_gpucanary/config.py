@@ -129,6 +129,7 @@ def registry_rule(value: str) -> str | None:
 GPU_JOB_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0-ubuntu22.04"
 SERVICE_IMAGE = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 PROBE_IMAGE = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
+COLLECTIVE_IMAGE = "nvcr.io/nvidia/pytorch:26.01-py3"
 
 
 def mirrored(image: str, registry: str) -> str:
@@ -168,6 +169,15 @@ class Settings:
     gpu_job: Path | None = knob(None, "Manifest of the representative GPU Job (default fixtures/workloads/gpu-job.yaml)")
     service: Path | None = knob(None, "Manifest of the non-GPU service (default fixtures/workloads/service.yaml)")
     probe: Path | None = knob(None, "Manifest of a customer start probe pod (default fixtures/workloads/probe.yaml)")
+    collective_probe: Path | None = knob(None, "Manifest of the collective probe pod, run on two nodes across the "
+                                               "upgrade boundary (default fixtures/workloads/collective-probe.yaml)")
+    peer_node: str | None = knob(None, "Node outside a one-node pool for the collective probe (default: the first "
+                                       "Ready, untainted GPU node on the pool's driver with a free GPU; none: no "
+                                       "peer probe)")
+    collective_timeout_s: float = knob(300.0, "Longest the collective probe may run once both ranks started",
+                                       check=positive)
+    min_busbw_ratio: float = knob(0.8, "Lowest bus bandwidth of the collective probe after the upgrade, as a "
+                                       "fraction of its baseline (0..1)", check=fraction, threshold=True)
     probe_interval_s: float = knob(15.0, "Seconds between customer start probes", check=positive)
     baseline_s: float = knob(30.0, "Seconds of load and probes before the policy is applied (the before phase)",
                              check=positive)
@@ -208,6 +218,8 @@ class Settings:
                                      check=image_rule)
     probe_image: str | None = knob(None, f"Image of the default start probe (default {PROBE_IMAGE})",
                                    check=image_rule)
+    collective_image: str | None = knob(None, f"Image of the default collective probe (default {COLLECTIVE_IMAGE})",
+                                        check=image_rule)
     # a CUDA image is gigabytes: a cold node may take minutes to pull it
     image_pull_timeout_s: float = knob(600.0, "Longest the pool node may take to pull each workload image",
                                        check=positive)
@@ -262,7 +274,8 @@ class Settings:
 
     def images(self) -> dict[str, str]:
         """Each default workload image -> the image this run uses for it (its knob, else the mirror)."""
-        chosen = {GPU_JOB_IMAGE: self.gpu_job_image, SERVICE_IMAGE: self.service_image, PROBE_IMAGE: self.probe_image}
+        chosen = {GPU_JOB_IMAGE: self.gpu_job_image, SERVICE_IMAGE: self.service_image, PROBE_IMAGE: self.probe_image,
+                  COLLECTIVE_IMAGE: self.collective_image}
         return {default: override or (mirrored(default, self.image_registry) if self.image_registry else default)
                 for default, override in chosen.items()}
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from kubernetes import config as kube_config
+from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
@@ -192,6 +193,11 @@ class Kube:
                              content_type="application/merge-patch+json").to_dict()
         _crash_hook.wrote(kind)
         return patched
+
+    def pod_log(self, name: str, *, namespace: str, tail_lines: int = 50) -> str:
+        api = CoreV1Api(self.dynamic.client)
+        return self._call(f"read the log of pod {namespace}/{name}", api.read_namespaced_pod_log, name, namespace,
+                          tail_lines=tail_lines)
 
     def evict(self, name: str, *, namespace: str, grace_s: int | None = None) -> None:
         """Evict a pod through the Eviction API; raises Throttled when a PDB refuses it."""

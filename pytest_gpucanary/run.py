@@ -32,10 +32,13 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from pytest_gpucanary import gpu_operator as op, metrics, preflight, workloads
+from pytest_gpucanary.collective import CollectiveProbe, choose_pair
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
 from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, timeline
+from pytest_gpucanary.ladder.model import CollectiveRun
+from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
 from pytest_gpucanary.lease import RunLease
 from pytest_gpucanary.load import LoadRun, check_locustfile
@@ -88,6 +91,9 @@ class _Measured:
     operator_release: str = ""
     policy_applied_to: str = ""
     policy_rendering: tuple[str, ...] = ()
+    collective_pair: tuple[str, str] | None = None
+    collective: list[CollectiveRun] = field(default_factory=list)
+    collective_note: str = ""
 
 
 @contextlib.contextmanager
@@ -204,7 +210,9 @@ class CanaryRun:
                                    interval_s=settings.probe_interval_s, pool_nodes=pool.nodes)
                 cleanup.callback(probes.stop)
                 probes.start()
+                baseline = self._start_collective(run, placement, recorder)
                 self._baseline()
+                self._finish_collective(run, baseline, start_timeout_s=settings.image_pull_timeout_s)
                 clock.next("upgrade")
                 applied = upgrade.apply(self.kube, cluster, pool, run.upgrade_policy,
                                         driver_to=settings.driver_version, run_id=run_id)
@@ -220,6 +228,7 @@ class CanaryRun:
                 self._watch_upgrade(pool, recorder, cluster.operator_release)
                 clock.next("settle")
                 self._settle(pool, recorder, probes, run)
+                self._collective_after(run, placement, recorder)
                 clock.next("evaluate")
                 self.progress.line("evaluating the ladder")
                 outcome = self._judge(run, recorder, probes, load, report_dir)
@@ -249,9 +258,42 @@ class CanaryRun:
             ci=ci_identity(os.environ), gpu_job_work_s=settings.job_duration_s,
             gpu_job_until_wall_ns=run.gpu_job_until_wall_ns, exposure=run.exposure, held_nodes=run.held_nodes,
             operator_release=run.operator_release, policy_applied_to=run.policy_applied_to,
-            policy_rendering=run.policy_rendering)
+            policy_rendering=run.policy_rendering, collective=tuple(run.collective), collective_note=run.collective_note)
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)
+
+    def _start_collective(self, run: _Measured, placement: workloads.Placement,
+                          recorder: Recorder) -> CollectiveProbe | None:
+        """The collective probe's baseline, begun beside the load's: only where the pool shows GPU networking."""
+        found = networking_on(recorder.records, run.pool.nodes[0])
+        if not found:
+            run.collective_note = f"{NO_NETWORKING}: no collective probe"
+            return None
+        run.collective_pair, run.collective_note = choose_pair(self.kube, run.pool, self.settings)
+        if run.collective_pair is None:
+            self.progress.line(f"collective probe: {run.collective_note}")
+            return None
+        self.progress.line(f"collective probe ({', '.join(found)} on the pool): baseline all-reduce "
+                           f"{' <-> '.join(run.collective_pair)}")
+        return CollectiveProbe(self.kube, placement, run.collective_pair, self.settings).start("baseline")
+
+    def _finish_collective(self, run: _Measured, probe: CollectiveProbe | None, *, start_timeout_s: float) -> None:
+        if probe is None:
+            return
+        result = probe.finish(start_timeout_s=start_timeout_s)
+        run.collective.append(result)
+        self.progress.line(f"collective probe: {result.line()}")
+
+    def _collective_after(self, run: _Measured, placement: workloads.Placement, recorder: Recorder) -> None:
+        """The same all-reduce once the pool is back (every pool node upgrade-done and uncordoned)."""
+        if run.collective_pair is None or not run.collective:
+            return
+        if not all(timeline.terminal_state(recorder.records, n) == op.UPGRADE_DONE for n in run.pool.nodes):
+            run.collective_note = "the pool did not come back: no collective probe after the upgrade"
+            return
+        self.progress.line(f"collective probe: after all-reduce {' <-> '.join(run.collective_pair)}")
+        probe = CollectiveProbe(self.kube, placement, run.collective_pair, self.settings).start("after")
+        self._finish_collective(run, probe, start_timeout_s=self.settings.collective_timeout_s)
 
     def _baseline(self) -> None:
         """Load and probes run unchanged for a while first: the before phase every later one is held against."""

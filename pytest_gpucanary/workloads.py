@@ -34,6 +34,10 @@ WORK_UNTIL_ENV = "GPUCANARY_WORK_UNTIL_EPOCH_S"   # the GPU job's deadline, Unix
 PROBE_SCOPE_LABEL = "gpucanary.io/probe-scope"
 ROLE_LABEL = "gpucanary.io/role"
 IMAGE_PULL_ROLE = "image-pull"
+COLLECTIVE_ROLE = "collective-probe"
+COLLECTIVE_LABEL = "gpucanary.io/collective"      # baseline or after: the two ranks of one probe run
+RANK_LABEL = "gpucanary.io/rank"
+COLLECTIVE_PORT = "29500"     # GPUCANARY_MASTER_PORT unless the manifest sets it
 
 
 def load_manifests(path: Path) -> list[dict]:
@@ -165,6 +169,34 @@ def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool
     return job
 
 
+def collective_name(when: str, rank: int) -> str:
+    return f"collective-{when}-{rank}"
+
+
+def collective_pod(path: Path | None, placement: Placement, *, when: str, rank: int, node: str, master_addr: str,
+                   images: Mapping[str, str] | None = None) -> dict:
+    """One rank of the collective probe, on `node`. Rank 0's master address is its own pod IP (the
+    downward API) unless the manifest gives one; rank 1 gets `master_addr`, rank 0's IP."""
+    [pod] = [d for d in load_manifests(path or WORKLOADS / "collective-probe.yaml") if d["kind"] == "Pod"] or [None]
+    if pod is None:
+        raise ConfigError(f"{path} holds no Pod", hint="the collective probe is one Pod, run once per rank")
+    pod = _with_images(_stamp(pod, placement, COLLECTIVE_ROLE), images or {})
+    meta, spec = _pod_spec(pod)
+    meta["name"] = collective_name(when, rank)
+    meta["labels"].update({COLLECTIVE_LABEL: when, RANK_LABEL: str(rank)})
+    spec.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
+    spec["restartPolicy"] = "Never"
+    address = ({"name": "GPUCANARY_MASTER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} if rank == 0
+               else {"name": "GPUCANARY_MASTER_ADDR", "value": master_addr})
+    for container in spec["containers"]:
+        own = [e for e in container.get("env") or [] if e.get("name") != "GPUCANARY_RANK"]
+        names = {e.get("name") for e in own}
+        added = [e for e in (address, {"name": "GPUCANARY_WORLD_SIZE", "value": "2"},
+                             {"name": "GPUCANARY_MASTER_PORT", "value": COLLECTIVE_PORT}) if e["name"] not in names]
+        container["env"] = [*own, *added, {"name": "GPUCANARY_RANK", "value": str(rank)}]
+    return pod
+
+
 def rendered(settings: Settings, placement: Placement) -> list[dict]:
     """Every workload the run places, rendered (the GPU job, the service's objects, one probe)."""
     images = settings.images()
@@ -175,7 +207,10 @@ def rendered(settings: Settings, placement: Placement) -> list[dict]:
 
 def check(settings: Settings) -> None:
     """Render every workload once, before the cluster is touched: a missing or malformed manifest is one line."""
-    rendered(settings, Placement("gpucanary-check", "check", "check-node"))
+    placement = Placement("gpucanary-check", "check", "check-node")
+    rendered(settings, placement)
+    collective_pod(settings.collective_probe, placement, when="check", rank=0, node="check-node", master_addr="",
+                   images=settings.images())
 
 
 def image_pull_pod(image: str, placement: Placement, *, index: int) -> dict:

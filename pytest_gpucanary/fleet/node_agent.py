@@ -16,9 +16,19 @@ GPU Feature Discovery's driver labels, and the device plugin's GPU count.
   is Ready on it and 0 otherwise, as the kubelet shows it when the plugin unregisters and registers.
 - **RDMA devices.** A node whose driver pod runs `nvidia-peermem-ctr` (GPUDirect RDMA) shows the RDMA
   shared device plugin's `rdma/rdma_shared_device_a` in its allocatable.
+- **peermem lost.** On a node annotated `gpucanary.io/simulated-peermem: lost`, once the node is back in
+  service (upgrade-done), the driver pod that came with the swap loses nvidia_peermem: its
+  `nvidia-peermem-ctr` fails its liveness probe (`nvidia-driver probe_nvidia_peermem`), restarts and
+  stays unready, as when a MOFED reinstall unloads the module and it does not load again.
+- **Collective probe.** A pod of the canary's collective probe on a KWOK node runs no process. When
+  both ranks are Running, the agent ends them Succeeded with the termination message nccl-tests' summary
+  would leave: `# Avg bus bandwidth : <GB/s>`, the lower of the two nodes' `gpucanary.io/simulated-busbw-gbps`
+  (default 24). It never ends them (the all-reduce hangs) when a node is annotated
+  `gpucanary.io/simulated-collective: never-completes` or its driver pod's nvidia-peermem-ctr is not
+  ready. Pairs with a real kubelet node are left to the real processes.
 
 This stands in for the node, never for the upgrade controller: it writes no upgrade-state label and
-deletes no pod. Only nodes that run the operator's pods are touched (never a real kubelet node).
+deletes no pod. Only KWOK nodes and their pods are touched (never a real kubelet node).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import threading
+import time
 from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
@@ -39,6 +50,13 @@ VALIDATOR_ANNOTATION = "gpucanary.io/simulated-validator"      # "never-ready": 
 # The Network Operator's RDMA shared device plugin (k8s-rdma-shared-dev-plugin), on a node whose driver
 # pod runs nvidia-peermem: its devices do not depend on the GPU driver, so they stay through a swap.
 RDMA_RESOURCE, RDMA_DEVICES = "rdma/rdma_shared_device_a", "63"
+PEERMEM_ANNOTATION = "gpucanary.io/simulated-peermem"          # "lost": peermem gone once the node is back
+COLLECTIVE_ANNOTATION = "gpucanary.io/simulated-collective"    # "never-completes": the all-reduce hangs
+BUSBW_ANNOTATION, DEFAULT_BUSBW = "gpucanary.io/simulated-busbw-gbps", "24.0"
+PEERMEM = "nvidia-peermem-ctr"
+COLLECTIVE_SELECTOR = "gpucanary.io/role=collective-probe"     # workloads.ROLE_LABEL / COLLECTIVE_ROLE
+COLLECTIVE_LABEL = "gpucanary.io/collective"                   # workloads.COLLECTIVE_LABEL
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 USER_AGENT = "gpucanary-fleet-node-agent"   # not gpucanary/<version>: the audit log tells the canary apart by it
 
 
@@ -92,8 +110,15 @@ class NodeAgent:
     driver_written: dict[str, str] = field(default_factory=dict)  # node -> version in its GFD labels
     gpus_shown: dict[str, bool] = field(default_factory=dict)     # node -> allocatable shows its GPUs
     rdma_shown: set[str] = field(default_factory=set)             # nodes given their RDMA devices
+    swapped: set[str] = field(default_factory=set)                # driver pods that came with a driver swap
+    probes: dict[str, dict] = field(default_factory=dict)         # uid -> collective probe pod, as last seen
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one watch thread per kind
 
     def handle(self, event: WatchEvent) -> None:
+        with self.lock:
+            self._handle(event)
+
+    def _handle(self, event: WatchEvent) -> None:
         if event.type == "RELISTED":
             self.pods = {p["metadata"]["uid"]: p for p in event.object["items"]}
             nodes = {p["spec"].get("nodeName") for p in self.pods.values()}
@@ -122,6 +147,7 @@ class NodeAgent:
         elif swap is not None and not any(_labels(p).get("app") in op.OPERAND_APPS for p in on_node):
             self._set_deploy_labels(node, restored)
             self._allow(self.pods[swap])
+            self.swapped.add(swap)
             del self.swapping[node]
         loaded = next((p for p in drivers if _ready(p)), None)
         if loaded is not None and node not in self.swapping:
@@ -184,10 +210,111 @@ class NodeAgent:
         self.gpus_shown[node] = registered
 
 
-def run(kube: Kube, namespace: str, stop: threading.Event) -> None:
-    agent = NodeAgent(kube)
-    for event in kube.watch("v1", "Pod", stop=stop, namespace=namespace):
-        agent.handle(event)
+    # --- peermem lost, once the node is back in service --------------------------------------------
+
+    def handle_node(self, event: WatchEvent) -> None:
+        nodes = event.object["items"] if event.type == "RELISTED" else [event.object]
+        with self.lock:
+            for node in nodes:
+                meta = node["metadata"]
+                if ((meta.get("annotations") or {}).get(PEERMEM_ANNOTATION) == "lost"
+                        and (meta.get("labels") or {}).get(op.UPGRADE_STATE_LABEL) == op.UPGRADE_DONE):
+                    for pod in [p for p in self.pods.values() if p["spec"].get("nodeName") == meta["name"]]:
+                        if pod["metadata"]["uid"] in self.swapped and _containers_ready(pod).get(PEERMEM):
+                            self._lose_peermem(pod)
+
+    def _lose_peermem(self, pod: dict) -> None:
+        now = _now()
+        statuses = [{**c, "ready": False, "started": False, "restartCount": c.get("restartCount", 0) + 1,
+                     "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": now}},
+                     "state": {"running": {"startedAt": now}}} if c.get("name") == PEERMEM else c
+                    for c in pod["status"].get("containerStatuses") or []]
+        conditions = [{**c, "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": now}
+                      if c.get("type") in ("Ready", "ContainersReady") else c for c in pod["status"].get("conditions") or []]
+        meta = pod["metadata"]
+        self.pods[meta["uid"]] = self.kube.patch("v1", "Pod", meta["name"], {"status": {
+            "containerStatuses": statuses, "conditions": conditions}}, namespace=meta["namespace"], status=True)
+
+    # --- the collective probe on KWOK nodes ----------------------------------------------------------
+
+    def handle_collective(self, event: WatchEvent) -> None:
+        with self.lock:
+            if event.type == "RELISTED":
+                self.probes = {p["metadata"]["uid"]: p for p in event.object["items"]}
+            elif event.type == "DELETED":
+                self.probes.pop(event.object["metadata"]["uid"], None)
+            else:
+                self.probes[event.object["metadata"]["uid"]] = event.object
+            runs: dict[tuple[str, str], list[dict]] = {}
+            for pod in self.probes.values():
+                key = (pod["metadata"]["namespace"], _labels(pod).get(COLLECTIVE_LABEL, ""))
+                runs.setdefault(key, []).append(pod)
+            for ranks in runs.values():
+                if len(ranks) == 2 and all(p.get("status", {}).get("phase") == "Running" for p in ranks):
+                    self._all_reduce(ranks)
+
+    def _all_reduce(self, ranks: list[dict]) -> None:
+        nodes = [self.kube.get("v1", "Node", p["spec"]["nodeName"]) for p in ranks]
+        if any((n["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION) != "fake" for n in nodes):
+            return                                   # a real kubelet node: its processes do the all-reduce
+        annotations = [n["metadata"].get("annotations") or {} for n in nodes]
+        if any(a.get(COLLECTIVE_ANNOTATION) == "never-completes" for a in annotations) or any(
+                not self._peermem_ok(n["metadata"]["name"]) for n in nodes):
+            return                                   # the all-reduce hangs: the canary's timeout ends it
+        busbw = min(float(a.get(BUSBW_ANNOTATION, DEFAULT_BUSBW)) for a in annotations)
+        message = f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {busbw:.3f}\n"
+        now = _now()
+        for pod in ranks:
+            meta = pod["metadata"]
+            statuses = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "started": False,
+                         "restartCount": 0, "state": {"terminated": {
+                             "exitCode": 0, "reason": "Completed", "message": message, "finishedAt": now,
+                             "startedAt": now}}} for c in pod["spec"]["containers"]]
+            conditions = [{**c, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+                          if c.get("type") in ("Ready", "ContainersReady") else c
+                          for c in pod["status"].get("conditions") or []]
+            self.probes[meta["uid"]] = self.kube.patch("v1", "Pod", meta["name"], {"status": {
+                "phase": "Succeeded", "containerStatuses": statuses, "conditions": conditions}},
+                namespace=meta["namespace"], status=True)
+
+    def _peermem_ok(self, node: str) -> bool:
+        """False while the node's driver pod runs nvidia-peermem-ctr unready: no GPUDirect RDMA path."""
+        drivers = [p for p in self.pods.values() if p["spec"].get("nodeName") == node
+                   and op.is_driver_pod(_labels(p)) and not _gone(p)]
+        return not any(PEERMEM in _containers_ready(p) and not _containers_ready(p)[PEERMEM] for p in drivers)
+
+
+def _containers_ready(pod: dict) -> dict[str, bool]:
+    return {c.get("name", ""): bool(c.get("ready")) for c in pod.get("status", {}).get("containerStatuses") or []}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _watch_forever(kubeconfig: str, kind: str, handler, stop: threading.Event, **selectors: str) -> None:
+    """One watch of the agent's, reconnected on any error (the fleet's apiserver restarts in the fault tests)."""
+    while not stop.is_set():
+        try:
+            kube = Kube.connect(kubeconfig, user_agent=USER_AGENT)
+            for event in kube.watch("v1", kind, stop=stop, **selectors):
+                try:
+                    handler(event)
+                except GpucanaryError:
+                    pass   # the object went away meanwhile; its next event retries
+        except GpucanaryError as err:
+            print(f"node agent: {kind} watch: {err}; retrying", flush=True)
+            stop.wait(2)
+
+
+def run(kubeconfig: str, namespace: str, stop: threading.Event) -> None:
+    agent = NodeAgent(Kube.connect(kubeconfig, user_agent=USER_AGENT))
+    watches = [threading.Thread(target=_watch_forever, args=(kubeconfig, "Node", agent.handle_node, stop), daemon=True),
+               threading.Thread(target=_watch_forever, args=(kubeconfig, "Pod", agent.handle_collective, stop),
+                                kwargs={"label_selector": COLLECTIVE_SELECTOR}, daemon=True)]
+    for watch in watches:
+        watch.start()
+    _watch_forever(kubeconfig, "Pod", agent.handle, stop, namespace=namespace)
 
 
 def _serve_health(port: int) -> None:
@@ -210,13 +337,12 @@ def main() -> None:
     parser.add_argument("--health-port", type=int, required=True)
     args = parser.parse_args()
     _serve_health(args.health_port)
-    stop = threading.Event()
     while True:
         try:
-            run(Kube.connect(args.kubeconfig, user_agent=USER_AGENT), args.namespace, stop)
-        except GpucanaryError as err:
+            run(args.kubeconfig, args.namespace, threading.Event())
+        except GpucanaryError as err:     # the first connection
             print(f"node agent: {err}; retrying", flush=True)
-            stop.wait(2)
+            time.sleep(2)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Eviction, Evidence, Outcome, Stage, StageVerdict, UpgradePhase
 from pytest_gpucanary.ladder.rules import Finding, stage_metrics, metrics_note, verdict
 
-PROBE_LABEL = ("gpucanary.io/role", "probe")     # workloads.ROLE_LABEL on the canary's probe Jobs
+# workloads.ROLE_LABEL on the canary's instruments: the start probe Jobs and the collective probe's pods
+PROBE_ROLES = ("gpucanary.io/role", ("probe", "collective-probe"))
 
 
 def allows_eviction(settings: Settings, *, gpus: int, labels: Mapping[str, str]) -> bool:
@@ -28,8 +29,8 @@ def allowed_text(rule: str) -> str:
 
 
 def _is_probe(labels: Mapping[str, str]) -> bool:
-    """The canary's own start probes are instruments: their latency is judged, not their eviction."""
-    return labels.get(PROBE_LABEL[0]) == PROBE_LABEL[1]
+    """The canary's own probes are instruments: their figures are judged, not their eviction."""
+    return labels.get(PROBE_ROLES[0]) in PROBE_ROLES[1]
 
 
 def evictions(evidence: RunEvidence, settings: Settings | None = None) -> list[Eviction]:

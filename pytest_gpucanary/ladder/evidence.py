@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import (
-    MetricCheck, PhaseStats, ProbeScope, ProbeSeen, RatePoint, WorkloadRef,
+    CollectiveRun, MetricCheck, PhaseStats, ProbeScope, ProbeSeen, RatePoint, WorkloadRef,
 )
 from pytest_gpucanary.ladder.timeline import Record
 
@@ -60,10 +60,12 @@ class RunEvidence:
     policy_applied_to: str = ""        # which object got the policy and which the version
     # Helm values: the chart that rendered the applied CR, then each knob it filled in or changed; one line each
     policy_rendering: tuple[str, ...] = ()
+    collective: tuple[CollectiveRun, ...] = ()   # the collective probe's baseline and after runs, in order
+    collective_note: str = ""          # why no collective probe ran ("" when one did)
 
     def __post_init__(self) -> None:
         for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate", "exposure",
-                     "held_nodes", "policy_rendering"):
+                     "held_nodes", "policy_rendering", "collective"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def offset_s(self, wall_ns: int) -> float:
@@ -131,7 +133,9 @@ class RunEvidence:
                    exposure=tuple(doc.get("exposure", ())), held_nodes=tuple(doc.get("held_nodes", ())),
                    operator_release=doc.get("operator_release", ""),
                    policy_applied_to=doc.get("policy_applied_to", ""),
-                   policy_rendering=tuple(doc.get("policy_rendering", ())))
+                   policy_rendering=tuple(doc.get("policy_rendering", ())),
+                   collective=tuple(CollectiveRun(**c) for c in doc.get("collective", ())),
+                   collective_note=doc.get("collective_note", ""))
 
     def write(self, report_dir: Path) -> Path:
         """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""

@@ -209,6 +209,35 @@ class CapacityDip:
                 f"at +{self.back_s:.1f}s: gone {self.gone_s:.1f} s")
 
 
+@dataclass(frozen=True)
+class CollectiveRun:
+    """One run of the collective probe: an all-reduce between two pods on two nodes, before the policy is
+    applied (baseline) or once the pool is back (after). Times: wall clock, Unix ns."""
+
+    when: str                      # "baseline" or "after"
+    nodes: tuple[str, ...]         # rank 0's node, rank 1's node
+    drivers: tuple[str, ...]       # each node's driver version (GFD's label) when the probe started
+    started_wall_ns: int
+    ended_wall_ns: int | None      # None: not complete within its timeout
+    busbw_gbps: float | None       # the "# Avg bus bandwidth" its rank 0 printed (GB/s); None: none printed
+    how: str                       # "ran" (real processes) or "simulated" (a node with no processes: KWOK)
+    detail: str = ""               # why it failed or gave no figure; "" when it gave one
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "drivers", tuple(self.drivers))
+
+    @property
+    def took_s(self) -> float | None:
+        return None if self.ended_wall_ns is None else (self.ended_wall_ns - self.started_wall_ns) / 1e9
+
+    def line(self) -> str:
+        pair = " <-> ".join(f"{n} ({d or 'driver ?'})" for n, d in zip(self.nodes, self.drivers))
+        if self.busbw_gbps is not None and self.took_s is not None:
+            return f"{self.when} all-reduce {pair}: {self.busbw_gbps:.2f} GB/s bus bandwidth in {self.took_s:.1f} s ({self.how})"
+        return f"{self.when} all-reduce {pair}: {self.detail or 'no result'} ({self.how})"
+
+
 # --- latency summaries -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Network: what the cluster's GPU networking depends on, on every pool node, back after the driver swap;
-and, on a multi-node pool, its collective probe checks. Pure.
+and the collective probe across the upgrade boundary (an all-reduce between a pool node on the new
+driver and a peer on the old one, or two pool nodes), after vs its baseline. Pure.
 
 Discovered from what the recorder saw on each pool node before the upgrade, never configured:
 - GPUDirect RDMA through the GPU Operator (`driver.rdma.enabled`): the driver pod's `nvidia-peermem-ctr`
@@ -15,12 +16,15 @@ A cluster with none of these has no GPU networking for the canary to check: skip
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.config import DEFAULTS, Settings
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
 from pytest_gpucanary.ladder.rules import Finding, at, stage_metrics, verdict
+from pytest_gpucanary.ladder.timeline import Record
 
 DRIVER_CONTAINERS = {"nvidia-peermem-ctr": "GPUDirect RDMA (nvidia-peermem)",
                      "nvidia-fs-ctr": "GPUDirect Storage (nvidia-fs)",
@@ -40,10 +44,10 @@ def _containers(pod: dict) -> dict[str, bool]:
     return {c.get("name", ""): bool(c.get("ready")) for c in pod.get("status", {}).get("containerStatuses") or []}
 
 
-def _latest_pod_objects(ev: RunEvidence, node: str, *, until_wall_ns: int | None = None) -> dict[str, dict]:
+def _latest_pod_objects(records: Sequence[Record], node: str, *, until_wall_ns: int | None = None) -> dict[str, dict]:
     """uid -> the pod object as last recorded on the node (gone pods left out)."""
     pods: dict[str, dict] = {}
-    for record in ev.records:
+    for record in records:
         if record.kind != "Pod" or record.type in timeline.SKIP_TYPES:
             continue
         if until_wall_ns is not None and record.received_wall_ns > until_wall_ns:
@@ -63,11 +67,23 @@ def _labels(pod: dict) -> dict[str, str]:
     return pod.get("metadata", {}).get("labels") or {}
 
 
+def networking_on(records: Sequence[Record], node: str) -> list[str]:
+    """What of the cluster's GPU networking the node shows in the records so far (empty: none): what
+    the run decides the collective probe on, before anything changes."""
+    pods = _latest_pod_objects(records, node).values()
+    found = [what for container, what in DRIVER_CONTAINERS.items()
+             if any(container in _containers(p) for p in pods if op.is_driver_pod(_labels(p)))]
+    if any(is_mofed_pod(_labels(p)) for p in pods):
+        found.append("MOFED driver")
+    seen = timeline.latest_node(records, node)
+    return found + sorted(r for r in (seen.allocatable if seen else {}) if is_network_resource(r))
+
+
 def _network_node(ev: RunEvidence, node: str) -> tuple[list[Finding], list[Evidence]]:
     """What the node had before its upgrade cycle, and whether each is back at the end of the recording."""
     cycle = timeline.upgrade_cycle(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
     start_ns = cycle[0].received_wall_ns if cycle else ev.upgrade_started_wall_ns
-    before, after = _latest_pod_objects(ev, node, until_wall_ns=start_ns), _latest_pod_objects(ev, node)
+    before, after = _latest_pod_objects(ev.records, node, until_wall_ns=start_ns), _latest_pod_objects(ev.records, node)
     findings, items = [], []
     drivers_before = [p for p in before.values() if op.is_driver_pod(_labels(p))]
     drivers_after = [p for p in after.values() if op.is_driver_pod(_labels(p))]
@@ -101,6 +117,32 @@ def _network_node(ev: RunEvidence, node: str) -> tuple[list[Finding], list[Evide
     return findings, items
 
 
+def _collective(ev: RunEvidence, settings: Settings) -> tuple[list[Finding], list[Evidence]]:
+    """The after run held against the baseline: complete within its timeout, bus bandwidth at least
+    `min_busbw_ratio` of the baseline's. A baseline without a figure leaves nothing to hold it against."""
+    runs = {run.when: run for run in ev.collective}
+    items = [at(ev, run.started_wall_ns, "Collective", " <-> ".join(run.nodes), run.line()) for run in ev.collective]
+    base, after = runs.get("baseline"), runs.get("after")
+    if base is None or base.busbw_gbps is None:
+        why = base.line() if base else "no baseline run"
+        return [Finding(Outcome.INCONCLUSIVE, f"collective probe: no baseline figure to hold the after run against "
+                                              f"({why})")], items
+    if after is None:
+        return [Finding(Outcome.INCONCLUSIVE, "collective probe: no run after the upgrade (the pool never came "
+                                              "back)")], items
+    pair = " <-> ".join(after.nodes)
+    if after.busbw_gbps is None:
+        return [Finding(Outcome.FAIL, f"collective probe {pair} after the driver swap: {after.detail or 'no result'} "
+                                      f"(baseline {base.busbw_gbps:.2f} GB/s)")], items
+    floor = settings.min_busbw_ratio * base.busbw_gbps
+    if after.busbw_gbps < floor:
+        return [Finding(Outcome.FAIL, f"collective probe {pair} after the driver swap: bus bandwidth "
+                                      f"{after.busbw_gbps:.2f} GB/s, below {settings.min_busbw_ratio:.0%} of the "
+                                      f"baseline {base.busbw_gbps:.2f} GB/s")], items
+    return [Finding(Outcome.PASS, f"collective probe {after.busbw_gbps:.2f} GB/s after vs {base.busbw_gbps:.2f} GB/s "
+                                  f"baseline ({pair}, {after.how})")], items
+
+
 def check_network(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageVerdict:
     """Every pool node's GPU networking prerequisites back; a multi-node pool's collective probe checks."""
     findings, items = [], []
@@ -110,13 +152,18 @@ def check_network(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
         items += node_items
     n = len(evidence.pool_nodes)
     probe_findings, probe_items = stage_metrics(evidence, Stage.NETWORK)
+    if evidence.collective:
+        collective, collective_items = _collective(evidence, settings)
+        probe_findings, probe_items = collective + probe_findings, collective_items + probe_items
     if not findings and not probe_findings:
         return StageVerdict(Stage.NETWORK, Outcome.SKIPPED,
                             f"{Stage.NETWORK.value}: {NO_NETWORKING} on the {n}-node pool (no nvidia-peermem, "
                             f"nvidia-fs or MOFED driver pod, no RDMA or SR-IOV resource)")
     if n > 1 and not probe_findings:
-        probe_findings = [Finding(Outcome.INCONCLUSIVE, f"no collective probe result for the {n}-node pool (n=0)")]
+        probe_findings.append(Finding(Outcome.INCONCLUSIVE, f"no collective probe result for the {n}-node pool (n=0"
+                                                            f"{'; ' + evidence.collective_note if evidence.collective_note else ''})"))
     checked = sorted({f.line for f in findings if f.outcome is Outcome.PASS})
+    probe = next((f.line for f in probe_findings if f.line.startswith("collective probe ")), None)
     return verdict(Stage.NETWORK, findings + probe_findings, items + probe_items,
-                   f"{n}/{n} pool nodes: {', '.join(checked) or 'collective probe passed'} after the driver swap"
-                   f"{'' if n > 1 else ' (one-node pool: no collective probe)'}")
+                   f"{n}/{n} pool nodes: {', '.join(checked) or 'no prerequisite'} after the driver swap; "
+                   f"{probe or (evidence.collective_note or 'no collective probe')}")

@@ -25,7 +25,7 @@ STATE_COLOURS = {
     "validation-required": "#64b5f6", "uncordon-required": "#80cbc4", "upgrade-done": "#a5d6a7",
     "upgrade-failed": "#e53935"}
 WIDTH, LEFT, RIGHT = 1000, 170, 20
-BAND_H, LABEL_H, LANE_H, CAPACITY_H = 22, 30, 70, 34
+BAND_H, LABEL_H, LANE_H, CAPACITY_H, COLLECTIVE_H = 22, 30, 70, 34, 18
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpucanary launch receipt {run_id}</title>
@@ -104,6 +104,7 @@ def scale_of(evidence: RunEvidence) -> Scale:
     """From a little before the upgrade start (at most 15 % of the picture) to the end of the recording."""
     offsets = [evidence.offset_s(r.received_wall_ns) for r in evidence.records]
     offsets += [evidence.offset_s(p.created_wall_ns) for p in evidence.probes]
+    offsets += [evidence.offset_s(c.started_wall_ns) for c in evidence.collective]
     end_s = max(offsets + [60.0])
     return Scale(min(0.0, max(min(offsets + [0.0]), -0.15 * end_s)), end_s)
 
@@ -126,6 +127,9 @@ def timeline_svg(result: LadderResult, evidence: RunEvidence, *, scale: Scale | 
         y += CAPACITY_H + 14
     parts += _probe_lane(evidence, scale, y)
     y += LANE_H + 14
+    if evidence.collective:
+        parts += _collective_lane(evidence, scale, y)
+        y += COLLECTIVE_H + 14
     if evidence.service_phases:
         parts += _service_lane(evidence, result, scale, y)
         y += LANE_H + 14
@@ -212,6 +216,25 @@ def _probe_lane(evidence: RunEvidence, scale: Scale, y: float) -> list[str]:
         dot_y = y + LANE_H - 4 - (LANE_H - 12) * seconds / top
         parts.append(f'<circle cx="{x:.1f}" cy="{dot_y:.1f}" r="3" fill="{colour}"><title>{html.escape(p.name)} '
                      f'({p.scope.value}): {seconds:.1f} s</title></circle>')
+    return parts
+
+
+def _collective_lane(evidence: RunEvidence, scale: Scale, y: float) -> list[str]:
+    """Each collective probe run as a bar from its start to its end, labelled with its bus bandwidth; a run
+    that never completed (red) runs to the end of the recording."""
+    parts = [f'<text x="4" y="{y + 12}" font-size="12">collective</text>',
+             f'<rect x="{LEFT}" y="{y}" width="{WIDTH - LEFT - RIGHT}" height="{COLLECTIVE_H}" fill="#fafafa" '
+             f'stroke="#e0e0e0"/>']
+    for run in evidence.collective:
+        start_s = evidence.offset_s(run.started_wall_ns)
+        end_s = scale.t1_s if run.ended_wall_ns is None else evidence.offset_s(run.ended_wall_ns)
+        x0, x1 = scale.x(start_s), scale.x(end_s)
+        colour = "#2e7d32" if run.busbw_gbps is not None else "#c62828"
+        label = f"{run.busbw_gbps:.1f} GB/s" if run.busbw_gbps is not None else "no result"
+        parts.append(f'<rect x="{x0:.1f}" y="{y + 4}" width="{max(x1 - x0, 2):.1f}" height="{COLLECTIVE_H - 8}" '
+                     f'fill="{colour}" opacity="0.7"><title>{html.escape(run.line())}</title></rect>'
+                     f'<text x="{x0:.1f}" y="{y + COLLECTIVE_H + 10}" font-size="10">{html.escape(run.when)}: '
+                     f'{html.escape(label)}</text>')
     return parts
 
 

@@ -1,5 +1,6 @@
 """The JSON receipt: the gate, the run, the thresholds, every verdict with its evidence, and what the
-ladder computed (evictions, phase windows, state spans, GPU capacity per node). `parse_json` reads it back."""
+ladder computed (evictions, phase windows, state spans, GPU capacity per node) and the collective
+probe's runs. `parse_json` reads it back."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def render_json(result: LadderResult, evidence: RunEvidence) -> str:
         "phase_windows": [dataclasses.asdict(w) for w in result.phase_windows],
         "state_spans": [dataclasses.asdict(s) for s in result.state_spans],
         "capacity": [{**dataclasses.asdict(c), "gone_s": c.gone_s} for c in result.capacity],
+        "collective": {"note": evidence.collective_note,
+                       "runs": [{**dataclasses.asdict(c), "took_s": c.took_s,
+                                 "started_offset_s": evidence.offset_s(c.started_wall_ns)} for c in evidence.collective]},
     }
     return json.dumps(document, indent=1, default=str) + "\n"
 

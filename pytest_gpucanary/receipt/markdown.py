@@ -19,6 +19,10 @@ def render_markdown(result: LadderResult, evidence: RunEvidence) -> str:
     lines += [f"| {v.stage.value} | {v.outcome.value} | {_cell(v.summary)} |" for v in result.verdicts]
     if result.capacity:
         lines += ["", "## GPU capacity", ""] + [f"- {_cell(c.line())}" for c in result.capacity]
+    if evidence.collective or evidence.collective_note:
+        lines += ["", "## Collective probe", ""]
+        lines += [f"- `{evidence.offset_s(c.started_wall_ns):+.0f}s` {_cell(c.line())}" for c in evidence.collective]
+        lines += [f"- {_cell(evidence.collective_note)}"] if evidence.collective_note else []
     for v in result.verdicts:
         if v.evidence:
             lines += ["", f"### {v.stage.value}: evidence ({v.outcome.value})", ""]

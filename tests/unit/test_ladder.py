@@ -24,7 +24,7 @@ from pytest_gpucanary.ladder.rollout import check_rollout
 from pytest_gpucanary.ladder.scheduler import check_scheduler
 from pytest_gpucanary.recorder import Record
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
-from pytest_gpucanary.ladder.model import UpgradePhase
+from pytest_gpucanary.ladder.model import CollectiveRun, UpgradePhase
 from pytest_gpucanary.ladder.timeline import phase_windows
 
 T0 = 1_767_000_000 * 10**9          # upgrade start, wall clock ns
@@ -433,7 +433,7 @@ def test_network_on_one_node_checks_peermem_and_the_rdma_devices_came_back() -> 
     verdict = check_network(rdma_run())
     assert verdict.outcome is Outcome.PASS
     assert verdict.summary == ("network: 1/1 pool nodes: GPUDirect RDMA (nvidia-peermem) back, "
-                               "rdma/rdma_shared_device_a back after the driver swap (one-node pool: no collective probe)")
+                               "rdma/rdma_shared_device_a back after the driver swap; no collective probe")
     assert check_network(rdma_run(peermem_ready_after=False)).summary == (
         "network: GPUDirect RDMA (nvidia-peermem): container nvidia-peermem-ctr of driver pod driver-canary-0-new on "
         "canary-0 is not ready after the driver swap")
@@ -543,3 +543,47 @@ def test_an_upgrade_done_from_before_the_start_does_not_count_but_a_pending_upgr
     assert "never entered upgrade-required (last state upgrade-done)" in verdict.summary
     already = list(zip([-5, 10, 12, 14, 26, 90, 130, 135], HAPPY))
     assert check_rollout(run(states(already))).outcome is Outcome.PASS
+
+
+def _collective(when: str, *, bw: float | None, start: float, took: float | None = 6.0, detail: str = "") -> CollectiveRun:
+    return CollectiveRun(when, (NODE, "gpu-peer"), ("550.90.07" if when == "after" else "535.183.01", "535.183.01"),
+                         at(start), None if took is None else at(start + took), bw, "simulated", detail)
+
+
+def test_network_holds_the_collective_probe_after_the_swap_against_its_baseline() -> None:
+    base = _collective("baseline", bw=24.0, start=-20)
+    with_probe = dataclasses.replace(rdma_run(), collective=(base, _collective("after", bw=23.0, start=250)))
+    verdict = check_network(with_probe)
+    assert verdict.outcome is Outcome.PASS
+    assert verdict.summary.endswith("after the driver swap; collective probe 23.00 GB/s after vs 24.00 GB/s "
+                                    "baseline (canary-0 <-> gpu-peer, simulated)")
+    collective = [e for e in verdict.evidence if e.kind == "Collective"]
+    assert [e.offset_s for e in collective] == [-20.0, 250.0]
+    assert collective[1].text == ("after all-reduce canary-0 (550.90.07) <-> gpu-peer (535.183.01): 23.00 GB/s bus "
+                                  "bandwidth in 6.0 s (simulated)")
+
+    slow = dataclasses.replace(with_probe, collective=(base, _collective("after", bw=12.0, start=250)))
+    assert check_network(slow).summary == (
+        "network: collective probe canary-0 <-> gpu-peer after the driver swap: bus bandwidth 12.00 GB/s, below 80% "
+        "of the baseline 24.00 GB/s")
+    hung = dataclasses.replace(with_probe, collective=(base, _collective(
+        "after", bw=None, took=None, start=250, detail="did not complete within 30 s of starting")))
+    assert check_network(hung).outcome is Outcome.FAIL
+    assert check_network(hung).summary == (
+        "network: collective probe canary-0 <-> gpu-peer after the driver swap: did not complete within 30 s of "
+        "starting (baseline 24.00 GB/s)")
+    no_base = dataclasses.replace(with_probe, collective=(_collective("baseline", bw=None, took=None, start=-20,
+                                                                      detail="not both ranks started within 600 s"),))
+    assert check_network(no_base).outcome is Outcome.INCONCLUSIVE
+    assert "no baseline figure" in check_network(no_base).summary
+    never_back = dataclasses.replace(with_probe, collective=(base,))
+    assert check_network(never_back).summary.startswith("network: collective probe: no run after the upgrade")
+
+
+def test_a_lost_peermem_leads_the_network_verdict_before_the_probe_it_broke() -> None:
+    broken = dataclasses.replace(rdma_run(peermem_ready_after=False), collective=(
+        _collective("baseline", bw=24.0, start=-20),
+        _collective("after", bw=None, took=None, start=250, detail="did not complete within 30 s of starting")))
+    assert check_network(broken).summary.startswith(
+        "network: GPUDirect RDMA (nvidia-peermem): container nvidia-peermem-ctr of driver pod driver-canary-0-new on "
+        "canary-0 is not ready after the driver swap (+1 more fail)")

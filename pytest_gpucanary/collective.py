@@ -1,0 +1,194 @@
+"""The collective probe: an all-reduce between two pods on two nodes, once before the policy is applied
+(baseline) and once the pool is back (after), so the network rung can hold the collective path across
+the upgrade boundary against itself.
+
+The pair is two pool nodes when the pool has them, else the pool node and a peer outside the pool on
+the old driver (`--gpucanary-peer-node`, or the first Ready, schedulable GPU node with a free GPU;
+`none` turns the peer probe off). Rank 0 is created first; rank 1 gets its pod IP as the master
+address. The figure is the `# Avg bus bandwidth` line nccl-tests prints, read from rank 0's
+termination message or else its log. A pod on a KWOK node runs no process: the fleet stands in for
+it, and the run says so ("simulated").
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from pytest_gpucanary import gpu_operator as op, workloads
+from pytest_gpucanary.config import Settings, flag
+from pytest_gpucanary.errors import ConfigError, GpucanaryError
+from pytest_gpucanary.kube import OWNER_LABEL, Kube, NotFound
+from pytest_gpucanary.ladder.model import CollectiveRun
+from pytest_gpucanary.pool import Pool
+
+BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9]+(?:\.[0-9]+)?)", re.MULTILINE)
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"    # on every node KWOK manages ("fake")
+PEER_OFF = "none"
+
+
+def busbw_of(output: str) -> float | None:
+    found = BUSBW.findall(output)
+    return float(found[-1]) if found else None
+
+
+def _allocatable_gpus(node: dict) -> int:
+    try:
+        return int(node.get("status", {}).get("allocatable", {}).get(op.GPU_RESOURCE, "0"))
+    except ValueError:
+        return 0
+
+
+def _ready(node: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in node.get("status", {}).get("conditions") or [])
+
+
+def _driver(node: dict) -> str:
+    return (node["metadata"].get("labels") or {}).get(op.DRIVER_VERSION_LABEL, "")
+
+
+def _gpus_in_use(kube: Kube, node: str) -> int:
+    used = 0
+    for pod in kube.list("v1", "Pod", field_selector=f"spec.nodeName={node}"):
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for container in pod["spec"].get("containers") or []:
+            limits = (container.get("resources") or {}).get("limits") or {}
+            used += int(limits.get(op.GPU_RESOURCE, 0) or 0)
+    return used
+
+
+def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, str] | None, str]:
+    """The two nodes the probe runs on, or None and why not (the receipt's line)."""
+    if len(pool.nodes) > 1:
+        return (pool.nodes[0], pool.nodes[1]), ""
+    if settings.peer_node == PEER_OFF:
+        return None, f"collective probe off ({flag('peer_node')}={PEER_OFF})"
+    if settings.peer_node:
+        if settings.peer_node in pool.nodes:
+            raise ConfigError(f"{flag('peer_node')}={settings.peer_node} is the pool node",
+                              hint="name a GPU node outside the pool, on the old driver")
+        try:
+            kube.get("v1", "Node", settings.peer_node)
+        except NotFound:
+            raise ConfigError(f"{flag('peer_node')}={settings.peer_node}: no such node",
+                              hint=f"name a GPU node outside the pool, or {PEER_OFF}") from None
+        return (pool.nodes[0], settings.peer_node), ""
+    for node in sorted(kube.list("v1", "Node"), key=lambda n: n["metadata"]["name"]):
+        name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
+        if (name in pool.nodes or OWNER_LABEL in labels or node.get("spec", {}).get("unschedulable")
+                or not _ready(node) or _driver(node) != pool.driver_from or node.get("spec", {}).get("taints")):
+            continue
+        if _allocatable_gpus(node) - _gpus_in_use(kube, name) >= 1:
+            return (pool.nodes[0], name), ""
+    return None, (f"no peer node for the collective probe: none Ready, schedulable, untainted, on driver "
+                  f"{pool.driver_from} with a free GPU (name one with {flag('peer_node')})")
+
+
+@dataclass
+class CollectiveProbe:
+    """One probe run: `start` creates rank 0, `finish` creates rank 1, waits for both and reads the figure."""
+
+    kube: Kube
+    placement: workloads.Placement
+    nodes: tuple[str, str]
+    settings: Settings
+    when: str = ""
+    started_wall_ns: int = 0
+    drivers: tuple[str, ...] = ()
+
+    def start(self, when: str) -> CollectiveProbe:
+        self.when, self.started_wall_ns = when, time.time_ns()
+        self.drivers = tuple(_driver(self.kube.get("v1", "Node", n)) for n in self.nodes)
+        self.kube.create(self._pod(0, ""))
+        return self
+
+    def _pod(self, rank: int, master_addr: str) -> dict:
+        return workloads.collective_pod(self.settings.collective_probe, self.placement, when=self.when, rank=rank,
+                                        node=self.nodes[rank], master_addr=master_addr, images=self.settings.images())
+
+    def _name(self, rank: int) -> str:
+        return workloads.collective_name(self.when, rank)
+
+    def finish(self, *, start_timeout_s: float) -> CollectiveRun:
+        """Never raises for the probe's own failure: a probe that does not come is a result, not an error.
+        `start_timeout_s` bounds scheduling and the image pull, the collective timeout the rest."""
+        how = "simulated" if any(self._kwok(n) for n in self.nodes) else "ran"
+        try:
+            output = self._run(start_timeout_s)
+        except (TimeoutError, GpucanaryError) as err:
+            return self._result(None, None, how, str(err))
+        finally:
+            for rank in (0, 1):
+                self._delete(self._name(rank))
+        bw = busbw_of(output)
+        return self._result(time.time_ns(), bw, how, "" if bw is not None else
+                            f"rank 0 printed no '# Avg bus bandwidth' line (last output: {output.strip()[-160:]!r})")
+
+    def _result(self, ended: int | None, bw: float | None, how: str, detail: str) -> CollectiveRun:
+        return CollectiveRun(self.when, self.nodes, self.drivers, self.started_wall_ns, ended, bw, how, detail)
+
+    def _run(self, pull_s: float) -> str:
+        namespace = self.placement.namespace
+        rank0 = self._wait(lambda pods: pods.get(self._name(0)) if _pod_ip(pods.get(self._name(0))) else None,
+                           pull_s, "rank 0 given a pod IP")
+        self.kube.create(self._pod(1, _pod_ip(rank0)))
+        self._wait(lambda pods: True if all(_phase(pods.get(self._name(r))) in ("Running", "Succeeded", "Failed")
+                                            for r in (0, 1)) else None, pull_s, "both ranks started")
+        timeout_s = self.settings.collective_timeout_s
+        done = self._wait(lambda pods: pods if all(_phase(pods.get(self._name(r))) in ("Succeeded", "Failed")
+                                                   for r in (0, 1)) else None, timeout_s, "both ranks complete",
+                          within=f"did not complete within {timeout_s:.0f} s of starting")
+        for rank in (0, 1):
+            pod = done[self._name(rank)]
+            if _phase(pod) == "Failed":
+                raise GpucanaryError(f"rank {rank} on {self.nodes[rank]} failed: {_terminated(pod) or 'no message'}")
+        return _terminated(done[self._name(0)]) or self._log(self._name(0), namespace)
+
+    def _wait(self, done, timeout_s: float, what: str, *, within: str = "") -> dict:
+        try:
+            return self.kube.watch_until("v1", "Pod", done, timeout_s=timeout_s, namespace=self.placement.namespace,
+                                         label_selector=f"{workloads.COLLECTIVE_LABEL}={self.when}")
+        except TimeoutError:
+            raise TimeoutError(within or f"not {what} within {timeout_s:.0f} s") from None
+
+    def _log(self, name: str, namespace: str) -> str:
+        try:
+            return self.kube.pod_log(name, namespace=namespace, tail_lines=50)
+        except GpucanaryError as err:
+            return f"(no log: {err})"
+
+    def _kwok(self, node: str) -> bool:
+        try:
+            annotations = self.kube.get("v1", "Node", node)["metadata"].get("annotations") or {}
+        except GpucanaryError:
+            return False
+        return annotations.get(KWOK_NODE_ANNOTATION) == "fake"
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.kube.delete("v1", "Pod", name, namespace=self.placement.namespace)
+        except NotFound:
+            pass
+        except GpucanaryError:
+            pass   # the run's namespace goes at restore, and the pod with it
+
+
+def _phase(pod: dict | None) -> str:
+    return (pod or {}).get("status", {}).get("phase", "")
+
+
+def _pod_ip(pod: dict | None) -> str:
+    return (pod or {}).get("status", {}).get("podIP", "")
+
+
+def _terminated(pod: dict) -> str:
+    """The first container's termination message; for a failed one its exit code when it left none."""
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    terminated = (statuses[0].get("state") or {}).get("terminated") or {}
+    message = terminated.get("message", "")
+    if terminated.get("exitCode"):
+        return message or f"exit code {terminated['exitCode']} ({terminated.get('reason', '')})"
+    return message
