@@ -13,6 +13,7 @@ it, and the run says so ("simulated").
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass
 
@@ -60,6 +61,20 @@ def _gpus_in_use(kube: Kube, node: str) -> int:
     return used
 
 
+def check_peer(kube: Kube, settings: Settings) -> None:
+    """A named peer node exists and is not the pool's: read-only, before the run writes anything."""
+    if settings.peer_node in (None, PEER_OFF):
+        return
+    if settings.peer_node == settings.pool_node:
+        raise ConfigError(f"{flag('peer_node')}={settings.peer_node} is the pool node",
+                          hint="name a GPU node outside the pool, on the old driver")
+    try:
+        kube.get("v1", "Node", settings.peer_node)
+    except NotFound:
+        raise ConfigError(f"{flag('peer_node')}={settings.peer_node}: no such node",
+                          hint=f"name a GPU node outside the pool, or {PEER_OFF}") from None
+
+
 def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, str] | None, str]:
     """The two nodes the probe runs on, or None and why not (the receipt's line)."""
     if len(pool.nodes) > 1:
@@ -67,14 +82,6 @@ def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, 
     if settings.peer_node == PEER_OFF:
         return None, f"collective probe off ({flag('peer_node')}={PEER_OFF})"
     if settings.peer_node:
-        if settings.peer_node in pool.nodes:
-            raise ConfigError(f"{flag('peer_node')}={settings.peer_node} is the pool node",
-                              hint="name a GPU node outside the pool, on the old driver")
-        try:
-            kube.get("v1", "Node", settings.peer_node)
-        except NotFound:
-            raise ConfigError(f"{flag('peer_node')}={settings.peer_node}: no such node",
-                              hint=f"name a GPU node outside the pool, or {PEER_OFF}") from None
         return (pool.nodes[0], settings.peer_node), ""
     for node in sorted(kube.list("v1", "Node"), key=lambda n: n["metadata"]["name"]):
         name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
@@ -89,7 +96,8 @@ def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, 
 
 @dataclass
 class CollectiveProbe:
-    """One probe run: `start` creates rank 0, `finish` creates rank 1, waits for both and reads the figure."""
+    """One probe run: `start` creates rank 0 and goes on in a thread (rank 1, both ranks' end, the
+    figure), so the run's other work goes on meanwhile; `finish` waits for it and returns the result."""
 
     kube: Kube
     placement: workloads.Placement
@@ -98,12 +106,24 @@ class CollectiveProbe:
     when: str = ""
     started_wall_ns: int = 0
     drivers: tuple[str, ...] = ()
+    _thread: threading.Thread | None = None
+    _result: CollectiveRun | None = None
 
-    def start(self, when: str) -> CollectiveProbe:
+    def start(self, when: str, *, start_timeout_s: float) -> CollectiveProbe:
+        """`start_timeout_s` bounds scheduling and the image pull, the collective timeout the rest."""
         self.when, self.started_wall_ns = when, time.time_ns()
         self.drivers = tuple(_driver(self.kube.get("v1", "Node", n)) for n in self.nodes)
         self.kube.create(self._pod(0, ""))
+        self._thread = threading.Thread(target=self._complete, args=(start_timeout_s,), daemon=True,
+                                        name=f"collective-{when}")
+        self._thread.start()
         return self
+
+    def finish(self) -> CollectiveRun:
+        assert self._thread is not None, "a probe is started before it is finished"
+        self._thread.join()
+        assert self._result is not None
+        return self._result
 
     def _pod(self, rank: int, master_addr: str) -> dict:
         return workloads.collective_pod(self.settings.collective_probe, self.placement, when=self.when, rank=rank,
@@ -112,25 +132,27 @@ class CollectiveProbe:
     def _name(self, rank: int) -> str:
         return workloads.collective_name(self.when, rank)
 
-    def finish(self, *, start_timeout_s: float) -> CollectiveRun:
+    def _complete(self, start_timeout_s: float) -> None:
         """Never raises for the probe's own failure: a probe that does not come is a result, not an error.
-        `start_timeout_s` bounds scheduling and the image pull, the collective timeout the rest."""
+        A rank still running at its timeout is deleted, so it holds no GPU past it."""
         how = "simulated" if any(self._kwok(n) for n in self.nodes) else "ran"
         try:
-            output = self._run(start_timeout_s)
+            output, ended = self._run(start_timeout_s)
         except (TimeoutError, GpucanaryError) as err:
-            return self._result(None, None, how, str(err))
-        finally:
             for rank in (0, 1):
                 self._delete(self._name(rank))
+            self._result = self._outcome(None, None, how, str(err))
+            return
         bw = busbw_of(output)
-        return self._result(time.time_ns(), bw, how, "" if bw is not None else
-                            f"rank 0 printed no '# Avg bus bandwidth' line (last output: {output.strip()[-160:]!r})")
+        self._result = self._outcome(ended, bw, how, "" if bw is not None else
+                                     f"rank 0 printed no '# Avg bus bandwidth' line (its output ends "
+                                     f"{output.strip()[-160:]!r})")
 
-    def _result(self, ended: int | None, bw: float | None, how: str, detail: str) -> CollectiveRun:
+    def _outcome(self, ended: int | None, bw: float | None, how: str, detail: str) -> CollectiveRun:
         return CollectiveRun(self.when, self.nodes, self.drivers, self.started_wall_ns, ended, bw, how, detail)
 
-    def _run(self, pull_s: float) -> str:
+    def _run(self, pull_s: float) -> tuple[str, int]:
+        """Rank 0's output and when both ranks were seen ended."""
         namespace = self.placement.namespace
         rank0 = self._wait(lambda pods: pods.get(self._name(0)) if _pod_ip(pods.get(self._name(0))) else None,
                            pull_s, "rank 0 given a pod IP")
@@ -141,11 +163,12 @@ class CollectiveProbe:
         done = self._wait(lambda pods: pods if all(_phase(pods.get(self._name(r))) in ("Succeeded", "Failed")
                                                    for r in (0, 1)) else None, timeout_s, "both ranks complete",
                           within=f"did not complete within {timeout_s:.0f} s of starting")
+        ended = time.time_ns()
         for rank in (0, 1):
             pod = done[self._name(rank)]
             if _phase(pod) == "Failed":
                 raise GpucanaryError(f"rank {rank} on {self.nodes[rank]} failed: {_terminated(pod) or 'no message'}")
-        return _terminated(done[self._name(0)]) or self._log(self._name(0), namespace)
+        return _terminated(done[self._name(0)]) or self._log(self._name(0), namespace), ended
 
     def _wait(self, done, timeout_s: float, what: str, *, within: str = "") -> dict:
         try:

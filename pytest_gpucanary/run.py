@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from pytest_gpucanary import gpu_operator as op, metrics, preflight, workloads
-from pytest_gpucanary.collective import CollectiveProbe, choose_pair
+from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
@@ -172,6 +172,7 @@ class CanaryRun:
         for problem in checked.problems:
             self.progress.line(f"preflight: {problem.line}")
         checked.raise_first()
+        check_peer(self.kube, settings)                                                      # read-only
         cluster = checked.cluster
         assert cluster is not None, "a preflight without problems found the operator"
         run_id = settings.run_id or new_run_id()
@@ -212,7 +213,7 @@ class CanaryRun:
                 probes.start()
                 baseline = self._start_collective(run, placement, recorder)
                 self._baseline()
-                self._finish_collective(run, baseline, start_timeout_s=settings.image_pull_timeout_s)
+                self._finish_collective(run, baseline)
                 clock.next("upgrade")
                 applied = upgrade.apply(self.kube, cluster, pool, run.upgrade_policy,
                                         driver_to=settings.driver_version, run_id=run_id)
@@ -275,12 +276,13 @@ class CanaryRun:
             return None
         self.progress.line(f"collective probe ({', '.join(found)} on the pool): baseline all-reduce "
                            f"{' <-> '.join(run.collective_pair)}")
-        return CollectiveProbe(self.kube, placement, run.collective_pair, self.settings).start("baseline")
+        return CollectiveProbe(self.kube, placement, run.collective_pair, self.settings).start(
+            "baseline", start_timeout_s=self.settings.image_pull_timeout_s)
 
-    def _finish_collective(self, run: _Measured, probe: CollectiveProbe | None, *, start_timeout_s: float) -> None:
+    def _finish_collective(self, run: _Measured, probe: CollectiveProbe | None) -> None:
         if probe is None:
             return
-        result = probe.finish(start_timeout_s=start_timeout_s)
+        result = probe.finish()
         run.collective.append(result)
         self.progress.line(f"collective probe: {result.line()}")
 
@@ -292,8 +294,9 @@ class CanaryRun:
             run.collective_note = "the pool did not come back: no collective probe after the upgrade"
             return
         self.progress.line(f"collective probe: after all-reduce {' <-> '.join(run.collective_pair)}")
-        probe = CollectiveProbe(self.kube, placement, run.collective_pair, self.settings).start("after")
-        self._finish_collective(run, probe, start_timeout_s=self.settings.collective_timeout_s)
+        probe = CollectiveProbe(self.kube, placement, run.collective_pair, self.settings).start(
+            "after", start_timeout_s=self.settings.collective_timeout_s)
+        self._finish_collective(run, probe)
 
     def _baseline(self) -> None:
         """Load and probes run unchanged for a while first: the before phase every later one is held against."""
