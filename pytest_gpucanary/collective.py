@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from pytest_gpucanary import gpu_operator as op, workloads
 from pytest_gpucanary.config import Settings, flag
@@ -75,6 +76,18 @@ def check_peer(kube: Kube, settings: Settings) -> None:
                           hint=f"name a GPU node outside the pool, or {PEER_OFF}") from None
 
 
+def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
+    """The scheduler's rule (k8s.io/api core/v1 Toleration.ToleratesTaint); PreferNoSchedule never keeps a pod off."""
+    if taint.get("effect") == "PreferNoSchedule":
+        return True
+    for t in tolerations:
+        key_ok = t.get("key", "") in ("", taint.get("key")) if t.get("operator") == "Exists" else t.get("key") == taint.get("key")
+        value_ok = t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", "")
+        if key_ok and value_ok and t.get("effect", "") in ("", taint.get("effect")):
+            return True
+    return False
+
+
 def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, str] | None, str]:
     """The two nodes the probe runs on, or None and why not (the receipt's line)."""
     if len(pool.nodes) > 1:
@@ -83,15 +96,19 @@ def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, 
         return None, f"collective probe off ({flag('peer_node')}={PEER_OFF})"
     if settings.peer_node:
         return (pool.nodes[0], settings.peer_node), ""
+    probe = workloads.collective_pod(settings.collective_probe, workloads.Placement("", "", ""), when="check", rank=1,
+                                     node="", master_addr="")
+    tolerations = probe["spec"].get("tolerations") or []
     for node in sorted(kube.list("v1", "Node"), key=lambda n: n["metadata"]["name"]):
-        name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
-        if (name in pool.nodes or OWNER_LABEL in labels or node.get("spec", {}).get("unschedulable")
-                or not _ready(node) or _driver(node) != pool.driver_from or node.get("spec", {}).get("taints")):
+        name, labels, spec = node["metadata"]["name"], node["metadata"].get("labels") or {}, node.get("spec", {})
+        if (name in pool.nodes or OWNER_LABEL in labels or spec.get("unschedulable") or not _ready(node)
+                or _driver(node) != pool.driver_from
+                or not all(_tolerated(t, tolerations) for t in spec.get("taints") or [])):
             continue
-        if _allocatable_gpus(node) - _gpus_in_use(kube, name) >= 1:
+        if _allocatable_gpus(node) - _gpus_in_use(kube, name) >= 1:    # one pod list per node looked at
             return (pool.nodes[0], name), ""
-    return None, (f"no peer node for the collective probe: none Ready, schedulable, untainted, on driver "
-                  f"{pool.driver_from} with a free GPU (name one with {flag('peer_node')})")
+    return None, (f"no peer node for the collective probe: none Ready, schedulable, on driver {pool.driver_from} "
+                  f"with a free GPU and no taint the probe does not tolerate (name one with {flag('peer_node')})")
 
 
 @dataclass
@@ -119,9 +136,12 @@ class CollectiveProbe:
         self._thread.start()
         return self
 
-    def finish(self) -> CollectiveRun:
+    def finish(self, say: Callable[[str], None]) -> CollectiveRun:
         assert self._thread is not None, "a probe is started before it is finished"
-        self._thread.join()
+        self._thread.join(timeout=1.0)
+        if self._thread.is_alive():
+            say(f"collective probe: waiting for the {self.when} all-reduce {' <-> '.join(self.nodes)}")
+            self._thread.join()
         assert self._result is not None
         return self._result
 
@@ -138,10 +158,11 @@ class CollectiveProbe:
         how = "simulated" if any(self._kwok(n) for n in self.nodes) else "ran"
         try:
             output, ended = self._run(start_timeout_s)
-        except (TimeoutError, GpucanaryError) as err:
+        except Exception as err:    # noqa: BLE001  in a thread: whatever ended the probe is its result
             for rank in (0, 1):
                 self._delete(self._name(rank))
-            self._result = self._outcome(None, None, how, str(err))
+            why = str(err) if isinstance(err, (TimeoutError, GpucanaryError)) else f"probe error: {err!r}"
+            self._result = self._outcome(None, None, how, why)
             return
         bw = busbw_of(output)
         self._result = self._outcome(ended, bw, how, "" if bw is not None else

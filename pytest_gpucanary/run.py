@@ -282,7 +282,7 @@ class CanaryRun:
     def _finish_collective(self, run: _Measured, probe: CollectiveProbe | None) -> None:
         if probe is None:
             return
-        result = probe.finish()
+        result = probe.finish(self.progress.line)
         run.collective.append(result)
         self.progress.line(f"collective probe: {result.line()}")
 

@@ -152,7 +152,7 @@ def test_the_collective_probe_runs_as_real_processes_on_two_kubelet_nodes(rdma_k
         settings = Settings(collective_probe=path, collective_timeout_s=90)
         probe = CollectiveProbe(rdma_kube, Placement(namespace, "allreduce-e2e", "gpu-kubelet-0"),
                                 ("gpu-kubelet-0", "gpu-kubelet-1"), settings).start("baseline", start_timeout_s=90)
-        result = probe.finish()
+        result = probe.finish(print)
         assert result.detail == "" and result.how == "ran", result
         assert result.busbw_gbps is not None and result.busbw_gbps > 0
         pods = {p["metadata"]["name"]: p for p in rdma_kube.list("v1", "Pod", namespace=namespace)}

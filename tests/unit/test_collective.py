@@ -73,12 +73,14 @@ def test_a_one_node_pool_takes_the_first_ready_untainted_peer_on_its_driver_with
     kube = _kube(_node("canary-r-0"), _node("a-full", gpus="2"), _gpu_pod("busy", "a-full", 2),
                  _node("b-new-driver", driver="580.95.05"), _node("c-not-ready", ready="False"),
                  _node("d-tainted", taints=[{"key": "k", "effect": "NoSchedule"}]),
+                 _node("da-gpu-taint", driver="580.95.05", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
                  _node("e-cordoned", unschedulable=True), _node("f-other-pool", labels={OWNER_LABEL: "gpucanary"}),
-                 _node("g-peer"))
+                 _node("g-peer", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"},
+                                         {"key": "soft", "effect": "PreferNoSchedule"}]))
     assert choose_pair(kube, POOL, Settings()) == (("canary-r-0", "g-peer"), "")
     pair, note = choose_pair(_kube(_node("canary-r-0"), _node("a-full", gpus="0")), POOL, Settings())
-    assert pair is None and note.startswith(f"no peer node for the collective probe: none Ready, schedulable, "
-                                            f"untainted, on driver {OLD} with a free GPU")
+    assert pair is None and note.startswith(f"no peer node for the collective probe: none Ready, schedulable, on "
+                                            f"driver {OLD} with a free GPU and no taint the probe does not tolerate")
     assert choose_pair(kube, POOL, Settings(peer_node="none")) == (
         None, "collective probe off (--gpucanary-peer-node=none)")
     assert choose_pair(kube, POOL, Settings(peer_node="a-full")) == (("canary-r-0", "a-full"), "")
