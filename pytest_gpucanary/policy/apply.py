@@ -24,7 +24,8 @@ from typing import Any
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
-    CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL, image_at_version,
+    CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_SELECTOR, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
+    image_at_version,
 )
 from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.pool import Pool
@@ -82,9 +83,10 @@ def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *,
         return applied
     applied.operator_namespace = cluster.operator_namespace
     applied.prior_version = pool.driver_from
+    current = _gpu_nodes(kube)        # one list, not a get per node: the only O(nodes) part of a run
     for node in cluster.gpu_nodes:
-        if node not in pool.nodes:
-            _hold_back(kube, node, applied, run_id)
+        if node not in pool.nodes and node in current:
+            _hold_back(kube, current[node], applied, run_id)
     _apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy, "version": driver_to}, applied, run_id)
     return applied
 
@@ -96,9 +98,14 @@ def _apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, 
     _save_and_patch(kube, CLUSTER_POLICY, cluster.cluster_policy, {"driver": driver_patch}, prior, applied, run_id)
 
 
-def _hold_back(kube: Kube, node: str, applied: AppliedUpgrade, run_id: str) -> None:
+def _gpu_nodes(kube: Kube) -> dict[str, dict]:
+    return {n["metadata"]["name"]: n for n in kube.list("v1", "Node", label_selector=GPU_PRESENT_SELECTOR)}
+
+
+def _hold_back(kube: Kube, node_obj: dict, applied: AppliedUpgrade, run_id: str) -> None:
     """The skip label keeps the node in upgrade-required; its prior state is saved to put back."""
-    labels = kube.get("v1", "Node", node)["metadata"].get("labels", {})
+    node = node_obj["metadata"]["name"]
+    labels = node_obj["metadata"].get("labels") or {}
     if labels.get(SKIP_LABEL) == "true":
         return  # someone else holds it back already; leave their label alone
     saved = json.dumps({"run_id": run_id, "state": labels.get(UPGRADE_STATE_LABEL, "")})
@@ -115,8 +122,9 @@ def restore(kube: Kube, applied: AppliedUpgrade) -> None:
         # their pods are in sync again, and putting their prior state back spares them a pointless
         # cordon-and-evict cycle when the skip label goes.
         wait_driver_daemonsets(kube, applied.operator_namespace, applied.prior_version)
+    current = _gpu_nodes(kube) if applied.skipped_nodes else {}
     for node in applied.skipped_nodes:
-        release_hold(kube, node)
+        release_hold(kube, node, current.get(node))
     applied.saved.clear()
     applied.skipped_nodes.clear()
 
@@ -153,8 +161,10 @@ def _exactly(current: Any, saved: Any) -> Any:
             **{key: _exactly(current.get(key), value) for key, value in saved.items()}}
 
 
-def release_hold(kube: Kube, node: str) -> None:
-    raw = kube.get("v1", "Node", node)["metadata"].get("annotations", {}).get(SKIP_SET_ANNOTATION, "{}")
+def release_hold(kube: Kube, node: str, node_obj: dict | None = None) -> None:
+    """Drop the skip label, putting back the state saved with it; `node_obj` as just listed, else got."""
+    node_obj = node_obj or kube.get("v1", "Node", node)
+    raw = (node_obj["metadata"].get("annotations") or {}).get(SKIP_SET_ANNOTATION, "{}")
     try:
         prior_state = json.loads(raw).get("state", "")
     except (ValueError, AttributeError):
