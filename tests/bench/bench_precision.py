@@ -47,7 +47,7 @@ def main(interval_s: str = "5") -> None:
     reports = Path(tempfile.mkdtemp(prefix="gpucanary-precision-"))
     result = run_canary(fleet, [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                                 "--gpucanary-driver-version=580.95.05", f"--gpucanary-probe-interval-s={interval_s}",
-                                "--gpucanary-max-p99-s=3", "--gpucanary-job-duration-s=900"], reports=reports)
+                                "--gpucanary-max-p99-s=3"], reports=reports)
     evidence = json.loads((reports / result.run_id / "evidence.json").read_text())
     records = read_log(fleet.layout.audit_log, since_s=result.since_s, until_s=result.until_s + 60)
     errors_ms: dict[str, list[float]] = {"pool queue delay": [], "fleet start latency": []}
