@@ -123,13 +123,17 @@ class CollectiveProbe:
     when: str = ""
     started_wall_ns: int = 0
     drivers: tuple[str, ...] = ()
+    how: str = ""                  # "ran", or "simulated" when a node is KWOK's (it runs no process)
     _thread: threading.Thread | None = None
     _result: CollectiveRun | None = None
 
     def start(self, when: str, *, start_timeout_s: float) -> CollectiveProbe:
         """`start_timeout_s` bounds scheduling and the image pull, the collective timeout the rest."""
         self.when, self.started_wall_ns = when, time.time_ns()
-        self.drivers = tuple(_driver(self.kube.get("v1", "Node", n)) for n in self.nodes)
+        nodes = [self.kube.get("v1", "Node", n) for n in self.nodes]
+        self.drivers = tuple(_driver(n) for n in nodes)
+        kwok = any((n["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION) == "fake" for n in nodes)
+        self.how = "simulated" if kwok else "ran"
         self.kube.create(self._pod(0, ""))
         self._thread = threading.Thread(target=self._complete, args=(start_timeout_s,), daemon=True,
                                         name=f"collective-{when}")
@@ -155,22 +159,21 @@ class CollectiveProbe:
     def _complete(self, start_timeout_s: float) -> None:
         """Never raises for the probe's own failure: a probe that does not come is a result, not an error.
         A rank still running at its timeout is deleted, so it holds no GPU past it."""
-        how = "simulated" if any(self._kwok(n) for n in self.nodes) else "ran"
         try:
             output, ended = self._run(start_timeout_s)
         except Exception as err:    # noqa: BLE001  in a thread: whatever ended the probe is its result
             for rank in (0, 1):
                 self._delete(self._name(rank))
             why = str(err) if isinstance(err, (TimeoutError, GpucanaryError)) else f"probe error: {err!r}"
-            self._result = self._outcome(None, None, how, why)
+            self._result = self._outcome(None, None, why)
             return
         bw = busbw_of(output)
-        self._result = self._outcome(ended, bw, how, "" if bw is not None else
+        self._result = self._outcome(ended, bw, "" if bw is not None else
                                      f"rank 0 printed no '# Avg bus bandwidth' line (its output ends "
                                      f"{output.strip()[-160:]!r})")
 
-    def _outcome(self, ended: int | None, bw: float | None, how: str, detail: str) -> CollectiveRun:
-        return CollectiveRun(self.when, self.nodes, self.drivers, self.started_wall_ns, ended, bw, how, detail)
+    def _outcome(self, ended: int | None, bw: float | None, detail: str) -> CollectiveRun:
+        return CollectiveRun(self.when, self.nodes, self.drivers, self.started_wall_ns, ended, bw, self.how, detail)
 
     def _run(self, pull_s: float) -> tuple[str, int]:
         """Rank 0's output and when both ranks were seen ended."""
@@ -204,20 +207,11 @@ class CollectiveProbe:
         except GpucanaryError as err:
             return f"(no log: {err})"
 
-    def _kwok(self, node: str) -> bool:
-        try:
-            annotations = self.kube.get("v1", "Node", node)["metadata"].get("annotations") or {}
-        except GpucanaryError:
-            return False
-        return annotations.get(KWOK_NODE_ANNOTATION) == "fake"
-
     def _delete(self, name: str) -> None:
         try:
             self.kube.delete("v1", "Pod", name, namespace=self.placement.namespace)
-        except NotFound:
-            pass
         except GpucanaryError:
-            pass   # the run's namespace goes at restore, and the pod with it
+            pass   # gone already, or the run's namespace goes at restore and the pod with it
 
 
 def _phase(pod: dict | None) -> str:

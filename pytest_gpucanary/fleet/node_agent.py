@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import GpucanaryError
+from pytest_gpucanary.collective import KWOK_NODE_ANNOTATION
 from pytest_gpucanary.kube import Kube, WatchEvent
+from pytest_gpucanary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 
 DRIVER_VERSION_LABELS = (op.DRIVER_VERSION_LABEL, "nvidia.com/cuda.driver-version.major",
                          "nvidia.com/cuda.driver-version.minor", "nvidia.com/cuda.driver-version.revision")
@@ -54,9 +56,7 @@ PEERMEM_ANNOTATION = "gpucanary.io/simulated-peermem"          # "lost": peermem
 COLLECTIVE_ANNOTATION = "gpucanary.io/simulated-collective"    # "never-completes": the all-reduce hangs
 BUSBW_ANNOTATION, DEFAULT_BUSBW = "gpucanary.io/simulated-busbw-gbps", "24.0"
 PEERMEM = "nvidia-peermem-ctr"
-COLLECTIVE_SELECTOR = "gpucanary.io/role=collective-probe"     # workloads.ROLE_LABEL / COLLECTIVE_ROLE
-COLLECTIVE_LABEL = "gpucanary.io/collective"                   # workloads.COLLECTIVE_LABEL
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+COLLECTIVE_SELECTOR = f"{ROLE_LABEL}={COLLECTIVE_ROLE}"
 USER_AGENT = "gpucanary-fleet-node-agent"   # not gpucanary/<version>: the audit log tells the canary apart by it
 
 
