@@ -322,6 +322,7 @@ def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, 
     try:
         kube.wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"].get(
             "nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", timeout_s=180)
+        standing.wait_for_gpus()      # upgrade-done comes with the pod in sync; GFD's driver labels come after
         kube.patch("v1", "Node", node, {"spec": {"taints": [{"key": "dedicated", "value": "canary",
                                                              "effect": "PreferNoSchedule"}]}})
         before = kube.get("v1", "Node", node)

@@ -100,6 +100,7 @@ def standing_canary_pool(kube: Kube) -> Iterator[str]:
         kube.patch("nvidia.com/v1alpha1", "NVIDIADriver", standing.name, not_ours)
         kube.wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"].get(
             "nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", timeout_s=180)
+        standing.wait_for_gpus()      # upgrade-done comes with the pod in sync; GFD's driver labels come after
         yield node
     finally:
         standing.delete()
