@@ -99,8 +99,19 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
     junit = (tmp_path / "junit.xml").read_text()
     assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage:' in junit
     assert_device_evidence_is_from_after_the_new_driver(tmp_path / "reports", receipt)
+    assert_baseline_held_and_settle_ended_on_its_events(tmp_path / "reports", receipt, result.stdout + result.stderr)
     assert_nothing_left(kube, policy_before)
     assert_replay_reproduces(tmp_path / "reports", returncode=0)
+
+
+def assert_baseline_held_and_settle_ended_on_its_events(reports: Path, receipt: dict, output: str) -> None:
+    """The before phase spans the whole baseline window (10 s in FAST), and the settle step's wait for the
+    probes in flight ended because they had run or ended, not at its bound."""
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    assert json.loads((run_dir / "steps.json").read_text())["seconds"]["baseline"] >= 10
+    before = next(w for w in receipt["phase_windows"] if w["phase"] == "before")
+    assert (before["end_wall_ns"] - before["start_wall_ns"]) / 1e9 >= 10, before
+    assert "every probe in flight running or ended not seen within" not in output
 
 
 def first_ready_ns(reports: Path) -> dict[str, tuple[str, int]]:
