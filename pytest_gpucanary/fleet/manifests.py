@@ -11,13 +11,13 @@ from pytest_gpucanary.config import FIXTURES
 
 FLEET_FIXTURES = FIXTURES / "fleet"
 
-# kwok's own Stages (copied from its module by ci/build.sh), except pod-init-container-completed, pod-ready
-# and pod-complete, which we replace.
+# kwok's own Stages (copied from its module by ci/build.sh), except pod-complete and pod-ready, which we replace.
 KWOK_STAGES = (
     "stage/node/fast/node-initialize.yaml",
     "stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
     "stage/pod/general/pod-create.yaml",
     "stage/pod/general/pod-init-container-running.yaml",
+    "stage/pod/general/pod-init-container-completed.yaml",
     "stage/pod/general/pod-delete.yaml",
 )
 
@@ -40,8 +40,8 @@ def kwok_config(bin_dir: Path, *, gpu_nodes: int) -> str:
     text = yaml.safe_dump_all(docs)
     for stage in KWOK_STAGES:
         text += "---\n" + (bin_dir / "kwok-manifests" / stage).read_text()
-    for own in ("stage-pod-init-completed.yaml", "stage-pod-ready.yaml", "stage-pod-ready-when-allowed.yaml",
-                "stage-pod-complete.yaml", "stage-pod-terminate.yaml"):
+    for own in ("stage-pod-ready.yaml", "stage-pod-ready-when-allowed.yaml", "stage-pod-complete.yaml",
+                "stage-pod-terminate.yaml"):
         text += "---\n" + (FLEET_FIXTURES / own).read_text()
     return text + "---\n" + yaml.safe_dump(dcgm_metric(), sort_keys=False)
 

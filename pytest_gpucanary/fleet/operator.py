@@ -79,7 +79,7 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
 
 def ready_timeout_s(gpu_nodes: int) -> float:
     """240 s for a handful of nodes; the DaemonSet controller, scheduler and kwok add work per node."""
-    return READY_TIMEOUT_S + 0.5 * gpu_nodes
+    return READY_TIMEOUT_S + 1.0 * gpu_nodes      # 1,000 nodes took about 11 min on 2 cores
 
 
 def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]) -> None:
