@@ -125,7 +125,7 @@ def discover(kube: Kube) -> ClusterInfo:
                        hint="is the GPU Operator running and ready?")
     nvidiadriver_mode = bool(policy.get("spec", {}).get("driver", {}).get("useNvidiaDriverCRD"))
     # only ClusterPolicy mode holds the other GPU nodes back, so only it needs them all
-    nodes = [] if nvidiadriver_mode else kube.list("v1", "Node", label_selector=op.GPU_PRESENT_SELECTOR)
+    nodes = [] if nvidiadriver_mode else kube.each("v1", "Node", label_selector=op.GPU_PRESENT_SELECTOR)
     return ClusterInfo(
         cluster_policy=policy["metadata"]["name"],
         nvidiadriver_mode=nvidiadriver_mode,

@@ -82,7 +82,7 @@ class KwokPool:
 
 def fleet_driver_version(kube: Kube) -> str:
     """The driver version most GPU nodes run now: what a fresh node of the fleet would get."""
-    versions = Counter(driver_version_of(p) for p in kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR))
+    versions = Counter(driver_version_of(p) for p in kube.each("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR))
     if not versions:
         raise EnvError("no driver pods in the cluster", hint="is the GPU Operator ready?")
     return versions.most_common(1)[0][0]
@@ -99,13 +99,14 @@ class KwokPoolProvider:
     size: int = 1
     name: str = "kwok"
     pool: KwokPool | None = None
+    driver_from: str | None = None
     permissions: tuple[Permission, ...] = KWOK_POOL_PERMISSIONS
 
     def check(self, kube: Kube, cluster: ClusterInfo) -> None:
-        fleet_driver_version(kube)
+        self.driver_from = fleet_driver_version(kube)
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
-        driver_from = fleet_driver_version(kube)
+        driver_from = self.driver_from or fleet_driver_version(kube)     # one list of every driver pod per run
         self.pool = KwokPool(kube, name=f"canary-{run_id}", run_id=run_id, size=self.size)
         self.pool.create(driver_version=driver_from if cluster.nvidiadriver_mode else None)
         self.pool.wait_for_gpus()

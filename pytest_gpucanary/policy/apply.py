@@ -99,7 +99,9 @@ def _apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, 
 
 
 def _gpu_nodes(kube: Kube) -> dict[str, dict]:
-    return {n["metadata"]["name"]: n for n in kube.list("v1", "Node", label_selector=GPU_PRESENT_SELECTOR)}
+    """Every GPU node's metadata (all that holding back and releasing reads), a page of full nodes at a time."""
+    return {n["metadata"]["name"]: {"metadata": n["metadata"]}
+            for n in kube.each("v1", "Node", label_selector=GPU_PRESENT_SELECTOR)}
 
 
 def _hold_back(kube: Kube, node_obj: dict, applied: AppliedUpgrade, run_id: str) -> None:

@@ -7,14 +7,16 @@ run's own objects (its namespace, pool nodes, own NVIDIADriver) are counted apar
 the goal is <= 10/min for the rest, flat in fleet size. Also prints each fleet's `up` time and the
 resident memory of its processes after the run.
 
-Uses the fleet named by GPUCANARY_FLEET_DIR / GPUCANARY_FLEET_PORT_BASE (it is restarted!).
-Run: python tests/bench/bench_api_cost.py [--keep] [gpu_nodes ...]   (default 5 100 1000)
+Uses the fleet named by GPUCANARY_FLEET_DIR / GPUCANARY_FLEET_PORT_BASE (it is restarted!). With
+--reuse, a running fleet of the size asked for is used as it is, with the start-up time it recorded.
+Run: python tests/bench/bench_api_cost.py [--keep] [--reuse] [gpu_nodes ...]   (default 5 100 1000)
 """
 
 from __future__ import annotations
 
 import builtins
 import functools
+import json
 import sys
 import tempfile
 import time
@@ -29,8 +31,8 @@ from pytest_gpucanary.config import FIXTURES
 
 ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05",
         "--gpucanary-probe-interval-s=10",
-        # as the e2e gate tests: the fleet, the operator and locust share two cores
-        "--gpucanary-job-duration-s=900", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3"]
+        # as the e2e gate tests: the fleet, the operator and locust share two cores; the default GPU job
+        "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3"]
 OWN = (Scope.OWN_NAMESPACE, Scope.POOL_NODE, Scope.OWN_OBJECT)
 
 
@@ -72,12 +74,16 @@ class SizeResult:
         return n / (self.canary.duration_s / 60)
 
 
-def measure(gpu_nodes: int, *, reports: Path) -> SizeResult:
+def measure(gpu_nodes: int, *, reports: Path, reuse: bool) -> SizeResult:
     fleet = Fleet.from_env().with_gpu_nodes(gpu_nodes)
-    fleet.down()
-    started = time.monotonic()
-    fleet.up(progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    up_s = time.monotonic() - started
+    state = json.loads(fleet.layout.state_file.read_text()) if fleet.is_up() else {}
+    if reuse and state.get("gpu_nodes") == gpu_nodes and state.get("startup_s"):
+        up_s = state["startup_s"]
+    else:
+        fleet.down()
+        started = time.monotonic()
+        fleet.up(progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+        up_s = time.monotonic() - started
     print(f"  fleet of {gpu_nodes} GPU nodes up in {up_s:.1f} s; running the canary", file=sys.stderr, flush=True)
     canary = run_canary(fleet, ARGS, reports=reports)
     rss = {name: rss_mib(processes.pid_of(fleet.layout, name)) for name in processes.STOP_ORDER}
@@ -112,20 +118,20 @@ def print_tables(results: list[SizeResult], *, out) -> None:
 
 
 def main(argv: list[str]) -> None:
-    keep = "--keep" in argv
-    sizes = [int(a) for a in argv if a != "--keep"] or [5, 100, 1000]
+    keep, reuse = "--keep" in argv, "--reuse" in argv
+    sizes = [int(a) for a in argv if not a.startswith("--")] or [5, 100, 1000]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for size in sizes:
-                results.append(measure(size, reports=Path(tmp) / f"reports-{size}"))
+                results.append(measure(size, reports=Path(tmp) / f"reports-{size}", reuse=reuse))
                 if results[-1].canary.returncode != 0:
                     print(results[-1].canary.output[-2000:], file=sys.stderr)
                 print_tables(results, out=sys.stderr)   # so far, in case a larger size fails
+            print_tables(results, out=sys.stdout)       # while the receipts (the pool's node names) are there
         finally:
             if not keep:
                 Fleet.from_env().down()
-    print_tables(results, out=sys.stdout)
 
 
 if __name__ == "__main__":

@@ -125,3 +125,11 @@ def test_dcgm_metrics_carry_each_gpu_node_s_driver_version(gpucanary_fleet) -> N
         time.sleep(2)
     assert set(versions) >= set(gpucanary_fleet.fleet.gpu_node_names()), versions
     assert all(v == {"580.82.07"} for v in versions.values()), versions
+
+
+def test_paged_read_returns_what_one_list_does(kube: Kube) -> None:
+    """`Kube.each` follows the apiserver's continue tokens: pages of 2 give every operator pod once."""
+    listed = sorted(p["metadata"]["uid"] for p in kube.list("v1", "Pod", namespace="gpu-operator"))
+    paged = [p["metadata"]["uid"] for p in kube.each("v1", "Pod", page_size=2)
+             if p["metadata"]["namespace"] == "gpu-operator"]
+    assert len(listed) > 2 and sorted(paged) == listed

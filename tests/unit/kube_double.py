@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Iterator
 
 from pytest_gpucanary.config import parse_selector
-from pytest_gpucanary.kube import Conflict, Kube, KubeError, NotFound, WatchEvent
+from pytest_gpucanary.kube import PAGE_SIZE, Conflict, Kube, KubeError, NotFound, WatchEvent
 
 Key = tuple[str | None, str]         # (namespace, name); namespace None for cluster-scoped kinds
 TICK_S = 0.05                        # how often a waiting watch looks at `stop` (the real one: every stream end)
@@ -171,6 +171,13 @@ class FakeKube:
             found = [copy.deepcopy(o) for _, o in sorted(self._store.get((api_version, kind), {}).items(),
                                                          key=lambda item: (item[0][0] or "", item[0][1])) if match(o)]
         return found[:limit] if limit else found
+
+    def each(self, api_version: str, kind: str, *, label_selector: str | None = None,
+             page_size: int = PAGE_SIZE) -> Iterator[dict]:
+        """The apiserver's pages (limit + continue) over a consistent read: the same objects as `list`."""
+        found = self.list(api_version, kind, label_selector=label_selector)
+        for start in range(0, len(found), page_size):
+            yield from found[start:start + page_size]
 
     def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:
         self._fault("delete", kind)
