@@ -81,7 +81,11 @@ class KwokPool:
 
 
 def fleet_driver_version(kube: Kube) -> str:
-    """The driver version most GPU nodes run now: what a fresh node of the fleet would get."""
+    """What a fresh node of the fleet would get: its own NVIDIADriver's version in NVIDIADriver mode (one
+    read), else the version most GPU nodes run now (one driver pod per node, read in pages)."""
+    with contextlib.suppress(NotFound):
+        if version := kube.get(*NVIDIADRIVER, FLEET_DRIVER)["spec"].get("version"):
+            return version
     versions = Counter(driver_version_of(p) for p in kube.each("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR))
     if not versions:
         raise EnvError("no driver pods in the cluster", hint="is the GPU Operator ready?")
