@@ -76,7 +76,7 @@ def _message(exc: ApiException) -> str:
 
 def _plain(_client: Any, data: Any) -> Any:
     """The dynamic client's serializer for plain JSON: no ResourceInstance built around every answer only to be
-    converted back (on a 1,000-node list that doubled the canary's peak memory)."""
+    converted back (on a list of 1,000 driver pods that took 87 MiB more at peak: 268 instead of 181 MiB)."""
     return data
 
 

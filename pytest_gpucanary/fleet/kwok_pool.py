@@ -110,7 +110,7 @@ class KwokPoolProvider:
         self.driver_from = fleet_driver_version(kube)
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
-        driver_from = self.driver_from or fleet_driver_version(kube)     # one list of every driver pod per run
+        driver_from = self.driver_from or fleet_driver_version(kube)     # read once per run, at check
         self.pool = KwokPool(kube, name=f"canary-{run_id}", run_id=run_id, size=self.size)
         self.pool.create(driver_version=driver_from if cluster.nvidiadriver_mode else None)
         self.pool.wait_for_gpus()
