@@ -174,10 +174,8 @@ class FakeKube:
 
     def each(self, api_version: str, kind: str, *, label_selector: str | None = None,
              page_size: int = PAGE_SIZE) -> Iterator[dict]:
-        """The apiserver's pages (limit + continue) over a consistent read: the same objects as `list`."""
-        found = self.list(api_version, kind, label_selector=label_selector)
-        for start in range(0, len(found), page_size):
-            yield from found[start:start + page_size]
+        """The same objects as `list`: the store is read at once, so paging would change nothing here."""
+        yield from self.list(api_version, kind, label_selector=label_selector)
 
     def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:
         self._fault("delete", kind)
