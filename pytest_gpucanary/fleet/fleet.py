@@ -219,13 +219,19 @@ class Fleet:
         self._start(agent, progress)
         self._start(ingress, progress)
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
-                                release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma)
+                                release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma,
+                                pool_nodes=self._kubelet_pool_nodes(binaries))
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
         self._wait_series(progress)
         if binaries.kubelet_node is not None:
             KubeletNodes.planned(self.layout, binaries.kubelet_node).wait_operator_gpus(
                 self._kubectl_for(binaries.control_plane), progress)
+
+    def _kubelet_pool_nodes(self, binaries: Binaries) -> tuple[str, ...]:
+        if binaries.kubelet_node is None or not self.layout.kubelet_pool:
+            return ()
+        return tuple(node.name for node in KubeletNodes.planned(self.layout, binaries.kubelet_node).nodes())
 
     def _wait_series(self, progress: Progress) -> None:
         """Until Prometheus holds every series a canary's preflight asks for, so a run can follow `fleet up`

@@ -64,6 +64,11 @@ def _layer(spec: ImageSpec) -> bytes:
             tar.addfile(_member(directory, kind=tarfile.DIRTYPE, mode=0o755))
         tar.addfile(_member("tmp", kind=tarfile.DIRTYPE, mode=0o1777))
         tar.addfile(_member("etc/passwd", size=len(_PASSWD)), io.BytesIO(_PASSWD))
+        inside_paths = [inside for inside, _ in (*spec.files, *spec.data, *spec.links)]
+        parents = sorted({str(parent) for inside in inside_paths for parent in Path(inside.lstrip("/")).parents
+                          if str(parent) not in (".", "bin", "etc", "dev", "proc", "sys", "run", "var", "root", "tmp")})
+        for directory in parents:
+            tar.addfile(_member(directory, kind=tarfile.DIRTYPE, mode=0o755))
         for inside, source in spec.files:
             data = source.read_bytes()
             tar.addfile(_member(inside.lstrip("/"), mode=0o755, size=len(data)), io.BytesIO(data))
@@ -119,14 +124,78 @@ def _busybox(names: tuple[str, ...], entrypoint: tuple[str, ...] = ("/bin/sh",),
                      tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets()), data)
 
 
-def operator_plugin_images(bin_dir: Path, *, device_plugin: str, validator: str) -> list[ImageSpec]:
-    """The images of the GPU Operator's device-plugin DaemonSet pod, under the ClusterPolicy's names."""
+def operator_plugin_images(bin_dir: Path, *, device_plugin: str, validator: str | None = None) -> list[ImageSpec]:
+    """The images of the GPU Operator's device-plugin DaemonSet pod, under the ClusterPolicy's names;
+    the validator image only where no pool_operand_images give it."""
     return [
-        _busybox((validator,)),
+        *([_busybox((validator,))] if validator else []),
         _busybox((device_plugin,), ("/bin/nvidia-device-plugin",),
                  files=(("/bin/nvidia-device-plugin", bin_dir / "fake-gpu-plugin"),),
                  data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),)),
     ]
+
+
+# The validator's init containers run `sh -c nvidia-validator` with COMPONENT set; each writes the
+# ready file the real one writes once its check passes (see pool_operand_images).
+_VALIDATOR = b"""#!/bin/sh
+set -eu
+ready=/run/nvidia/validations
+case "$COMPONENT" in
+driver)
+  until [ -f "$ready/.driver-ctr-ready" ]; do echo "waiting for the driver container to be ready"; sleep 1; done
+  printf 'IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\n' > "$ready/driver-ready" ;;
+toolkit|cuda|plugin) : > "$ready/$COMPONENT-ready" ;;
+*) echo "unknown COMPONENT $COMPONENT"; exit 1 ;;
+esac
+echo "$COMPONENT validation is successful"
+"""
+# The driver container: `nvidia-driver init` loads the driver. Here that is /sys/module/nvidia/refcnt
+# on a tmpfs in the container's own mount namespace (the startup probe reads it there) and a marker on
+# the node's /run/nvidia that the driver manager unloads; then it waits for SIGTERM.
+_DRIVER = b"""#!/bin/sh
+set -eu
+[ "${1:-}" = init ] || { echo "usage: nvidia-driver init"; exit 1; }
+mount -t tmpfs -o size=1m nvidia-module /sys/module
+mkdir -p /sys/module/nvidia /run/nvidia/validations
+echo 1 > /sys/module/nvidia/refcnt
+cat /etc/driver-version > /run/nvidia/gpucanary-driver-loaded
+echo "driver $(cat /etc/driver-version) loaded"
+trap 'echo "driver container stopping"; exit 0' TERM INT
+while :; do sleep 1; done
+"""
+_NVIDIA_SMI = b"""#!/bin/sh
+[ -f /sys/module/nvidia/refcnt ] || { echo "NVIDIA-SMI has failed: no driver loaded"; exit 9; }
+echo "NVIDIA-SMI $(cat /etc/driver-version)   Driver Version: $(cat /etc/driver-version)"
+"""
+# nvcr.io/nvidia/k8s/cuda-sample:vectoradd: /cuda-samples/vectorAdd prints what the sample prints.
+_VECTOR_ADD = b"""#!/bin/sh
+echo "[Vector addition of 50000 elements]"
+echo "Copy input data from the host memory to the CUDA device"
+echo "CUDA kernel launch with 196 blocks of 256 threads"
+echo "Copy output data from the CUDA device to the host memory"
+echo "Test PASSED"
+echo "Done"
+"""
+
+
+def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, driver_manager: str,
+                        drivers: tuple[str, ...], cuda_sample: str, probe: str) -> list[ImageSpec]:
+    """The images of the operator's driver and validator pods, and of the canary's GPU job and probe,
+    for a kubelet node that is a canary pool. `drivers` are driver image names
+    (<repository>/driver:<version>-<os>)."""
+    specs = [
+        _busybox((validator,), data=(("/bin/nvidia-validator", _VALIDATOR),)),
+        _busybox((driver_manager,), ("/bin/driver-manager",), files=(("/bin/driver-manager", bin_dir / "driver-manager"),),
+                 data=(("/etc/gpucanary/apiserver", apiserver_url.encode() + b"\n"),)),
+        _busybox((cuda_sample,), data=(("/cuda-samples/vectorAdd", _VECTOR_ADD),)),
+        _busybox((probe,)),
+    ]
+    for name in drivers:
+        version = name.rsplit(":", 1)[1].split("-", 1)[0]
+        specs.append(_busybox((name,), ("/bin/nvidia-driver",), data=(
+            ("/bin/nvidia-driver", _DRIVER), ("/bin/nvidia-smi", _NVIDIA_SMI),
+            ("/etc/driver-version", version.encode() + b"\n"))))
+    return specs
 
 
 def node_images(bin_dir: Path) -> list[ImageSpec]:

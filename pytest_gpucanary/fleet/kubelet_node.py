@@ -35,6 +35,7 @@ from pytest_gpucanary.fleet.components import Component
 from pytest_gpucanary.fleet.images import PAUSE_IMAGE
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
+from pytest_gpucanary.pool import DRIVER_POOL_LABEL
 
 GPUS_PER_NODE = 8
 TAINT_KEY = "gpucanary.io/kubelet-node"   # keeps KWOK-era workloads off the real node until they opt in
@@ -53,6 +54,13 @@ OPERATOR_PLUGIN_LABELS = {f"nvidia.com/gpu.deploy.{operand}": "false" for operan
     "driver", "gpu-feature-discovery", "container-toolkit", "dcgm", "dcgm-exporter", "node-status-exporter",
     "operator-validator", "mig-manager", "sandbox-validator", "sandbox-device-plugin", "vgpu-manager",
     "vgpu-device-manager", "vfio-manager", "kata-manager", "cc-manager")} | {"nvidia.com/gpu.deploy.device-plugin": "true"}
+# A kubelet node that is a canary pool also runs the operator's driver and validator; its own
+# NVIDIADriver (named after the node) selects it by its driver-pool label.
+POOL_LABELS = OPERATOR_PLUGIN_LABELS | {"nvidia.com/gpu.deploy.driver": "true",
+                                        "nvidia.com/gpu.deploy.operator-validator": "true"}
+# The driver versions a pool node has images for, besides the fleet's own: a run to another version
+# sees its driver pod fail to pull, and says so.
+POOL_DRIVER_VERSIONS = ("580.95.05", "575.57.08", "570.172.08")
 # The operator's DaemonSets tolerate only nvidia.com/gpu, the taint real GPU pools commonly carry.
 OPERATOR_PLUGIN_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 # What the validator writes on a real node once the driver and the container toolkit work; the
@@ -69,6 +77,12 @@ mount --bind "$0/etc/hosts" /etc/hosts
 mount --bind "$0/etc/resolv.conf" /etc/resolv.conf
 for f in $(ls "$0/sysctl"); do mount --bind "$0/sysctl/$f" "/proc/sys/$(echo "$f" | tr : /)"; done
 if [ -d "$0/validations" ]; then mkdir -p /run/nvidia && cp -r "$0/validations" /run/nvidia/; fi
+if [ -d "$0/dev" ]; then
+  # an overlay on /dev takes what the operands' hostPath volumes create there (/dev/log, /dev/char)
+  for m in shm pts; do mkdir -p "$0/dev/keep/$m" && mount --rbind "/dev/$m" "$0/dev/keep/$m"; done
+  mount -t overlay gpucanary-node-dev -o "lowerdir=/dev,upperdir=$0/dev/upper,workdir=$0/dev/work" /dev
+  for m in shm pts; do mount --move "$0/dev/keep/$m" "/dev/$m"; done
+fi
 mount --make-rshared /
 exec "$@"
 """
@@ -95,10 +109,25 @@ def gpu_labels() -> dict[str, str]:
 
 
 def operator_images() -> dict[str, str]:
-    """Image names of the device plugin and the validator in the fleet's ClusterPolicy."""
+    """Image names of the device plugin, the validator and the driver manager in the fleet's
+    ClusterPolicy (the NVIDIADrivers give the same driver and manager images)."""
     spec = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]
-    return {key: f"{spec[key]['repository']}/{spec[key]['image']}:{spec[key]['version']}"
-            for key in ("devicePlugin", "validator")}
+    names = {key: f"{spec[key]['repository']}/{spec[key]['image']}:{spec[key]['version']}"
+             for key in ("devicePlugin", "validator")}
+    manager = spec["driver"]["manager"]
+    names["driverManager"] = f"{manager['repository']}/{manager['image']}:{manager['version']}"
+    return names
+
+
+def driver_images() -> tuple[str, ...]:
+    """The driver image names a pool node can run: the fleet's version and POOL_DRIVER_VERSIONS,
+    with the OS suffix the operator appends from the node's NFD labels."""
+    spec = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]["driver"]
+    labels = gpu_labels()
+    suffix = (labels["feature.node.kubernetes.io/system-os_release.ID"]
+              + labels["feature.node.kubernetes.io/system-os_release.VERSION_ID"])
+    versions = dict.fromkeys((str(spec["version"]), *POOL_DRIVER_VERSIONS))
+    return tuple(f"{spec['repository']}/{spec['image']}:{version}-{suffix}" for version in versions)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -141,14 +170,25 @@ class KubeletNode:
     @property
     def operator_plugin(self) -> bool:
         """nvidia.com/gpu comes from the GPU Operator's device-plugin DaemonSet, not a fleet process."""
-        return self.layout.kubelet_device_plugin == "operator"
+        return self.layout.kubelet_device_plugin == "operator" or self.pool
+
+    @property
+    def pool(self) -> bool:
+        """A canary pool: the operator's driver, validator and device plugin run here."""
+        return self.layout.kubelet_pool
 
     def labels(self) -> dict[str, str]:
+        if self.pool:
+            return NODE_LABELS | POOL_LABELS | {DRIVER_POOL_LABEL: self.name}
         return NODE_LABELS | (OPERATOR_PLUGIN_LABELS if self.operator_plugin else PROCESS_PLUGIN_LABELS)
 
-    def taint(self) -> dict[str, str]:
-        return OPERATOR_PLUGIN_TAINT if self.operator_plugin else {"key": TAINT_KEY, "value": "true",
-                                                                   "effect": "NoSchedule"}
+    def taints(self) -> list[dict[str, str]]:
+        """A pool is untainted, as a GPU node that also runs services; it is labelled so nothing lands
+        there unasked (the canary pins its pods by hostname)."""
+        if self.pool:
+            return []
+        return [OPERATOR_PLUGIN_TAINT if self.operator_plugin else {"key": TAINT_KEY, "value": "true",
+                                                                    "effect": "NoSchedule"}]
 
     def component_names(self) -> tuple[str, str, str]:
         return f"{self.name}-containerd", f"{self.name}-kubelet", f"{self.name}-device-plugin"
@@ -188,7 +228,10 @@ class KubeletNode:
         (self.dir / "etc" / "resolv.conf").write_text(f"nameserver {HOST}\n")
         for path, value in KERNEL_TUNABLES.items():
             (self.dir / "sysctl" / path.replace("/", ":")).write_text(value + "\n")
-        if self.operator_plugin:
+        if self.pool:
+            for sub in ("dev/upper", "dev/work", "dev/keep"):
+                (self.dir / sub).mkdir(parents=True)
+        elif self.operator_plugin:
             (self.dir / "validations").mkdir()
             for name, text in VALIDATIONS.items():
                 (self.dir / "validations" / name).write_text(text)
@@ -264,7 +307,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "imageServiceEndpoint": f"unix://{self.containerd_socket}",
             "podLogsDir": str(self.dir / "kubelet" / "pod-logs"),
             "registerNode": True,
-            "registerWithTaints": [self.taint()],
+            "registerWithTaints": self.taints(),
             "maxPods": 30, "serializeImagePulls": False, "resolvConf": "",
             "makeIPTablesUtilChains": False,  # the machine's iptables are not the node's to change
             "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again

@@ -18,18 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pytest_gpucanary.config import GPU_JOB_IMAGE, PROBE_IMAGE
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import images, node_cgroups, processes
 from pytest_gpucanary.fleet.binaries import Build, find_bin_dir
 from pytest_gpucanary.fleet.components import Component
-from pytest_gpucanary.fleet.kubelet_node import (DEBIAN_LOOPBACK_PLUGIN, GPUS_PER_NODE, KubeletNode, gpu_labels,
-                                                  hosts_text, operator_images)
+from pytest_gpucanary.fleet.kubelet_node import (DEBIAN_LOOPBACK_PLUGIN, GPUS_PER_NODE, KubeletNode, driver_images,
+                                                  gpu_labels, hosts_text, operator_images)
 from pytest_gpucanary.fleet.layout import FleetLayout
 
 Progress = Callable[[str], None]
 Kubectl = Callable[..., str]
 KUBELET_NODE_BUILD = Build("GPUCANARY_KUBELET_BIN_DIR", "build-kubelet.sh",
-                           ("kubelet", "pause", "fake-gpu-plugin", "gpucanary-netns", "allreduce"))
+                           ("kubelet", "pause", "fake-gpu-plugin", "gpucanary-netns", "allreduce",
+                            "driver-manager"))
 DEBIAN_TOOLS = {"containerd": "containerd", "containerd-shim-runc-v2": "containerd", "ctr": "containerd",
                 "runc": "runc", "nsenter": "util-linux", "ip": "iproute2", "openssl": "openssl"}
 READY_TIMEOUT_S = 120
@@ -98,8 +100,13 @@ class KubeletNodes:
         check_host()
         hosts = hosts_text(self.layout)
         specs = images.node_images(self.bin_dir)
-        if self.layout.kubelet_device_plugin == "operator":
-            names = operator_images()
+        names = operator_images()
+        if self.layout.kubelet_pool:
+            specs += images.operator_plugin_images(self.bin_dir, device_plugin=names["devicePlugin"])
+            specs += images.pool_operand_images(self.bin_dir, self.layout.apiserver_url, validator=names["validator"],
+                                                driver_manager=names["driverManager"], drivers=driver_images(),
+                                                cuda_sample=GPU_JOB_IMAGE, probe=PROBE_IMAGE)
+        elif self.layout.kubelet_device_plugin == "operator":
             specs += images.operator_plugin_images(self.bin_dir, device_plugin=names["devicePlugin"],
                                                    validator=names["validator"])
         _state_file(self.layout).parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +142,7 @@ class KubeletNodes:
 
     def wait_operator_gpus(self, kubectl: Kubectl, progress: Progress) -> None:
         """With the operator's device plugin: wait until its DaemonSet pod has advertised the GPUs."""
-        if self.layout.kubelet_device_plugin != "operator":
+        if self.layout.kubelet_device_plugin != "operator" and not self.layout.kubelet_pool:
             return
         for node in self.nodes():
             progress(f"fleet: waiting for the GPU Operator's device plugin on {node.name}")

@@ -70,6 +70,9 @@ class FleetLayout:
     # where the kubelet nodes' nvidia.com/gpu comes from: "process" (a fleet process) or "operator"
     # (the GPU Operator's own device-plugin DaemonSet, running the fake plugin from a local image)
     kubelet_device_plugin: str = "process"
+    # the kubelet nodes are canary pools: the operator's driver (with its driver manager), validator
+    # and device plugin run there, from local stand-in images
+    kubelet_pool: bool = False
     gpu_rdma: bool = False      # GPUDirect RDMA on (driver.rdma with host MOFED): peermem in every driver pod
 
     @classmethod
@@ -84,6 +87,7 @@ class FleetLayout:
             kubelet_nodes=_int_env("GPUCANARY_FLEET_KUBELET_NODES", DEFAULT_KUBELET_NODES),
             kubelet_device_plugin=os.environ.get("GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN") or "process",
             gpu_rdma=os.environ.get("GPUCANARY_FLEET_GPU_RDMA", "0") == "1",
+            kubelet_pool=os.environ.get("GPUCANARY_FLEET_KUBELET_POOL", "0") == "1",
         )
         if layout.kubelet_device_plugin not in ("process", "operator"):
             raise ConfigError(f"GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN={layout.kubelet_device_plugin!r} is unknown",

@@ -112,6 +112,7 @@ class NodeAgent:
     rdma_shown: set[str] = field(default_factory=set)             # nodes given their RDMA devices
     swapped: set[str] = field(default_factory=set)                # driver pods that came with a driver swap
     probes: dict[str, dict] = field(default_factory=dict)         # uid -> collective probe pod, as last seen
+    kwok_nodes: dict[str, bool] = field(default_factory=dict)     # node -> it is a KWOK node
     lock: threading.Lock = field(default_factory=threading.Lock)  # one watch thread per kind
 
     def handle(self, event: WatchEvent) -> None:
@@ -129,11 +130,21 @@ class NodeAgent:
             else:
                 self.pods[pod["metadata"]["uid"]] = pod
             nodes = {pod["spec"].get("nodeName")}
-        for node in sorted(n for n in nodes if n):
+        for node in sorted(n for n in nodes if n and self._kwok(n)):
             try:
                 self.step(node)
             except GpucanaryError:
                 pass   # the node or pod went away meanwhile; its next event retries
+
+    def _kwok(self, node: str) -> bool:
+        """A KWOK node (a real kubelet node's processes do all of this themselves); remembered."""
+        if node not in self.kwok_nodes:
+            try:
+                annotations = self.kube.get("v1", "Node", node)["metadata"].get("annotations") or {}
+            except GpucanaryError:
+                return False
+            self.kwok_nodes[node] = annotations.get(KWOK_NODE_ANNOTATION) == "fake"
+        return self.kwok_nodes[node]
 
     def step(self, node: str) -> None:
         on_node = [p for p in self.pods.values() if p["spec"].get("nodeName") == node]

@@ -20,6 +20,7 @@ from pytest_gpucanary.fleet import waits
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.pool import DRIVER_POOL_LABEL
 
 Kubectl = Callable[..., str]
 # v26.7.0 keeps the ClusterPolicy notReady, with only this reason, while any NVIDIADriver-owned node
@@ -62,9 +63,12 @@ def release_labels(release: str) -> dict[str, str]:
 RDMA = {"enabled": True, "useHostMofed": True}
 
 
-def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bool = False) -> None:
-    """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet". ClusterPolicy mode: the same
-    ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every GPU node."""
+def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bool = False,
+                   pool_nodes: tuple[str, ...] = ()) -> None:
+    """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet", and one NVIDIADriver named
+    after each of `pool_nodes` (kubelet nodes that are canary pools) that selects only it. ClusterPolicy
+    mode: the same ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every
+    GPU node."""
     policy = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())
     policy["metadata"].setdefault("labels", {}).update(release_labels(release))
     policy["spec"]["driver"]["useNvidiaDriverCRD"] = driver_mode == "nvidiadriver"
@@ -75,6 +79,12 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
     kubectl(*apply, "-", stdin=json.dumps(policy))
     if driver_mode == "nvidiadriver":
         kubectl(*apply, "-", stdin=json.dumps(driver))
+        for name in pool_nodes:
+            own = {**driver, "metadata": {**driver["metadata"], "name": name},
+                   "spec": {**driver["spec"], "nodeSelector": {DRIVER_POOL_LABEL: name},
+                            # the driver manager reaches the apiserver on 127.0.0.1
+                            "hostNetwork": True}}
+            kubectl(*apply, "-", stdin=json.dumps(own))
 
 
 def ready_timeout_s(gpu_nodes: int) -> float:
