@@ -12,11 +12,10 @@ which then finds them). Each image is one uncompressed layer, so its diff ID is 
 - allreduce: ci/node/allreduce as /allreduce, a two-rank all-reduce over TCP standing in for
   nccl-tests' all_reduce_perf (same flags and summary lines), with busybox so a manifest can wrap
   it in `sh -c`.
-- with the operator's device plugin (GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN=operator), two more under
-  the names the fleet's ClusterPolicy gives: the validator image (busybox: the device plugin's
-  init container only waits for a file) and the device plugin image (busybox, the fake plugin as
-  /bin/nvidia-device-plugin, and /bin/bash handing the operator's entrypoint script to busybox sh,
-  whose bash-compatible `[[` it uses).
+- on a kubelet node that is a canary pool (GPUCANARY_FLEET_KUBELET_POOL=1), images under the names
+  the fleet's ClusterPolicy and NVIDIADriver give, each doing as a real process what the control
+  plane can observe of that operand (see operator_plugin_images and pool_operand_images), and the
+  canary's GPU job, service and probe images.
 """
 
 from __future__ import annotations
@@ -124,11 +123,9 @@ def _busybox(names: tuple[str, ...], entrypoint: tuple[str, ...] = ("/bin/sh",),
                      tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets()), data)
 
 
-def operator_plugin_images(bin_dir: Path, *, device_plugin: str, validator: str | None = None) -> list[ImageSpec]:
-    """The images of the GPU Operator's device-plugin DaemonSet pod, under the ClusterPolicy's names;
-    the validator image only where no pool_operand_images give it."""
+def operator_plugin_images(bin_dir: Path, *, device_plugin: str) -> list[ImageSpec]:
+    """The image of the GPU Operator's device-plugin DaemonSet pod, under the ClusterPolicy's name."""
     return [
-        *([_busybox((validator,))] if validator else []),
         _busybox((device_plugin,), ("/bin/nvidia-device-plugin",),
                  files=(("/bin/nvidia-device-plugin", bin_dir / "fake-gpu-plugin"),),
                  data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),)),
@@ -177,11 +174,24 @@ echo "Test PASSED"
 echo "Done"
 """
 
+# agnhost netexec (the default service): a real HTTP server on 127.0.0.1 (a hostNetwork pod on the
+# kubelet node), /readyz answering until SIGTERM, which stops it.
+_AGNHOST = b"""#!/bin/sh
+[ "${1:-}" = netexec ] || { echo "this agnhost has netexec only"; exit 1; }
+port=8080
+for arg; do case "$arg" in --http-port=*) port=${arg#*=} ;; esac; done
+mkdir -p /tmp/www && echo ok > /tmp/www/readyz && echo ok > /tmp/www/index.html
+httpd -f -p "127.0.0.1:$port" -h /tmp/www & server=$!
+echo "netexec serving on 127.0.0.1:$port"
+trap 'echo "SIGTERM: not ready, stopping"; rm -f /tmp/www/readyz; kill $server; exit 0' TERM INT
+wait $server
+"""
+
 
 def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, driver_manager: str,
-                        drivers: tuple[str, ...], cuda_sample: str, probe: str) -> list[ImageSpec]:
-    """The images of the operator's driver and validator pods, and of the canary's GPU job and probe,
-    for a kubelet node that is a canary pool. `drivers` are driver image names
+                        drivers: tuple[str, ...], cuda_sample: str, probe: str, service: str) -> list[ImageSpec]:
+    """The images of the operator's driver and validator pods, and of the canary's GPU job, probe and
+    service, for a kubelet node that is a canary pool. `drivers` are driver image names
     (<repository>/driver:<version>-<os>)."""
     specs = [
         _busybox((validator,), data=(("/bin/nvidia-validator", _VALIDATOR),)),
@@ -189,6 +199,7 @@ def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, dr
                  data=(("/etc/gpucanary/apiserver", apiserver_url.encode() + b"\n"),)),
         _busybox((cuda_sample,), data=(("/cuda-samples/vectorAdd", _VECTOR_ADD),)),
         _busybox((probe,)),
+        _busybox((service,), ("/agnhost",), data=(("/agnhost", _AGNHOST),)),
     ]
     for name in drivers:
         version = name.rsplit(":", 1)[1].split("-", 1)[0]

@@ -2,8 +2,11 @@
 Service's EndpointSlices.
 
 It simulates the network path only. KWOK pods run no process and their IPs are fake 10.x
-addresses, so the ingress never dials an endpoint: it answers on behalf of a ready one (200, a tiny
-JSON body naming the pod that "served" it, round-robin), or 503 when none is ready. Readiness comes
+addresses, so the ingress never dials them: it answers on behalf of a ready one (200, a tiny JSON
+body naming the pod that "served" it, round-robin), or 503 when none is ready. A ready endpoint on a
+real kubelet node is a hostNetwork pod serving on 127.0.0.1 (pods there have no route to the host),
+so the request is proxied to 127.0.0.1:<the slice's port>, and what the server answers (or 502 when
+it refuses or resets the connection) is what the client gets. Readiness comes
 from one `Kube.watch` per Service on its EndpointSlices (label kubernetes.io/service-name), started
 by the first request for that Service. On a real cluster there is no ingress: the load generator
 targets a service URL the user gives.
@@ -12,17 +15,20 @@ targets a service URL the user gives.
 from __future__ import annotations
 
 import argparse
+import http.client
 import http.server
 import json
 import threading
 from urllib.parse import urlsplit
 
+from pytest_gpucanary.collective import KWOK_NODE_ANNOTATION
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube, WatchEvent
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SYNC_WAIT_S = 5.0          # a first request waits this long for the initial list, so it is not a false 503
 RETRY_S = 1.0
+PROXY_TIMEOUT_S = 10.0
 USER_AGENT = "gpucanary-fleet-ingress"   # not gpucanary/<version>: the audit log tells the canary apart by it
 
 
@@ -49,6 +55,7 @@ class ServiceEndpoints:
         self.kube, self.namespace, self.service = kube, namespace, service
         self.synced = threading.Event()
         self._slices: dict[str, tuple[str, ...]] = {}
+        self._targets: dict[str, tuple[str, int]] = {}    # pod -> (its node, the slice's first port)
         self._lock = threading.Lock()
         self._turn = 0
         self._stop = threading.Event()
@@ -71,6 +78,13 @@ class ServiceEndpoints:
 
     def apply(self, event: WatchEvent) -> None:
         with self._lock:
+            for endpoint_slice in event.object["items"] if event.type == "RELISTED" else [event.object]:
+                ports = [p["port"] for p in endpoint_slice.get("ports") or [] if p.get("port")]
+                for endpoint in endpoint_slice.get("endpoints") or []:
+                    name = (endpoint.get("targetRef") or {}).get("name")
+                    if name and endpoint.get("nodeName") and ports:
+                        pod = f"{endpoint['targetRef'].get('namespace') or self.namespace}/{name}"
+                        self._targets[pod] = (endpoint["nodeName"], ports[0])
             if event.type == "RELISTED":
                 self._slices = {s["metadata"]["name"]: ready_pods(s) for s in event.object["items"]}
                 self.synced.set()
@@ -78,6 +92,11 @@ class ServiceEndpoints:
                 self._slices.pop(event.object["metadata"]["name"], None)
             else:
                 self._slices[event.object["metadata"]["name"]] = ready_pods(event.object)
+
+    def target(self, pod: str) -> tuple[str, int] | None:
+        """(node, port) of a picked pod, when its EndpointSlice names them."""
+        with self._lock:
+            return self._targets.get(pod)
 
     def pick(self) -> str | None:
         """The next ready pod, round-robin; None when none is ready."""
@@ -93,6 +112,7 @@ class Router:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self._services: dict[tuple[str, str], ServiceEndpoints] = {}
+        self._kwok: dict[str, bool] = {}     # node -> it is a KWOK node
         self._lock = threading.Lock()
 
     def endpoints(self, namespace: str, service: str) -> ServiceEndpoints:
@@ -102,18 +122,52 @@ class Router:
                 self._services[key] = ServiceEndpoints(self.kube, namespace, service).start()
             return self._services[key]
 
-    def answer(self, path: str) -> tuple[int, dict]:
-        parts = urlsplit(path).path.split("/")
+    def is_kwok(self, node: str) -> bool:
+        with self._lock:
+            known = self._kwok.get(node)
+        if known is None:
+            try:
+                annotations = self.kube.get("v1", "Node", node)["metadata"].get("annotations") or {}
+            except GpucanaryError:
+                return True          # not known (yet): answer for it as for a KWOK pod
+            known = annotations.get(KWOK_NODE_ANNOTATION) == "fake"
+            with self._lock:
+                self._kwok[node] = known
+        return known
+
+    def answer(self, path: str) -> tuple[int, bytes]:
+        url = urlsplit(path)
+        parts = url.path.split("/")
         if len(parts) < 4 or parts[1] != "svc" or not parts[2] or not parts[3]:
-            return 404, {"error": "expected /svc/<namespace>/<service>/<path>"}
+            return _json(404, {"error": "expected /svc/<namespace>/<service>/<path>"})
         namespace, service = parts[2], parts[3]
         endpoints = self.endpoints(namespace, service)
         if not endpoints.synced.wait(SYNC_WAIT_S):
-            return 503, {"error": f"endpoints of {namespace}/{service} not known yet", "service": service}
+            return _json(503, {"error": f"endpoints of {namespace}/{service} not known yet", "service": service})
         pod = endpoints.pick()
         if pod is None:
-            return 503, {"error": f"no ready endpoint for {namespace}/{service}", "service": service}
-        return 200, {"served_by": pod, "service": f"{namespace}/{service}"}
+            return _json(503, {"error": f"no ready endpoint for {namespace}/{service}", "service": service})
+        target = endpoints.target(pod)
+        if target is not None and not self.is_kwok(target[0]):
+            return _proxy(target[1], "/" + "/".join(parts[4:]) + (f"?{url.query}" if url.query else ""))
+        return _json(200, {"served_by": pod, "service": f"{namespace}/{service}"})
+
+
+def _json(status: int, body: dict) -> tuple[int, bytes]:
+    return status, json.dumps(body).encode()
+
+
+def _proxy(port: int, path: str) -> tuple[int, bytes]:
+    """GET `path` from the server on 127.0.0.1:`port`; 502 when it refuses, resets or times out."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=PROXY_TIMEOUT_S)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    except (OSError, http.client.HTTPException) as err:
+        return _json(502, {"error": f"upstream 127.0.0.1:{port}: {err}"})
+    finally:
+        connection.close()
 
 
 def _handler(router: Router) -> type[http.server.BaseHTTPRequestHandler]:
@@ -125,8 +179,7 @@ def _handler(router: Router) -> type[http.server.BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             if length:
                 self.rfile.read(length)
-            status, body = (200, {"status": "ok"}) if self.path == "/healthz" else router.answer(self.path)
-            data = json.dumps(body).encode()
+            status, data = _json(200, {"status": "ok"}) if self.path == "/healthz" else router.answer(self.path)
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

@@ -48,24 +48,16 @@ NODE_LABELS = {NODE_KIND_LABEL: "kubelet", "gpucanary.io/fleet": "local"}
 # With the device plugin as a fleet process, nvidia.com/gpu.deploy.operands=false keeps every GPU
 # Operator operand off the node: their nvcr.io images are not on it (the KWOK GPU nodes run them).
 PROCESS_PLUGIN_LABELS = {"nvidia.com/gpu.deploy.operands": "false"}
-# With the operator's device plugin, only that operand is deployed; the operator keeps a deploy
-# label that is already set, so "false" keeps each of the others off.
-OPERATOR_PLUGIN_LABELS = {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in (
+# A pool node deploys only the operands that have stand-ins here; the operator keeps a deploy label
+# that is already set, so "false" keeps each of the others off.
+POOL_LABELS = {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in (
     "driver", "gpu-feature-discovery", "container-toolkit", "dcgm", "dcgm-exporter", "node-status-exporter",
     "operator-validator", "mig-manager", "sandbox-validator", "sandbox-device-plugin", "vgpu-manager",
-    "vgpu-device-manager", "vfio-manager", "kata-manager", "cc-manager")} | {"nvidia.com/gpu.deploy.device-plugin": "true"}
-# A kubelet node that is a canary pool also runs the operator's driver and validator; its own
-# NVIDIADriver (named after the node) selects it by its driver-pool label.
-POOL_LABELS = OPERATOR_PLUGIN_LABELS | {"nvidia.com/gpu.deploy.driver": "true",
-                                        "nvidia.com/gpu.deploy.operator-validator": "true"}
+    "vgpu-device-manager", "vfio-manager", "kata-manager", "cc-manager")} | {
+    f"nvidia.com/gpu.deploy.{operand}": "true" for operand in ("driver", "operator-validator", "device-plugin")}
 # The driver versions a pool node has images for, besides the fleet's own: a run to another version
 # sees its driver pod fail to pull, and says so.
 POOL_DRIVER_VERSIONS = ("580.95.05", "575.57.08", "570.172.08")
-# The operator's DaemonSets tolerate only nvidia.com/gpu, the taint real GPU pools commonly carry.
-OPERATOR_PLUGIN_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-# What the validator writes on a real node once the driver and the container toolkit work; the
-# device plugin's init container and entrypoint wait for these files (node side, no hardware here).
-VALIDATIONS = {"toolkit-ready": "", "driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\n"}
 _KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool")
 # containerd's CRI always adds the loopback network itself, from the same plugin directory
 DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")
@@ -76,7 +68,6 @@ mount -t overlay gpucanary-node-varlib -o "lowerdir=/var/lib,upperdir=$0/varlib/
 mount --bind "$0/etc/hosts" /etc/hosts
 mount --bind "$0/etc/resolv.conf" /etc/resolv.conf
 for f in $(ls "$0/sysctl"); do mount --bind "$0/sysctl/$f" "/proc/sys/$(echo "$f" | tr : /)"; done
-if [ -d "$0/validations" ]; then mkdir -p /run/nvidia && cp -r "$0/validations" /run/nvidia/; fi
 if [ -d "$0/dev" ]; then
   # an overlay on /dev takes what the operands' hostPath volumes create there (/dev/log, /dev/char)
   for m in shm pts; do mkdir -p "$0/dev/keep/$m" && mount --rbind "/dev/$m" "$0/dev/keep/$m"; done
@@ -168,27 +159,20 @@ class KubeletNode:
         return self.layout.kubelet_node_port(self.index, name)
 
     @property
-    def operator_plugin(self) -> bool:
-        """nvidia.com/gpu comes from the GPU Operator's device-plugin DaemonSet, not a fleet process."""
-        return self.layout.kubelet_device_plugin == "operator" or self.pool
-
-    @property
     def pool(self) -> bool:
-        """A canary pool: the operator's driver, validator and device plugin run here."""
+        """A canary pool: the operator's driver, validator and device plugin run here (and nvidia.com/gpu
+        comes from the operator's device-plugin pod, not a fleet process)."""
         return self.layout.kubelet_pool
 
     def labels(self) -> dict[str, str]:
         if self.pool:
             return NODE_LABELS | POOL_LABELS | {DRIVER_POOL_LABEL: self.name}
-        return NODE_LABELS | (OPERATOR_PLUGIN_LABELS if self.operator_plugin else PROCESS_PLUGIN_LABELS)
+        return NODE_LABELS | PROCESS_PLUGIN_LABELS
 
     def taints(self) -> list[dict[str, str]]:
-        """A pool is untainted, as a GPU node that also runs services; it is labelled so nothing lands
-        there unasked (the canary pins its pods by hostname)."""
-        if self.pool:
-            return []
-        return [OPERATOR_PLUGIN_TAINT if self.operator_plugin else {"key": TAINT_KEY, "value": "true",
-                                                                    "effect": "NoSchedule"}]
+        """A pool is untainted, as a GPU node that shares its work with services: the canary's service
+        tolerates no taint and is pinned there by hostname. Anything unpinned may land there too."""
+        return [] if self.pool else [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
 
     def component_names(self) -> tuple[str, str, str]:
         return f"{self.name}-containerd", f"{self.name}-kubelet", f"{self.name}-device-plugin"
@@ -216,7 +200,7 @@ class KubeletNode:
                 f"--allocations={self.dir / 'allocations.log'}",
             ), f"http://{HOST}:{gpu}/healthz", gpu),
         ]
-        return parts[:2] if self.operator_plugin else parts
+        return parts[:2] if self.pool else parts
 
     def prepare(self, hosts: str) -> None:
         """Every file the node's processes read; a leftover directory of a crashed node is replaced."""
@@ -231,10 +215,6 @@ class KubeletNode:
         if self.pool:
             for sub in ("dev/upper", "dev/work", "dev/keep"):
                 (self.dir / sub).mkdir(parents=True)
-        elif self.operator_plugin:
-            (self.dir / "validations").mkdir()
-            for name, text in VALIDATIONS.items():
-                (self.dir / "validations" / name).write_text(text)
         (self.dir / "cni" / "bin" / "loopback").symlink_to(DEBIAN_LOOPBACK_PLUGIN)
         (self.dir / "cni" / "bin" / "gpucanary-netns").symlink_to(self.bin_dir / "gpucanary-netns")
         (self.dir / "cni" / "net.d" / "10-gpucanary-netns.conflist").write_text(json.dumps(self._cni_config()))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pytest_gpucanary.config import GPU_JOB_IMAGE, PROBE_IMAGE
+from pytest_gpucanary.config import GPU_JOB_IMAGE, PROBE_IMAGE, SERVICE_IMAGE
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import images, node_cgroups, processes
 from pytest_gpucanary.fleet.binaries import Build, find_bin_dir
@@ -100,15 +100,13 @@ class KubeletNodes:
         check_host()
         hosts = hosts_text(self.layout)
         specs = images.node_images(self.bin_dir)
-        names = operator_images()
         if self.layout.kubelet_pool:
+            names = operator_images()
             specs += images.operator_plugin_images(self.bin_dir, device_plugin=names["devicePlugin"])
             specs += images.pool_operand_images(self.bin_dir, self.layout.apiserver_url, validator=names["validator"],
                                                 driver_manager=names["driverManager"], drivers=driver_images(),
-                                                cuda_sample=GPU_JOB_IMAGE, probe=PROBE_IMAGE)
-        elif self.layout.kubelet_device_plugin == "operator":
-            specs += images.operator_plugin_images(self.bin_dir, device_plugin=names["devicePlugin"],
-                                                   validator=names["validator"])
+                                                cuda_sample=GPU_JOB_IMAGE, probe=PROBE_IMAGE,
+                                                service=SERVICE_IMAGE)
         _state_file(self.layout).parent.mkdir(parents=True, exist_ok=True)
         _state_file(self.layout).write_text(json.dumps({"bin_dir": str(self.bin_dir), "count": self.count}))
         started = {node.name: self._start_node(node, specs, hosts, kubectl, progress) for node in self.nodes()}
@@ -141,8 +139,8 @@ class KubeletNodes:
         return elapsed_s
 
     def wait_operator_gpus(self, kubectl: Kubectl, progress: Progress) -> None:
-        """With the operator's device plugin: wait until its DaemonSet pod has advertised the GPUs."""
-        if self.layout.kubelet_device_plugin != "operator" and not self.layout.kubelet_pool:
+        """On pool nodes: wait until the operator's device-plugin pod has advertised the GPUs."""
+        if not self.layout.kubelet_pool:
             return
         for node in self.nodes():
             progress(f"fleet: waiting for the GPU Operator's device plugin on {node.name}")

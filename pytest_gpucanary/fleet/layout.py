@@ -67,11 +67,9 @@ class FleetLayout:
     driver_mode: str = "nvidiadriver"   # or "clusterpolicy": one driver DaemonSet for every GPU node
     operator_release: str = DEFAULT_OPERATOR_RELEASE
     kubelet_nodes: int = DEFAULT_KUBELET_NODES   # real kubelet nodes (0 disables them)
-    # where the kubelet nodes' nvidia.com/gpu comes from: "process" (a fleet process) or "operator"
-    # (the GPU Operator's own device-plugin DaemonSet, running the fake plugin from a local image)
-    kubelet_device_plugin: str = "process"
     # the kubelet nodes are canary pools: the operator's driver (with its driver manager), validator
-    # and device plugin run there, from local stand-in images
+    # and device plugin run there, from local stand-in images; otherwise a fleet process is their
+    # device plugin and no operand runs there
     kubelet_pool: bool = False
     gpu_rdma: bool = False      # GPUDirect RDMA on (driver.rdma with host MOFED): peermem in every driver pod
 
@@ -85,13 +83,12 @@ class FleetLayout:
             driver_mode=os.environ.get("GPUCANARY_FLEET_DRIVER_MODE") or "nvidiadriver",
             operator_release=os.environ.get("GPUCANARY_OPERATOR_RELEASE") or DEFAULT_OPERATOR_RELEASE,
             kubelet_nodes=_int_env("GPUCANARY_FLEET_KUBELET_NODES", DEFAULT_KUBELET_NODES),
-            kubelet_device_plugin=os.environ.get("GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN") or "process",
             gpu_rdma=os.environ.get("GPUCANARY_FLEET_GPU_RDMA", "0") == "1",
             kubelet_pool=os.environ.get("GPUCANARY_FLEET_KUBELET_POOL", "0") == "1",
         )
-        if layout.kubelet_device_plugin not in ("process", "operator"):
-            raise ConfigError(f"GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN={layout.kubelet_device_plugin!r} is unknown",
-                              hint="use process or operator")
+        if layout.kubelet_pool and layout.driver_mode != "nvidiadriver":
+            raise ConfigError("GPUCANARY_FLEET_KUBELET_POOL=1 needs GPUCANARY_FLEET_DRIVER_MODE=nvidiadriver",
+                              hint="each kubelet pool node gets an NVIDIADriver of its own (hostNetwork)")
         if not 0 <= layout.kubelet_nodes <= MAX_KUBELET_NODES:
             raise ConfigError(f"GPUCANARY_FLEET_KUBELET_NODES={layout.kubelet_nodes} is out of range",
                               hint=f"use 0 (none) to {MAX_KUBELET_NODES}")

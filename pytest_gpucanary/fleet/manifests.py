@@ -145,3 +145,19 @@ def prometheus_config(layout: FleetLayout) -> str:
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def host_network_service(port: int) -> str:
+    """fixtures/workloads/service.yaml for a real kubelet node: its pods have no route to the host,
+    so the server runs with hostNetwork on 127.0.0.1:`port` (one of the fleet's kubelet workload
+    ports), where the kubelet's readiness probe and the fleet's ingress reach it."""
+    docs = list(yaml.safe_load_all((FIXTURES / "workloads" / "service.yaml").read_text()))
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            spec = doc["spec"]["template"]["spec"]
+            spec["hostNetwork"] = True
+            [container] = spec["containers"]
+            container["args"] = ["netexec", f"--http-port={port}"]
+            container["ports"] = [{"containerPort": port, "name": "http"}]
+            container["readinessProbe"]["httpGet"]["host"] = HOST
+    return yaml.safe_dump_all(docs, sort_keys=False)

@@ -61,6 +61,8 @@ def release_labels(release: str) -> dict[str, str]:
 # GPUDirect RDMA with the host's MOFED (no Network Operator on the fleet): the operator adds the
 # nvidia-peermem-ctr container to every driver pod (assets/state-driver/0500_daemonset.yaml)
 RDMA = {"enabled": True, "useHostMofed": True}
+POOL_STARTUP_PROBE = {"initialDelaySeconds": 5, "periodSeconds": 5, "failureThreshold": 60, "successThreshold": 1,
+                      "timeoutSeconds": 30}
 
 
 def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bool = False,
@@ -83,7 +85,9 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
             own = {**driver, "metadata": {**driver["metadata"], "name": name},
                    "spec": {**driver["spec"], "nodeSelector": {DRIVER_POOL_LABEL: name},
                             # the driver manager reaches the apiserver on 127.0.0.1
-                            "hostNetwork": True}}
+                            "hostNetwork": True,
+                            # the stand-in loads at once; the default waits 60 s before the first probe
+                            "startupProbe": POOL_STARTUP_PROBE}}
             kubectl(*apply, "-", stdin=json.dumps(own))
 
 

@@ -22,10 +22,9 @@ from pytest_gpucanary.kube import Kube
 pytestmark = pytest.mark.e2e
 
 NODE = node_name(0)
-# away from the session fleet and the other e2e fleets (base + 1000, + 1200, + 2000; Prometheus at + 1590)
+# away from the session fleet and the other e2e fleets (base + 1000, + 1200, + 1800, + 2000; Prometheus at + 1590)
 SESSION_PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400)
 SECOND_FLEET_PORT_BASE = SESSION_PORT_BASE + 1400
-OPERATOR_PLUGIN_FLEET_PORT_BASE = SESSION_PORT_BASE + 1700
 MACHINE_PATHS = ("/var/lib/kubelet", "/run/containerd", "/run/netns", "/opt/containerd")
 SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
 
@@ -162,45 +161,6 @@ def _second_fleet(root: Path, port_base: int, gpucanary_fleet, **settings: str) 
     return {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(port_base),
             "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "1",
             "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir()), **settings}
-
-
-def _gpus(kube: Kube) -> tuple[str, str]:
-    status = kube.get("v1", "Node", NODE)["status"]
-    return status["capacity"].get("nvidia.com/gpu", "0"), status["allocatable"].get("nvidia.com/gpu", "0")
-
-
-def test_gpus_come_from_the_operators_device_plugin_pod_and_go_with_it(tmp_path: Path, gpucanary_fleet) -> None:
-    root = (tmp_path / "fleet").resolve()
-    env = _second_fleet(root, OPERATOR_PLUGIN_FLEET_PORT_BASE, gpucanary_fleet,
-                        GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN="operator")
-    up = _gpucanary(env, "fleet", "up")
-    try:
-        assert up.returncode == 0, up.stderr
-        kube = Kube.connect(root / "kubeconfig")
-        plugins = [p for p in kube.list("v1", "Pod", namespace="gpu-operator", label_selector="app=nvidia-device-plugin-daemonset")
-                   if p["spec"].get("nodeName") == NODE]
-        assert len(plugins) == 1 and plugins[0]["status"]["phase"] == "Running", plugins
-        assert processes.pid_of(FleetLayout(root=root, port_base=OPERATOR_PLUGIN_FLEET_PORT_BASE),
-                                f"{NODE}-device-plugin") is None, "the fleet should not run its own plugin"
-        assert _gpus(kube) == ("8", "8")
-
-        kube.create(node_pod("cuda", "default", "echo gpus=$NVIDIA_VISIBLE_DEVICES", gpus=1))
-        kube.wait_for("v1", "Pod", "cuda", phase_is("Succeeded", "Failed"), namespace="default", timeout_s=60)
-        logs = subprocess.run([str(gpucanary_fleet.fleet.bin_dir() / "kubectl"), f"--kubeconfig={root / 'kubeconfig'}",
-                               "logs", "cuda"], capture_output=True, text=True).stdout
-        assert logs.startswith("gpus=GPU-fake-"), logs
-
-        # what the driver manager does during an upgrade: the operator's DaemonSet leaves the node
-        kube.patch("v1", "Node", NODE, {"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "false"}}})
-        kube.wait_for("v1", "Node", NODE, lambda n: n["status"]["allocatable"].get("nvidia.com/gpu") == "0",
-                      timeout_s=60)
-        kube.patch("v1", "Node", NODE, {"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "true"}}})
-        kube.wait_for("v1", "Node", NODE, lambda n: n["status"]["allocatable"].get("nvidia.com/gpu") == "8",
-                      timeout_s=90)
-    finally:
-        down = _gpucanary(env, "fleet", "down")
-    assert down.returncode == 0, down.stderr
-    assert list(Path("/sys/fs/cgroup").glob(f"*/gpucanary-{OPERATOR_PLUGIN_FLEET_PORT_BASE}-*")) == []
 
 
 def _gpucanary(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -14,8 +14,9 @@ import yaml
 
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.fleet.images import ImageSpec, write_oci_tar
-from pytest_gpucanary.fleet.kubelet_node import (KERNEL_TUNABLES, OPERATOR_PLUGIN_TAINT, TAINT_KEY, KubeletNode,
-                                                 gpu_labels, hosts_text, operator_images)
+from pytest_gpucanary.fleet.kubelet_node import (KERNEL_TUNABLES, TAINT_KEY, KubeletNode,
+                                                 driver_images, gpu_labels, hosts_text, operator_images)
+from pytest_gpucanary.fleet.manifests import host_network_service
 from pytest_gpucanary.fleet.layout import (KUBELET_NODE_PORTS, KUBELET_WORKLOAD_OFFSETS, MAX_KUBELET_NODES,
                                            PORT_OFFSETS, FleetLayout)
 
@@ -37,9 +38,10 @@ def test_bad_kubelet_node_count_is_a_config_error(monkeypatch: pytest.MonkeyPatc
         FleetLayout.from_env()
 
 
-def test_unknown_device_plugin_mode_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_DEVICE_PLUGIN", "daemonset")
-    with pytest.raises(ConfigError, match="process or operator"):
+def test_a_kubelet_pool_needs_nvidiadriver_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_POOL", "1")
+    monkeypatch.setenv("GPUCANARY_FLEET_DRIVER_MODE", "clusterpolicy")
+    with pytest.raises(ConfigError, match="GPUCANARY_FLEET_DRIVER_MODE=nvidiadriver"):
         FleetLayout.from_env()
 
 
@@ -55,12 +57,12 @@ def test_hosts_names_every_kubelet_node_on_loopback(tmp_path: Path) -> None:
     assert text.splitlines()[-1] == "127.0.0.1 gpu-kubelet-0 gpu-kubelet-1"
 
 
-def _node(tmp_path: Path, mode: str) -> KubeletNode:
-    return KubeletNode(FleetLayout(root=tmp_path, port_base=26800, kubelet_device_plugin=mode), 0, tmp_path / "bin")
+def _node(tmp_path: Path, *, pool: bool = False) -> KubeletNode:
+    return KubeletNode(FleetLayout(root=tmp_path, port_base=26800, kubelet_pool=pool), 0, tmp_path / "bin")
 
 
 def test_configs_bind_loopback_and_keep_the_machine_as_it_is(tmp_path: Path) -> None:
-    node = _node(tmp_path, "process")
+    node = _node(tmp_path)
     containerd = tomllib.loads(node._containerd_config())
     cri = containerd["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["restrict_oom_score_adj"] is True
@@ -75,15 +77,10 @@ def test_configs_bind_loopback_and_keep_the_machine_as_it_is(tmp_path: Path) -> 
     assert set(KERNEL_TUNABLES) == {"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops"}
 
 
-def test_process_plugin_keeps_operands_off_and_operator_plugin_deploys_only_the_device_plugin(tmp_path: Path) -> None:
-    process, operator = _node(tmp_path, "process"), _node(tmp_path, "operator")
+def test_process_plugin_keeps_operands_off(tmp_path: Path) -> None:
+    process = _node(tmp_path)
     assert process.labels()["nvidia.com/gpu.deploy.operands"] == "false"
     assert [c.name for c in process.components()][-1] == "gpu-kubelet-0-device-plugin"
-    deploy = {k: v for k, v in operator.labels().items() if k.startswith("nvidia.com/gpu.deploy.")}
-    assert [k for k, v in deploy.items() if v == "true"] == ["nvidia.com/gpu.deploy.device-plugin"]
-    assert "nvidia.com/gpu.deploy.operands" not in deploy
-    assert [c.name for c in operator.components()] == ["gpu-kubelet-0-containerd", "gpu-kubelet-0-kubelet"]
-    assert operator._kubelet_config()["registerWithTaints"] == [OPERATOR_PLUGIN_TAINT]
 
 
 def test_operator_image_names_follow_the_fleet_clusterpolicy() -> None:
@@ -114,5 +111,32 @@ def test_oci_tar_names_each_image_and_its_blobs_match_their_digests(tmp_path: Pa
 
 
 def test_kubelet_config_is_yaml_the_kubelet_reads(tmp_path: Path) -> None:
-    text = yaml.safe_dump(_node(tmp_path, "process")._kubelet_config(), sort_keys=False)
+    text = yaml.safe_dump(_node(tmp_path)._kubelet_config(), sort_keys=False)
     assert yaml.safe_load(text)["failCgroupV1"] is False
+
+
+def test_a_pool_node_runs_driver_validator_and_device_plugin_untainted_with_a_driver_of_its_own(tmp_path: Path) -> None:
+    node = _node(tmp_path, pool=True)
+    deploy = {k: v for k, v in node.labels().items() if k.startswith("nvidia.com/gpu.deploy.")}
+    assert sorted(k for k, v in deploy.items() if v == "true") == [
+        "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.driver", "nvidia.com/gpu.deploy.operator-validator"]
+    assert node.labels()["gpucanary.io/driver-pool"] == "gpu-kubelet-0"
+    assert node._kubelet_config()["registerWithTaints"] == []     # the canary's service must be able to land there
+    assert [c.name for c in node.components()] == ["gpu-kubelet-0-containerd", "gpu-kubelet-0-kubelet"]
+
+
+def test_driver_images_carry_the_os_suffix_the_operator_appends() -> None:
+    names = driver_images()
+    assert names[0] == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"       # the fleet's own version first
+    assert "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04" in names
+    assert operator_images()["driverManager"] == "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.8.1"
+
+
+def test_host_network_service_serves_on_loopback_at_the_given_port() -> None:
+    docs = list(yaml.safe_load_all(host_network_service(26840)))
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    spec = deployment["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert spec["hostNetwork"] is True and container["args"] == ["netexec", "--http-port=26840"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "host": "127.0.0.1"}
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget"}

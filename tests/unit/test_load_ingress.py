@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import threading
 import urllib.error
@@ -86,3 +87,39 @@ def test_http_surface(served, monkeypatch: pytest.MonkeyPatch) -> None:
     router.endpoints("shop", "api").apply(event("MODIFIED", endpoint_slice("s1", ("a", False))))
     status, body = _get(f"{url}/svc/shop/api/")
     assert status == 503 and body["error"] == "no ready endpoint for shop/api"
+
+
+class RealNodeKube(NoKube):
+    """Every node is a real kubelet node (no kwok annotation)."""
+
+    def get(self, api_version: str, kind: str, name: str, **kwargs: object) -> dict:
+        return {"metadata": {"name": name, "annotations": {}}}
+
+
+def test_an_endpoint_on_a_real_node_is_proxied_to_its_loopback_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Upstream(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"upstream_path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = upstream.server_address[1]
+    router = ingress.Router(RealNodeKube())
+    monkeypatch.setattr(ingress, "SYNC_WAIT_S", 0.1)
+    router.endpoints("shop", "api").apply(event("RELISTED", {"items": [{
+        "metadata": {"name": "s1"}, "ports": [{"name": "http", "port": port}],
+        "endpoints": [{"addresses": ["192.0.2.2"], "nodeName": "gpu-kubelet-0", "conditions": {"ready": True},
+                       "targetRef": {"kind": "Pod", "namespace": "shop", "name": "a"}}]}]}))
+    status, body = router.answer("/svc/shop/api/orders?id=1")
+    assert (status, json.loads(body)) == (200, {"upstream_path": "/orders?id=1"})
+    upstream.shutdown()
+    upstream.server_close()
+    status, body = router.answer("/svc/shop/api/orders")          # the server is gone: connection refused
+    assert status == 502 and f"127.0.0.1:{port}" in json.loads(body)["error"]

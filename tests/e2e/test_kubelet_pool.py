@@ -1,0 +1,160 @@
+"""The real kubelet node as the canary's pool (GPUCANARY_FLEET_KUBELET_POOL=1): the real GPU Operator
+upgrades it, its operands (driver with its driver manager, validator, device plugin) restart as real
+pods, and the canary's GPU job and service run there as processes.
+
+The two policies of the demo, on that node: the field note's (pod deletion refuses the job's /dev/shm,
+the drain fallback evicts the service) and the default one (only the GPU job is deleted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.fleet import processes
+from pytest_gpucanary.fleet.kubelet_node import node_name
+from pytest_gpucanary.fleet.layout import FleetLayout
+from pytest_gpucanary.fleet.manifests import host_network_service
+from pytest_gpucanary.kube import Kube
+from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+NODE = node_name(0)
+# beside the session fleet and the other e2e fleets (+ 1000, 1200, 1400, 1590, 2000, 2150, 2250)
+PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1800
+TARGET = "580.95.05"
+FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=60"]
+
+
+def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
+                          timeout=timeout_s, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture(scope="module")
+def pool_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    root = tmp_path_factory.mktemp("kubelet-pool-fleet").resolve()
+    env = {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
+           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "1", "GPUCANARY_FLEET_KUBELET_POOL": "1",
+           "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir())}
+    up = gpucanary(env, "fleet", "up", timeout_s=600)
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        yield env
+    finally:
+        down = gpucanary(env, "fleet", "down", timeout_s=300)
+        assert down.returncode == 0, down.stderr[-2000:]
+
+
+def _kube(env: dict[str, str]) -> Kube:
+    return Kube.connect(Path(env["GPUCANARY_FLEET_DIR"]) / "kubeconfig")
+
+
+def _run(env: dict[str, str], policy: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+    port = FleetLayout(root=Path(env["GPUCANARY_FLEET_DIR"]), port_base=PORT_BASE).kubelet_workload_ports[0]
+    service = tmp_path / "service.yaml"
+    service.write_text(host_network_service(port))
+    reports = tmp_path / "reports"
+    result = gpucanary(env, "run", f"--gpucanary-policy={FIXTURES / 'policies' / policy}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
+                       f"--gpucanary-pool-node={NODE}", f"--gpucanary-service={service}",
+                       f"--gpucanary-reports-dir={reports}")
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    return result, json.loads((run_dir / "receipt.json").read_text())
+
+
+def _verdict(receipt: dict, stage: str) -> dict:
+    [verdict] = [v for v in receipt["verdicts"] if v["stage"] == stage]
+    return verdict
+
+
+def _operand_pods(kube: Kube) -> dict[str, tuple[str, str]]:
+    """app -> (uid, image of the first container) of each operator pod on the kubelet node."""
+    pods = kube.list("v1", "Pod", namespace="gpu-operator", field_selector=f"spec.nodeName={NODE}")
+    return {p["metadata"]["labels"].get("app", ""): (p["metadata"]["uid"], p["spec"]["containers"][0]["image"])
+            for p in pods if not p["metadata"].get("deletionTimestamp")}
+
+
+def test_operands_run_on_the_kubelet_node_from_local_images(pool_fleet: dict[str, str]) -> None:
+    kube = _kube(pool_fleet)
+    node = kube.get("v1", "Node", NODE)
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert node["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] == "upgrade-done"
+    assert kube.get("nvidia.com/v1alpha1", "NVIDIADriver", NODE)["spec"]["nodeSelector"] == {
+        "gpucanary.io/driver-pool": NODE}
+    pods = _operand_pods(kube)
+    assert {"nvidia-device-plugin-daemonset", "nvidia-operator-validator"} <= set(pods), pods
+    [driver] = [image for app, (_, image) in pods.items() if app.startswith("nvidia-gpu-driver")]
+    assert driver == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"
+
+
+def test_gpus_come_from_the_operators_device_plugin_pod_and_go_with_it(pool_fleet: dict[str, str]) -> None:
+    kube = _kube(pool_fleet)
+    root = Path(pool_fleet["GPUCANARY_FLEET_DIR"])
+    assert processes.pid_of(FleetLayout(root=root, port_base=PORT_BASE), f"{NODE}-device-plugin") is None, \
+        "the fleet should not run its own plugin"
+    name = f"cuda-{uuid.uuid4().hex[:6]}"
+    kube.create(node_pod(name, "default", "echo gpus=$NVIDIA_VISIBLE_DEVICES", gpus=1))
+    try:
+        kube.wait_for("v1", "Pod", name, phase_is("Succeeded", "Failed"), namespace="default", timeout_s=60)
+        logs = subprocess.run([str(Path(pool_fleet["GPUCANARY_BIN_DIR"]) / "kubectl"), f"--kubeconfig={root / 'kubeconfig'}",
+                               "logs", name], capture_output=True, text=True).stdout
+        assert logs.startswith("gpus=GPU-fake-"), logs
+    finally:
+        kube.delete("v1", "Pod", name, namespace="default")
+
+    # what the driver manager does during an upgrade: the operator's DaemonSet leaves the node
+    kube.patch("v1", "Node", NODE, {"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "false"}}})
+    kube.wait_for("v1", "Node", NODE, lambda n: n["status"]["allocatable"].get("nvidia.com/gpu") == "0", timeout_s=60)
+    assert kube.get("v1", "Node", NODE)["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    kube.patch("v1", "Node", NODE, {"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "true"}}})
+    kube.wait_for("v1", "Node", NODE, lambda n: n["status"]["allocatable"].get("nvidia.com/gpu") == "8", timeout_s=90)
+
+
+def test_field_note_policy_drains_the_real_service_and_the_gate_fails_at_application(
+        pool_fleet: dict[str, str], tmp_path: Path) -> None:
+    kube = _kube(pool_fleet)
+    before = _operand_pods(kube)
+    result, receipt = _run(pool_fleet, "field-note.yaml", tmp_path)
+    output = result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.returncode == 1, output
+    assert _verdict(receipt, "rollout")["outcome"] == "pass", output
+    application = _verdict(receipt, "application")
+    assert application["outcome"] == "fail", application
+    [evicted] = [e for e in receipt["evictions"] if e["name"].startswith("sched-api-")]
+    assert evicted["by_drain"] and not evicted["allowed"], evicted
+    # the load hit the real server: none failed before, and its requests failed once the drain stopped it
+    load = {e["ref"].rsplit("@", 1)[1]: e["text"] for e in application["evidence"] if e.get("kind") == "LoadStats"}
+    assert " 0 failed" in load["before"], load
+    assert " 0 failed" not in load["drain"], load
+    # the operand pods were really replaced: new uids, and the driver pod came back at the old version
+    after = _operand_pods(kube)
+    for app in ("nvidia-device-plugin-daemonset", "nvidia-operator-validator"):
+        assert after[app][0] != before[app][0], (app, before, after)
+    assert kube.get("v1", "Node", NODE)["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+
+
+def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(pool_fleet: dict[str, str], tmp_path: Path) -> None:
+    result, receipt = _run(pool_fleet, "default.yaml", tmp_path)
+    output = result.stdout[-4000:] + result.stderr[-2000:]
+    assert _verdict(receipt, "rollout")["outcome"] == "pass", output
+    application = _verdict(receipt, "application")
+    assert application["outcome"] == "pass", application
+    assert "0 others (GPU pods only)" in application["summary"] and "1 evicted" in application["summary"]
+    device = _verdict(receipt, "device")
+    texts = [e["text"] for e in device["evidence"]]
+    assert any("Succeeded" in t and "driver:580.82.07" in t for t in texts), texts   # the old driver pod ended
+    assert any("Running" in t and f"driver:{TARGET}" in t for t in texts), texts      # its successor at the target
+    # no DCGM exporter runs on the kubelet node yet: its metric checks have no series, and say so
+    assert device["outcome"] == "inconclusive" and f"for {NODE}" in device["summary"], device
+    assert result.returncode == 1, output
