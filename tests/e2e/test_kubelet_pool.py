@@ -50,6 +50,9 @@ def pool_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Ite
     up = gpucanary(env, "fleet", "up", timeout_s=600)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
+        # the operator labels the node's upgrade state at its next reconcile after the driver pod is Ready
+        _kube(env).wait_for("v1", "Node", NODE, lambda n: n["metadata"]["labels"].get(
+            "nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", timeout_s=180)
         yield env
     finally:
         down = gpucanary(env, "fleet", "down", timeout_s=300)
@@ -89,7 +92,6 @@ def test_operands_run_on_the_kubelet_node_from_local_images(pool_fleet: dict[str
     kube = _kube(pool_fleet)
     node = kube.get("v1", "Node", NODE)
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
-    assert node["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] == "upgrade-done"
     assert kube.get("nvidia.com/v1alpha1", "NVIDIADriver", NODE)["spec"]["nodeSelector"] == {
         "gpucanary.io/driver-pool": NODE}
     pods = _operand_pods(kube)
