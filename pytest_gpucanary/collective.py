@@ -30,6 +30,11 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"    # on every node KWOK manages ("fa
 PEER_OFF = "none"
 
 
+def is_kwok_node(node: dict) -> bool:
+    """KWOK manages the node (it runs no process); otherwise it is a real kubelet's."""
+    return (node["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION) == "fake"
+
+
 def busbw_of(output: str) -> float | None:
     found = BUSBW.findall(output)
     return float(found[-1]) if found else None
@@ -132,7 +137,7 @@ class CollectiveProbe:
         self.when, self.started_wall_ns = when, time.time_ns()
         nodes = [self.kube.get("v1", "Node", n) for n in self.nodes]
         self.drivers = tuple(_driver(n) for n in nodes)
-        kwok = any((n["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION) == "fake" for n in nodes)
+        kwok = any(is_kwok_node(n) for n in nodes)
         self.how = "simulated" if kwok else "ran"
         self.kube.create(self._pod(0, ""))
         self._thread = threading.Thread(target=self._complete, args=(start_timeout_s,), daemon=True,

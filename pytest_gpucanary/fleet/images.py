@@ -37,6 +37,7 @@ BUSYBOX_IMAGES = ("localhost/gpucanary/busybox:1", "docker.io/library/busybox:1.
                   "docker.io/library/busybox:latest")
 FAKE_GPU_PLUGIN_IMAGE = "localhost/gpucanary/fake-gpu-plugin:1"
 ALLREDUCE_IMAGE = "localhost/gpucanary/allreduce:1"
+_BASE_DIRS = ("bin", "etc", "dev", "proc", "sys", "run", "var", "root")   # in every image, with /tmp
 _PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
 
 
@@ -59,13 +60,13 @@ def _member(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, size
 def _layer(spec: ImageSpec) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for directory in ("bin", "etc", "dev", "proc", "sys", "run", "var", "root"):
+        for directory in _BASE_DIRS:
             tar.addfile(_member(directory, kind=tarfile.DIRTYPE, mode=0o755))
         tar.addfile(_member("tmp", kind=tarfile.DIRTYPE, mode=0o1777))
         tar.addfile(_member("etc/passwd", size=len(_PASSWD)), io.BytesIO(_PASSWD))
         inside_paths = [inside for inside, _ in (*spec.files, *spec.data, *spec.links)]
-        parents = sorted({str(parent) for inside in inside_paths for parent in Path(inside.lstrip("/")).parents
-                          if str(parent) not in (".", "bin", "etc", "dev", "proc", "sys", "run", "var", "root", "tmp")})
+        parents = sorted({str(parent) for inside in inside_paths for parent in Path(inside.lstrip("/")).parents}
+                         - {".", "tmp", *_BASE_DIRS})
         for directory in parents:
             tar.addfile(_member(directory, kind=tarfile.DIRTYPE, mode=0o755))
         for inside, source in spec.files:

@@ -21,7 +21,7 @@ import json
 import threading
 from urllib.parse import urlsplit
 
-from pytest_gpucanary.collective import KWOK_NODE_ANNOTATION
+from pytest_gpucanary.collective import is_kwok_node
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube, WatchEvent
 
@@ -127,10 +127,9 @@ class Router:
             known = self._kwok.get(node)
         if known is None:
             try:
-                annotations = self.kube.get("v1", "Node", node)["metadata"].get("annotations") or {}
+                known = is_kwok_node(self.kube.get("v1", "Node", node))
             except GpucanaryError:
                 return True          # not known (yet): answer for it as for a KWOK pod
-            known = annotations.get(KWOK_NODE_ANNOTATION) == "fake"
             with self._lock:
                 self._kwok[node] = known
         return known

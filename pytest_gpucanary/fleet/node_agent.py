@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import GpucanaryError
-from pytest_gpucanary.collective import KWOK_NODE_ANNOTATION
+from pytest_gpucanary.collective import is_kwok_node
 from pytest_gpucanary.kube import Kube, WatchEvent
 from pytest_gpucanary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 
@@ -137,13 +137,13 @@ class NodeAgent:
                 pass   # the node or pod went away meanwhile; its next event retries
 
     def _kwok(self, node: str) -> bool:
-        """A KWOK node (a real kubelet node's processes do all of this themselves); remembered."""
+        """A KWOK node (a real kubelet node's processes do all of this themselves). The Node watch
+        records every node; one the Pod watch sees first is read once."""
         if node not in self.kwok_nodes:
             try:
-                annotations = self.kube.get("v1", "Node", node)["metadata"].get("annotations") or {}
+                self.kwok_nodes[node] = is_kwok_node(self.kube.get("v1", "Node", node))
             except GpucanaryError:
                 return False
-            self.kwok_nodes[node] = annotations.get(KWOK_NODE_ANNOTATION) == "fake"
         return self.kwok_nodes[node]
 
     def step(self, node: str) -> None:
@@ -228,6 +228,7 @@ class NodeAgent:
         with self.lock:
             for node in nodes:
                 meta = node["metadata"]
+                self.kwok_nodes[meta["name"]] = is_kwok_node(node)
                 if ((meta.get("annotations") or {}).get(PEERMEM_ANNOTATION) == "lost"
                         and (meta.get("labels") or {}).get(op.UPGRADE_STATE_LABEL) == op.UPGRADE_DONE):
                     for pod in [p for p in self.pods.values() if p["spec"].get("nodeName") == meta["name"]]:
@@ -266,7 +267,7 @@ class NodeAgent:
 
     def _all_reduce(self, ranks: list[dict]) -> None:
         nodes = [self.kube.get("v1", "Node", p["spec"]["nodeName"]) for p in ranks]
-        if any((n["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION) != "fake" for n in nodes):
+        if not all(is_kwok_node(n) for n in nodes):
             return                                   # a real kubelet node: its processes do the all-reduce
         annotations = [n["metadata"].get("annotations") or {} for n in nodes]
         if any(a.get(COLLECTIVE_ANNOTATION) == "never-completes" for a in annotations) or any(
