@@ -3,7 +3,8 @@ upgrades it, its operands (driver with its driver manager, validator, device plu
 pods, and the canary's GPU job and service run there as processes.
 
 The two policies of the demo, on that node: the field note's (pod deletion refuses the job's /dev/shm,
-the drain fallback evicts the service) and the default one (only the GPU job is deleted).
+the drain fallback evicts the service) and the default one (only the GPU job is deleted). The second
+takes 5 min more, so it runs from `make test-kubelet-pool` (the whole file), not `make test`.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def test_field_note_policy_drains_the_real_service_and_the_gate_fails_at_applica
     assert kube.get("v1", "Node", NODE)["status"]["allocatable"]["nvidia.com/gpu"] == "8"
 
 
+@pytest.mark.kubelet_pool_full
 def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(pool_fleet: dict[str, str], tmp_path: Path) -> None:
     result, receipt = _run(pool_fleet, "default.yaml", tmp_path)
     output = result.stdout[-4000:] + result.stderr[-2000:]
