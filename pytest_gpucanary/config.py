@@ -159,8 +159,9 @@ class Settings:
     helm_binary: Path | None = knob(None, "Helm binary that renders a Helm values policy (default: helm on PATH, "
                                           "else the build of ci/build-helm.sh)")
     driver_version: str | None = knob(None, "Driver version to upgrade the canary pool to", check=version_rule)
-    pool_provider: str | None = knob(None, "Pool provider: kwok (local fleet default) or existing (real clusters)",
-                                     check=one_of("kwok", "existing"))
+    pool_provider: str | None = knob(None, "Pool provider: kubelet (the local fleet's real node, its default), kwok "
+                                           "(a fresh simulated node of the local fleet) or existing (real clusters)",
+                                     check=one_of("kubelet", "kwok", "existing"))
     pool_node: str | None = knob(None, "Existing GPU node to carve out as the pool (provider existing)")
     pool_selector: str | None = knob(None, "Label selector picking existing GPU nodes for the pool (provider existing)",
                                      check=selector)

@@ -197,16 +197,28 @@ def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings)
 
 @pytest.hookimpl(trylast=True)
 def pytest_gpucanary_make_pool(config: pytest.Config, settings: Settings) -> PoolProvider:
-    """The default: fresh KWOK nodes on the local fleet (or where asked for), else carve out existing nodes."""
+    """The default: the local fleet's kubelet node or fresh KWOK nodes (or where asked for), else carve out
+    existing nodes."""
     return default_pool_provider(settings)
 
 
 def default_pool_provider(settings: Settings) -> PoolProvider:
-    """The pool a run gets without a hook of its own (also what `gpucanary preflight` checks)."""
-    if settings.pool_provider == "kwok" or (settings.pool_provider is None and settings.kubeconfig is None):
+    """The pool a run gets without a hook of its own (also what `gpucanary preflight` checks): on the
+    local fleet its real kubelet node where it has one as a pool, else a fresh KWOK node."""
+    provider = settings.pool_provider
+    if provider is None and settings.kubeconfig is None:
+        from pytest_gpucanary.fleet import Fleet
+
+        provider = "kubelet" if Fleet.from_env().has_kubelet_pool() else "kwok"
+    if provider == "kwok":
         from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider   # the local fleet's own pools
 
         return KwokPoolProvider(size=settings.pool_size)
+    if provider == "kubelet":
+        from pytest_gpucanary.fleet import Fleet
+        from pytest_gpucanary.fleet.kubelet_pool import KubeletPoolProvider
+
+        return KubeletPoolProvider.for_fleet(settings, Fleet.from_env().layout)
     from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
 
     return ExistingNodeProvider.from_settings(settings)

@@ -381,7 +381,7 @@ class CanaryRun:
         run.gpu_job_until_wall_ns = int((workloads.work_until_wall_s(job) or 0) * 1e9)
         created = self.kube.create(job)
         run.gpu_job = WorkloadRef(placement.namespace, job["metadata"]["name"], created["metadata"]["uid"])
-        for manifest in workloads.service(settings.service, placement, images=images):
+        for manifest in workloads.service(settings.service or run.pool.service, placement, images=images):
             self.kube.create(manifest)
             if manifest["kind"] == "Deployment":
                 run.service = WorkloadRef(placement.namespace, manifest["metadata"]["name"])

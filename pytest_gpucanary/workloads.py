@@ -21,7 +21,7 @@ from typing import Mapping
 from pytest_gpucanary.config import FIXTURES, Settings, read_text, yaml_documents
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.gpu_operator import GPU_RESOURCE
-from pytest_gpucanary.kube import OWNER, OWNER_LABEL, Kube, owned_labels
+from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, Kube, owned_labels
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import ProbeSeen
 from pytest_gpucanary.ladder.timeline import Record
@@ -158,10 +158,12 @@ def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool
         _, spec = _pod_spec(job)
         spec["containers"][0].setdefault("resources", {}).setdefault("limits", {})[GPU_RESOURCE] = "1"
         # off every canary pool, not only this run's: a gate runs base and head at once, and the other
-        # run's drain would evict a probe that landed on its pool just before the cordon
+        # run's drain would evict a probe that landed on its pool just before the cordon. A pool the
+        # canary made is its own from birth; an existing node carved out carries the run's id
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(pool_nodes)},
-                                  {"key": OWNER_LABEL, "operator": "NotIn", "values": [OWNER]}]}]}}}
+                                  {"key": OWNER_LABEL, "operator": "NotIn", "values": [OWNER]},
+                                  {"key": RUN_ID_LABEL, "operator": "DoesNotExist"}]}]}}}
     meta, _ = _pod_spec(job)
     meta.setdefault("labels", {}).update({**owned_labels(placement.run_id), ROLE_LABEL: "probe", PROBE_SCOPE_LABEL: scope})
     job["metadata"]["name"] = f"probe-{scope}-{seq:04d}"

@@ -128,6 +128,14 @@ class Fleet:
         except (OSError, ValueError, KeyError):
             return None
 
+    def has_kubelet_pool(self) -> bool:
+        """Whether the fleet's kubelet nodes are canary pools: as the running (or last started) fleet
+        was made, else as this environment would make it."""
+        try:
+            return bool(json.loads(self.layout.state_file.read_text())["kubelet_pool"])
+        except (OSError, ValueError, KeyError):
+            return self.layout.kubelet_pool and self.layout.kubelet_nodes > 0
+
     def bin_dir(self) -> Path | None:
         binaries = self.binaries()
         return binaries.control_plane if binaries else None
@@ -315,6 +323,7 @@ class Fleet:
                  "operator_release": operator_release(binaries.operator), "driver_mode": self.layout.driver_mode,
                  "gpu_nodes": self.layout.gpu_nodes, "startup_s": startup_s, "kubeconfig": str(self.kubeconfig),
                  "prometheus_url": self.prometheus_url,
+                 "kubelet_pool": bool(self._kubelet_pool_nodes(binaries)),
                  "kubelet_node_bin_dir": str(binaries.kubelet_node) if binaries.kubelet_node else None}
         self.layout.state_file.write_text(json.dumps(state, indent=2) + "\n")
 

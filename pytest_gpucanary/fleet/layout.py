@@ -42,6 +42,8 @@ PORT_OFFSETS = {
 KUBELET_NODE_OFFSET = 0
 KUBELET_NODE_PORTS = ("kubelet", "kubelet-healthz", "containerd-metrics", "containerd-stream", "fake-gpu-plugin")
 KUBELET_WORKLOAD_OFFSETS = (40, 41, 42)
+# The canary's default service on kubelet pool node i binds KUBELET_SERVICE_OFFSET + i (hostNetwork).
+KUBELET_SERVICE_OFFSET = 60
 
 
 def _default_dir() -> Path:
@@ -67,9 +69,9 @@ class FleetLayout:
     driver_mode: str = "nvidiadriver"   # or "clusterpolicy": one driver DaemonSet for every GPU node
     operator_release: str = DEFAULT_OPERATOR_RELEASE
     kubelet_nodes: int = DEFAULT_KUBELET_NODES   # real kubelet nodes (0 disables them)
-    # the kubelet nodes are canary pools: the operator's driver (with its driver manager), validator
-    # and device plugin run there, from local stand-in images; otherwise a fleet process is their
-    # device plugin and no operand runs there
+    # the kubelet nodes are canary pools (the default pool of a run on the fleet): the operator's
+    # driver (with its driver manager), validator and device plugin run there, from local stand-in
+    # images; otherwise a fleet process is their device plugin and no operand runs there
     kubelet_pool: bool = False
     gpu_rdma: bool = False      # GPUDirect RDMA on (driver.rdma with host MOFED): peermem in every driver pod
 
@@ -84,8 +86,11 @@ class FleetLayout:
             operator_release=os.environ.get("GPUCANARY_OPERATOR_RELEASE") or DEFAULT_OPERATOR_RELEASE,
             kubelet_nodes=_int_env("GPUCANARY_FLEET_KUBELET_NODES", DEFAULT_KUBELET_NODES),
             gpu_rdma=os.environ.get("GPUCANARY_FLEET_GPU_RDMA", "0") == "1",
-            kubelet_pool=os.environ.get("GPUCANARY_FLEET_KUBELET_POOL", "0") == "1",
         )
+        # default on wherever it can be: NVIDIADriver mode (a pool node gets an NVIDIADriver of its own)
+        pool = os.environ.get("GPUCANARY_FLEET_KUBELET_POOL") or ""
+        layout = replace(layout, kubelet_pool=pool == "1" or (
+            pool == "" and layout.driver_mode == "nvidiadriver" and layout.kubelet_nodes > 0))
         if layout.kubelet_pool and layout.driver_mode != "nvidiadriver":
             raise ConfigError("GPUCANARY_FLEET_KUBELET_POOL=1 needs GPUCANARY_FLEET_DRIVER_MODE=nvidiadriver",
                               hint="each kubelet pool node gets an NVIDIADriver of its own (hostNetwork)")
@@ -112,6 +117,10 @@ class FleetLayout:
         """A port of real kubelet node `index`: one of KUBELET_NODE_PORTS."""
         return (self.port_base + KUBELET_NODE_OFFSET + index * len(KUBELET_NODE_PORTS)
                 + KUBELET_NODE_PORTS.index(name))
+
+    def kubelet_service_port(self, index: int) -> int:
+        """Where the canary's default service listens on kubelet pool node `index` (127.0.0.1, hostNetwork)."""
+        return self.port_base + KUBELET_SERVICE_OFFSET + index
 
     @property
     def kubelet_workload_ports(self) -> tuple[int, ...]:

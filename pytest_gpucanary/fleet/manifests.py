@@ -55,6 +55,12 @@ def _annotation_number(key: str) -> str:
     return f'"{key}" in node.metadata.annotations ? double(node.metadata.annotations["{key}"]) : 0.0'
 
 
+# dcgm-exporter's series the canary reads: (name, help, the node annotation that gives the value)
+DCGM_SERIES = (("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gpucanary.io/simulated-gpu-util"),
+               ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gpucanary.io/simulated-xid"))
+KUBELET_DCGM_PATH = "/metrics/dcgm"   # the node agent's DCGM series of the kubelet pool nodes
+
+
 def dcgm_metric(gpus_per_node: int = 8) -> dict:
     """DCGM exporter-style series per GPU, served by kwok for every node at /metrics/nodes/<node>/metrics/dcgm.
 
@@ -63,10 +69,8 @@ def dcgm_metric(gpus_per_node: int = 8) -> dict:
     Utilisation and the last XID come from node annotations, so a test can inject an XID error.
     """
     metrics = []
-    for name, help_text, value in (
-            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", _annotation_number("gpucanary.io/simulated-gpu-util")),
-            ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
-             _annotation_number("gpucanary.io/simulated-xid"))):
+    for name, help_text, annotation in DCGM_SERIES:
+        value = _annotation_number(annotation)
         for gpu in range(gpus_per_node):
             metrics.append({"name": name, "help": help_text, "kind": "gauge", "dimension": "node", "labels": [
                 {"name": "gpu", "value": f'"{gpu}"'},
@@ -140,6 +144,9 @@ def prometheus_config(layout: FleetLayout) -> str:
             {"job_name": "apiserver", "scheme": "https", "tls_config": client_tls,
              "static_configs": [{"targets": [f"{HOST}:{layout.port('kube-apiserver')}"]}]},
             *_dcgm_scrape_jobs(layout, client_tls),
+            *([{"job_name": "kubelet-dcgm", "metrics_path": KUBELET_DCGM_PATH,
+                "static_configs": [{"targets": [f"{HOST}:{layout.port('node-agent')}"]}]}]
+              if layout.kubelet_pool and layout.kubelet_nodes else []),
             {"job_name": "gpu-operator",
              "static_configs": [{"targets": [f"{HOST}:{layout.port('gpu-operator-metrics')}"]}]},
         ],

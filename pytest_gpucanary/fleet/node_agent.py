@@ -27,8 +27,13 @@ GPU Feature Discovery's driver labels, and the device plugin's GPU count.
   `gpucanary.io/simulated-collective: never-completes` or its driver pod's nvidia-peermem-ctr is not
   ready. Pairs with a real kubelet node are left to the real processes.
 
+- **Kubelet pool nodes** (real nodes, whose driver manager, driver, validator and device plugin are
+  processes there): only what no process there does yet. GFD's driver labels once the node's driver
+  pod is Ready, and DCGM series (at KUBELET_DCGM_PATH on the agent's port, which the fleet's
+  Prometheus scrapes) as kwok serves them for KWOK nodes.
+
 This stands in for the node, never for the upgrade controller: it writes no upgrade-state label and
-deletes no pod. Only KWOK nodes and their pods are touched (never a real kubelet node).
+deletes no pod. Of a real kubelet node it writes only GFD's driver labels.
 """
 
 from __future__ import annotations
@@ -38,10 +43,14 @@ import http.server
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.collective import is_kwok_node
+from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
+from pytest_gpucanary.fleet.manifests import DCGM_SERIES, KUBELET_DCGM_PATH
+from pytest_gpucanary.pool import DRIVER_POOL_LABEL
 from pytest_gpucanary.kube import Kube, WatchEvent
 from pytest_gpucanary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 
@@ -113,6 +122,7 @@ class NodeAgent:
     swapped: set[str] = field(default_factory=set)                # driver pods that came with a driver swap
     probes: dict[str, dict] = field(default_factory=dict)         # uid -> collective probe pod, as last seen
     kwok_nodes: dict[str, bool] = field(default_factory=dict)     # node -> it is a KWOK node
+    kubelet_pool: dict[str, dict] = field(default_factory=dict)   # kubelet pool node -> Node, as last seen
     lock: threading.Lock = field(default_factory=threading.Lock)  # one watch thread per kind
 
     def handle(self, event: WatchEvent) -> None:
@@ -135,6 +145,11 @@ class NodeAgent:
                 self.step(node)
             except GpucanaryError:
                 pass   # the node or pod went away meanwhile; its next event retries
+        for node in sorted(n for n in nodes if n in self.kubelet_pool):
+            loaded = next((p for p in self.pods.values() if p["spec"].get("nodeName") == node
+                           and op.is_driver_pod(_labels(p)) and _ready(p) and not _gone(p)), None)
+            if loaded is not None:
+                self._write_driver_labels(node, loaded)
 
     def _kwok(self, node: str) -> bool:
         """A KWOK node (a real kubelet node's processes do all of this themselves). The Node watch
@@ -189,11 +204,15 @@ class NodeAgent:
         if changed:
             self.kube.patch("v1", "Node", node, {"metadata": {"labels": changed}})
 
-    def _driver_loaded(self, node: str, driver: dict, on_node: list[dict]) -> None:
+    def _write_driver_labels(self, node: str, driver: dict) -> None:
+        """GFD's driver labels at the version of the node's Ready driver pod."""
         version = op.driver_version_of(driver)
         if version and self.driver_written.get(node) != version:
             self.kube.patch("v1", "Node", node, {"metadata": {"labels": driver_labels(version)}})
             self.driver_written[node] = version
+
+    def _driver_loaded(self, node: str, driver: dict, on_node: list[dict]) -> None:
+        self._write_driver_labels(node, driver)
         waiting = [p for p in on_node if not _allowed(p) and not _gone(p)
                    and (op.is_validator_pod(_labels(p)) or op.is_device_plugin_pod(_labels(p)))]
         if not waiting:
@@ -221,14 +240,25 @@ class NodeAgent:
         self.gpus_shown[node] = registered
 
 
+    def kubelet_pool_nodes(self) -> list[dict]:
+        with self.lock:
+            return list(self.kubelet_pool.values())
+
     # --- peermem lost, once the node is back in service --------------------------------------------
 
     def handle_node(self, event: WatchEvent) -> None:
         nodes = event.object["items"] if event.type == "RELISTED" else [event.object]
         with self.lock:
+            if event.type == "RELISTED":
+                self.kubelet_pool.clear()
             for node in nodes:
                 meta = node["metadata"]
                 self.kwok_nodes[meta["name"]] = is_kwok_node(node)
+                labels = meta.get("labels") or {}
+                if event.type == "DELETED" or labels.get(NODE_KIND_LABEL) != "kubelet" or DRIVER_POOL_LABEL not in labels:
+                    self.kubelet_pool.pop(meta["name"], None)
+                else:
+                    self.kubelet_pool[meta["name"]] = node
                 if ((meta.get("annotations") or {}).get(PEERMEM_ANNOTATION) == "lost"
                         and (meta.get("labels") or {}).get(op.UPGRADE_STATE_LABEL) == op.UPGRADE_DONE):
                     for pod in [p for p in self.pods.values() if p["spec"].get("nodeName") == meta["name"]]:
@@ -296,6 +326,25 @@ class NodeAgent:
         return not any(PEERMEM in _containers_ready(p) and not _containers_ready(p)[PEERMEM] for p in drivers)
 
 
+def dcgm_text(nodes: list[dict]) -> str:
+    """The kubelet pool nodes' DCGM series in Prometheus' text format, as the fleet's kwok Metric
+    serves them for KWOK nodes (manifests.dcgm_metric): per GPU, the driver version label from GFD's
+    label, the value from the node's annotation."""
+    lines = []
+    for name, help_text, annotation in DCGM_SERIES:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for node in nodes:
+            meta = node["metadata"]
+            labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+            value = float(annotations.get(annotation, "0") or 0)
+            for gpu in range(int(labels.get(op.GPU_COUNT_LABEL, "0") or 0)):
+                series = {"gpu": str(gpu), "UUID": f"GPU-{meta['name']}-{gpu}", "Hostname": meta["name"],
+                          "modelName": labels.get("nvidia.com/gpu.product", ""),
+                          "DCGM_FI_DRIVER_VERSION": labels.get(op.DRIVER_VERSION_LABEL, "")}
+                lines.append(name + "{" + ",".join(f'{k}="{v}"' for k, v in series.items()) + "}" + f" {value:g}")
+    return "\n".join(lines) + "\n"
+
+
 def _containers_ready(pod: dict) -> dict[str, bool]:
     return {c.get("name", ""): bool(c.get("ready")) for c in pod.get("status", {}).get("containerStatuses") or []}
 
@@ -319,8 +368,7 @@ def _watch_forever(kubeconfig: str, kind: str, handler, stop: threading.Event, *
             stop.wait(2)
 
 
-def run(kubeconfig: str, namespace: str, stop: threading.Event) -> None:
-    agent = NodeAgent(Kube.connect(kubeconfig, user_agent=USER_AGENT))
+def run(agent: NodeAgent, kubeconfig: str, namespace: str, stop: threading.Event) -> None:
     watches = [threading.Thread(target=_watch_forever, args=(kubeconfig, "Node", agent.handle_node, stop), daemon=True),
                threading.Thread(target=_watch_forever, args=(kubeconfig, "Pod", agent.handle_collective, stop),
                                 kwargs={"label_selector": COLLECTIVE_SELECTOR}, daemon=True)]
@@ -329,16 +377,25 @@ def run(kubeconfig: str, namespace: str, stop: threading.Event) -> None:
     _watch_forever(kubeconfig, "Pod", agent.handle, stop, namespace=namespace)
 
 
-def _serve_health(port: int) -> None:
-    class Health(http.server.BaseHTTPRequestHandler):
+def _serve(port: int, pool_nodes: Callable[[], list[dict]]) -> None:
+    """/healthz, and the kubelet pool nodes' DCGM series at KUBELET_DCGM_PATH."""
+    class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == KUBELET_DCGM_PATH:
+                body = dcgm_text(pool_nodes()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             self.send_response(200 if self.path == "/healthz" else 404)
             self.end_headers()
 
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
 
@@ -348,10 +405,12 @@ def main() -> None:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--health-port", type=int, required=True)
     args = parser.parse_args()
-    _serve_health(args.health_port)
+    agents: list[NodeAgent] = []
+    _serve(args.health_port, lambda: agents[0].kubelet_pool_nodes() if agents else [])
     while True:
         try:
-            run(args.kubeconfig, args.namespace, threading.Event())
+            agents[:] = [NodeAgent(Kube.connect(args.kubeconfig, user_agent=USER_AGENT))]
+            run(agents[0], args.kubeconfig, args.namespace, threading.Event())
         except GpucanaryError as err:     # the first connection
             print(f"node agent: {err}; retrying", flush=True)
             time.sleep(2)

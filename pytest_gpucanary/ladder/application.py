@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from pytest_gpucanary.config import DEFAULTS, Settings, parse_selector
-from pytest_gpucanary.gpu_operator import DRAIN_REQUIRED, TERMINAL_STATES
+from pytest_gpucanary.config import DEFAULTS, Settings, flag, parse_selector
+from pytest_gpucanary.gpu_operator import DRAIN_REQUIRED, POD_DELETION_REQUIRED, TERMINAL_STATES
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Eviction, Evidence, Outcome, Stage, StageVerdict, UpgradePhase
@@ -93,6 +93,28 @@ def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
                                  f"{why}; its pods ran {worked_s:.0f} s{asked}{deadline}, {evicted} evicted)"), items
 
 
+def _job_met_pod_deletion(ev: RunEvidence) -> Finding | None:
+    """The policy's GPU pod deletion (and a drain it falls back to) is tried on the GPU job only if the job
+    still runs when its node reaches pod-deletion-required. A job done by then leaves nothing to refuse,
+    and a policy that would refuse it (the field note's) would pass unseen: inconclusive, not a pass.
+    Not asked when the policy waits for jobs by a pod selector: a job done first is what it asks for."""
+    if ((ev.upgrade_policy.get("waitForCompletion") or {}).get("podSelector") or "") or not ev.pool_nodes:
+        return None
+    node, job = ev.pool_nodes[0], ev.gpu_job
+    cycle = timeline.upgrade_cycle(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
+    at_ns = next((t.received_wall_ns for t in cycle if t.state == POD_DELETION_REQUIRED), None)
+    if at_ns is None:
+        return None     # a restart in place, or not got there: rollout says which
+    pods = [p for p in timeline.latest_pods(ev.records, until_wall_ns=at_ns)
+            if p.namespace == job.namespace and p.labels.get("job-name") == job.name and p.node == node]
+    if any(p.phase in ("Pending", "Running") for p in pods):
+        return None
+    states = ", ".join(f"{p.name} {p.phase or 'unknown'}" for p in pods) or "no pod on the node"
+    return Finding(Outcome.INCONCLUSIVE, f"GPU job {job} was not running when {node} reached {POD_DELETION_REQUIRED} "
+                                         f"at +{ev.offset_s(at_ns):.0f}s ({states}): the policy's GPU pod deletion "
+                                         f"was not tried on it; give it a longer {flag('job_duration_s')}")
+
+
 def _phases_not_passed(ev: RunEvidence) -> set[UpgradePhase]:
     """Phases the first pool node's whole, ended upgrade cycle never entered; none while it is unknown."""
     node = ev.pool_nodes[0] if ev.pool_nodes else ""
@@ -143,6 +165,8 @@ def check_application(evidence: RunEvidence, settings: Settings = DEFAULTS) -> S
                       f"{'allowed' if e.allowed else 'NOT allowed'}") for e in removed]
     job_finding, job_items = _gpu_job(evidence)
     findings.append(job_finding)
+    if (untried := _job_met_pod_deletion(evidence)) is not None:
+        findings.append(untried)
     if evidence.service_phases:
         service_findings, service_items = _service_phases(evidence, settings)
         service_note = f"service {evidence.service} within SLO in all {len(UpgradePhase)} phases"

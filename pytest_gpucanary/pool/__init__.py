@@ -8,6 +8,7 @@ KWOK pools; others plug in through the `pytest_gpucanary_make_pool` hook.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ class Pool:
     nodes: tuple[str, ...]
     driver: str | None          # the NVIDIADriver that drives exactly these nodes (NVIDIADriver mode)
     driver_from: str            # the driver version the pool runs before the upgrade
+    service: Path | None = None  # the service manifest its nodes need when the run was given none
 
 
 class PoolProvider(Protocol):

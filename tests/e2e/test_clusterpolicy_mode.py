@@ -54,7 +54,7 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
     result = gpucanary(clusterpolicy_fleet, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        "--gpucanary-driver-version=580.95.05", "--gpucanary-probe-interval-s=10",
                        "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-                       "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=60",
+                       "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=120",
                        f"--gpucanary-reports-dir={tmp_path / 'reports'}")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "operator in ClusterPolicy mode" in result.stdout

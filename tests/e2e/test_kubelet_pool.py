@@ -1,6 +1,8 @@
-"""The real kubelet node as the canary's pool (GPUCANARY_FLEET_KUBELET_POOL=1): the real GPU Operator
-upgrades it, its operands (driver with its driver manager, validator, device plugin) restart as real
-pods, and the canary's GPU job and service run there as processes.
+"""The real kubelet node as the canary's pool, the fleet's default (the test bed's other fleets set
+GPUCANARY_FLEET_KUBELET_POOL=0): the real GPU Operator upgrades it, its operands (driver with its
+driver manager, validator, device plugin) restart as real pods, and the canary's GPU job and service
+run there as processes. The runs here give no pool and no service: the default provider picks the node
+and its hostNetwork service, as `make demo` does.
 
 The two policies of the demo, on that node: the field note's (pod deletion refuses the job's /dev/shm,
 the drain fallback evicts the service) and the default one (only the GPU job is deleted). The second
@@ -23,7 +25,6 @@ from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet import processes
 from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
-from pytest_gpucanary.fleet.manifests import host_network_service
 from pytest_gpucanary.kube import Kube
 from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
 
@@ -33,8 +34,11 @@ NODE = node_name(0)
 # beside the session fleet and the other e2e fleets (+ 1000, 1200, 1400, 1590, 2000, 2150, 2250)
 PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1800
 TARGET = "580.95.05"
+# The GPU job must still run when the upgrade reaches pod deletion, or there is nothing for the policy
+# to refuse. 150 s costs no time: its pod is deleted or evicted within seconds of the upgrade start, and
+# its replacement starts only at the uncordon, past that deadline, on v26.7 ~150 s after the start.
 FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=60"]
+        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=150"]
 
 
 def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
@@ -46,7 +50,7 @@ def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subpro
 def pool_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     root = tmp_path_factory.mktemp("kubelet-pool-fleet").resolve()
     env = {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "1", "GPUCANARY_FLEET_KUBELET_POOL": "1",
+           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "1", "GPUCANARY_FLEET_KUBELET_POOL": "",
            "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir())}
     up = gpucanary(env, "fleet", "up", timeout_s=600)
     try:
@@ -65,14 +69,10 @@ def _kube(env: dict[str, str]) -> Kube:
 
 
 def _run(env: dict[str, str], policy: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    port = FleetLayout(root=Path(env["GPUCANARY_FLEET_DIR"]), port_base=PORT_BASE).kubelet_workload_ports[0]
-    service = tmp_path / "service.yaml"
-    service.write_text(host_network_service(port))
     reports = tmp_path / "reports"
     result = gpucanary(env, "run", f"--gpucanary-policy={FIXTURES / 'policies' / policy}",
-                       f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
-                       f"--gpucanary-pool-node={NODE}", f"--gpucanary-service={service}",
-                       f"--gpucanary-reports-dir={reports}")
+                       f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-reports-dir={reports}")
+    assert f"pool {NODE} (kubelet)" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
     [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
     return result, json.loads((run_dir / "receipt.json").read_text())
 
@@ -133,7 +133,7 @@ def test_field_note_policy_drains_the_real_service_and_the_gate_fails_at_applica
     assert result.returncode == 1, output
     assert _verdict(receipt, "rollout")["outcome"] == "pass", output
     application = _verdict(receipt, "application")
-    assert application["outcome"] == "fail", application
+    assert application["outcome"] == "fail", (application["summary"], receipt["state_spans"], application["evidence"])
     [evicted] = [e for e in receipt["evictions"] if e["name"].startswith("sched-api-")]
     assert evicted["by_drain"] and not evicted["allowed"], evicted
     # the load hit the real server: none failed before, and its requests failed once the drain stopped it
@@ -159,6 +159,7 @@ def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(pool_fleet:
     texts = [e["text"] for e in device["evidence"]]
     assert any("Succeeded" in t and "driver:580.82.07" in t for t in texts), texts   # the old driver pod ended
     assert any("Running" in t and f"driver:{TARGET}" in t for t in texts), texts      # its successor at the target
-    # no DCGM exporter runs on the kubelet node yet: its metric checks have no series, and say so
-    assert device["outcome"] == "inconclusive" and f"for {NODE}" in device["summary"], device
-    assert result.returncode == 1, output
+    # GFD's label and DCGM's driver version at the target (the node agent's stand-ins on this node)
+    assert device["outcome"] == "pass", device
+    assert any(f"nvidia.com/cuda.driver-version.full={TARGET}" in t for t in texts), texts
+    assert result.returncode == 0, output

@@ -24,7 +24,8 @@ from pytest_gpucanary.fleet.layout import (KUBELET_NODE_PORTS, KUBELET_WORKLOAD_
 def test_kubelet_node_ports_stay_in_the_fleet_range_and_clash_with_nothing(tmp_path: Path) -> None:
     layout = FleetLayout(root=tmp_path, port_base=26800)
     node_ports = [layout.kubelet_node_port(i, name) for i in range(MAX_KUBELET_NODES) for name in KUBELET_NODE_PORTS]
-    fixed = [layout.port(name) for name in PORT_OFFSETS] + list(layout.kubelet_workload_ports)
+    fixed = ([layout.port(name) for name in PORT_OFFSETS] + list(layout.kubelet_workload_ports)
+             + [layout.kubelet_service_port(i) for i in range(MAX_KUBELET_NODES)])
     everything = node_ports + fixed
     assert len(set(everything)) == len(everything)
     assert all(26800 <= port < 26900 for port in everything)
@@ -36,6 +37,21 @@ def test_bad_kubelet_node_count_is_a_config_error(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_NODES", value)
     with pytest.raises(ConfigError, match="GPUCANARY_FLEET_KUBELET_NODES"):
         FleetLayout.from_env()
+
+
+@pytest.mark.parametrize(("env", "pool"), [
+    ({}, True),                                                   # the fleet's default pool
+    ({"GPUCANARY_FLEET_KUBELET_POOL": "0"}, False),               # the KWOK pools instead
+    ({"GPUCANARY_FLEET_KUBELET_NODES": "0"}, False),
+    ({"GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy"}, False),   # a pool node needs an NVIDIADriver of its own
+])
+def test_the_kubelet_node_is_a_canary_pool_wherever_it_can_be(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                                 pool: bool) -> None:
+    for name in ("GPUCANARY_FLEET_KUBELET_POOL", "GPUCANARY_FLEET_KUBELET_NODES", "GPUCANARY_FLEET_DRIVER_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert FleetLayout.from_env().kubelet_pool is pool
 
 
 def test_a_kubelet_pool_needs_nvidiadriver_mode(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -404,6 +404,23 @@ def test_gpu_job_that_never_finishes_fails() -> None:
                                       "(train-a1 Running, train-b2 Pending")
 
 
+def test_a_gpu_job_done_before_pod_deletion_leaves_the_policy_untried_and_is_inconclusive() -> None:
+    """The field note's policy passes unseen when the job has ended before the node gets to pod deletion:
+    nothing for pod deletion to refuse, no drain, no eviction."""
+    done = pod(12, "default", "train-a1", labels={"job-name": "train"}, gpus=1, owner="Job", phase="Succeeded",
+               ready=False)
+    records = [r for r in clean_run().records if not r.name.startswith("train-")] + [
+        pod(-40, "default", "train-a1", labels={"job-name": "train"}, gpus=1, owner="Job"), done]
+    verdict = evaluate(run(records)).verdict(Stage.APPLICATION)
+    assert verdict.outcome is Outcome.INCONCLUSIVE
+    assert verdict.summary == ("application: GPU job default/train was not running when canary-0 reached "
+                               "pod-deletion-required at +14s (train-a1 Succeeded): the policy's GPU pod deletion "
+                               "was not tried on it; give it a longer --gpucanary-job-duration-s")
+    # a policy that waits for the job by a pod selector asks for exactly that
+    waits = {"waitForCompletion": {"podSelector": "job-name=train", "timeoutSeconds": 0}}
+    assert evaluate(run(records, upgrade_policy=waits)).verdict(Stage.APPLICATION).outcome is Outcome.PASS
+
+
 def test_network_is_skipped_without_gpu_networking_and_judges_a_collective_probe_when_given() -> None:
     two = clean_run(pool_nodes=(NODE, "canary-1"))
     assert check_network(two).outcome is Outcome.SKIPPED
