@@ -8,8 +8,9 @@ OPERATOR_RELEASES := v26.7.0 v26.3.3 v25.10.1 v25.3.4
 
 .PHONY: demo test unit kill-matrix test-kubelet-pool setup deps build build-operators test-releases fleet-up fleet-down clean
 
-# The demo gate on the local fleet: the policy that spares the service passes; the field note's
-# policy (pod deletion refuses /dev/shm, drain fallback) fails at the application stage.
+# The demo gate on the local fleet's real kubelet GPU node (its default pool): the policy that spares
+# the service passes; the field note's policy (pod deletion refuses /dev/shm, drain fallback) fails
+# at the application stage.
 DEMO_TARGET ?= 580.95.05
 demo: setup build
 	$(VENV)/bin/gpucanary fleet up
@@ -31,10 +32,9 @@ test: setup build
 kill-matrix: setup build
 	GPUCANARY_KILL_MATRIX=1 $(PY) -m pytest tests/e2e/test_faults.py tests/e2e/test_control_plane_faults.py -rA $(PYTEST_ARGS)
 
-# Both demo policies on the real kubelet node as the canary pool (697 s on 2026-12-01); `make test` runs
-# all of tests/e2e/test_kubelet_pool.py but the default-policy run.
+# Both demo policies at once on two real kubelet nodes as canary pools (part of `make test`; alone here).
 test-kubelet-pool: setup build
-	GPUCANARY_KUBELET_POOL_FULL=1 $(PY) -m pytest tests/e2e/test_kubelet_pool.py -rA $(PYTEST_ARGS)
+	$(PY) -m pytest tests/e2e/test_kubelet_pool.py -rA $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -390,7 +390,9 @@ class Fleet:
         paths = read_paths_env(binaries.operator) if (binaries.operator / "paths.env").exists() else {}
         states = {"gpu-operator release": "{} (commit {}, from {}; {} mode)".format(
             paths.get("GPU_OPERATOR_VERSION", "unknown"), paths.get("GPU_OPERATOR_COMMIT", "unknown"),
-            paths.get("GPU_OPERATOR_SOURCE", "unknown"), self._driver_mode())}
+            paths.get("GPU_OPERATOR_SOURCE", "unknown"), self._driver_mode()),
+            "default canary pool": "kubelet: the real kubelet pool nodes" if self.has_kubelet_pool()
+            else "kwok: a fresh KWOK GPU node per run"}
         for part in self._all_components(binaries):
             pid = processes.pid_of(self.layout, part.name)
             if pid is None:
@@ -398,7 +400,8 @@ class Fleet:
             else:
                 health = "healthy" if processes.healthy(self.layout, part) else "not answering"
                 states[part.name] = f"running (pid {pid}, 127.0.0.1:{part.port}, {health})"
-        if all(s.startswith("running") for name, s in states.items() if name != "gpu-operator release"):
+        if all(s.startswith("running") for name, s in states.items()
+               if name not in ("gpu-operator release", "default canary pool")):
             states["nodes"] = self._node_summary()
         return states
 

@@ -239,7 +239,6 @@ class NodeAgent:
         self.kube.patch("v1", "Node", node, {"status": status}, status=True)
         self.gpus_shown[node] = registered
 
-
     def kubelet_pool_nodes(self) -> list[dict]:
         with self.lock:
             return list(self.kubelet_pool.values())

@@ -17,6 +17,7 @@ Run: python tests/bench/bench_precision.py [probe-interval-s]
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +43,8 @@ def server_times(records: list, job: str) -> tuple[float | None, float | None, f
 
 
 def main(interval_s: str = "5") -> None:
+    # KWOK pools, as the figures in the README were measured (the fleet's default pool is its kubelet node)
+    os.environ.setdefault("GPUCANARY_FLEET_KUBELET_POOL", "0")
     fleet = Fleet.from_env()
     fleet.up(progress=lambda line: print(line, file=sys.stderr))
     reports = Path(tempfile.mkdtemp(prefix="gpucanary-precision-"))

@@ -85,12 +85,12 @@ def canary_service_account(kube: Kube, gpucanary_fleet, tmp_path: Path) -> Itera
 
 
 # marker -> the environment setting that runs its tests (each from its own make target)
-OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX", "kubelet_pool_full": "GPUCANARY_KUBELET_POOL_FULL"}
+OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The full kill matrix (hours of canary runs) runs only from `make kill-matrix`, the second canary
-    run on the kubelet pool only from `make test-kubelet-pool`: deselected, never skipped."""
+    """The full kill matrix (hours of canary runs) runs only from `make kill-matrix`: deselected, never
+    skipped."""
     held = [marker for marker, setting in OUTSIDE_MAKE_TEST.items() if os.environ.get(setting) != "1"]
     kept = [item for item in items if not any(item.get_closest_marker(marker) for marker in held)]
     if len(kept) != len(items):

@@ -4,9 +4,10 @@ driver manager, validator, device plugin) restart as real pods, and the canary's
 run there as processes. The runs here give no pool and no service: the default provider picks the node
 and its hostNetwork service, as `make demo` does.
 
-The two policies of the demo, on that node: the field note's (pod deletion refuses the job's /dev/shm,
-the drain fallback evicts the service) and the default one (only the GPU job is deleted). The second
-takes 5 min more, so it runs from `make test-kubelet-pool` (the whole file), not `make test`.
+The two policies of the demo, at once on two such nodes (each with its own NVIDIADriver, so its own
+policy on v26.7): the field note's on the default pool (pod deletion refuses the job's /dev/shm, the
+drain fallback evicts the service) and the default one on the second node, named with
+--gpucanary-pool-node (only the GPU job is deleted).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -25,12 +27,12 @@ from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet import processes
 from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
-from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube import RUN_ID_LABEL, Kube
 from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-NODE = node_name(0)
+NODE, SECOND = node_name(0), node_name(1)
 # beside the session fleet and the other e2e fleets (+ 1000, 1200, 1400, 1590, 2000, 2150, 2250)
 PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1800
 TARGET = "580.95.05"
@@ -43,21 +45,26 @@ FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "
 
 def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+                          timeout=timeout_s, env=_environment(env))
+
+
+def _environment(env: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="module")
 def pool_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     root = tmp_path_factory.mktemp("kubelet-pool-fleet").resolve()
     env = {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "1", "GPUCANARY_FLEET_KUBELET_POOL": "",
+           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "2", "GPUCANARY_FLEET_KUBELET_POOL": "",
            "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir())}
     up = gpucanary(env, "fleet", "up", timeout_s=600)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
-        # the operator labels the node's upgrade state at its next reconcile after the driver pod is Ready
-        _kube(env).wait_for("v1", "Node", NODE, lambda n: n["metadata"]["labels"].get(
-            "nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", timeout_s=180)
+        # the operator labels a node's upgrade state at its next reconcile after the driver pod is Ready
+        for node in (NODE, SECOND):
+            _kube(env).wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"].get(
+                "nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", timeout_s=180)
         yield env
     finally:
         down = gpucanary(env, "fleet", "down", timeout_s=300)
@@ -68,13 +75,60 @@ def _kube(env: dict[str, str]) -> Kube:
     return Kube.connect(Path(env["GPUCANARY_FLEET_DIR"]) / "kubeconfig")
 
 
-def _run(env: dict[str, str], policy: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    reports = tmp_path / "reports"
-    result = gpucanary(env, "run", f"--gpucanary-policy={FIXTURES / 'policies' / policy}",
-                       f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-reports-dir={reports}")
-    assert f"pool {NODE} (kubelet)" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
-    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
-    return result, json.loads((run_dir / "receipt.json").read_text())
+@dataclass
+class Run:
+    """One `gpucanary run` of a demo policy, as a process; `node` is the pool it must get."""
+
+    policy: str
+    node: str
+    reports: Path
+    args: tuple[str, ...] = ()
+    proc: subprocess.Popen | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+    def start(self, env: dict[str, str]) -> Run:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_gpucanary.cli", "run", f"--gpucanary-policy={FIXTURES / 'policies' / self.policy}",
+             f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-reports-dir={self.reports}", *self.args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(env))
+        return self
+
+    def finish(self, timeout_s: float = 900) -> Run:
+        assert self.proc is not None
+        try:
+            self.stdout, self.stderr = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.stdout, self.stderr = self.proc.communicate()
+        return self
+
+    @property
+    def output(self) -> str:
+        return self.stdout[-4000:] + self.stderr[-2000:]
+
+    @property
+    def receipt(self) -> dict:
+        assert f"pool {self.node} (kubelet)" in self.stdout, self.output
+        [run_dir] = [p for p in self.reports.iterdir() if p.is_dir()]
+        return json.loads((run_dir / "receipt.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def demo_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    """Both demo policies at once: the field note's on the default pool (the first kubelet pool node),
+    then, once that node is carved out, the default policy on the second. Yields with both done, and
+    the first node's operand pods from before its run under "operands"."""
+    kube, root = _kube(pool_fleet), tmp_path_factory.mktemp("demo-runs")
+    before = _operand_pods(kube)
+    field = Run("field-note.yaml", NODE, root / "field-note").start(pool_fleet)
+    try:
+        kube.wait_for("v1", "Node", NODE, lambda n: RUN_ID_LABEL in n["metadata"]["labels"], timeout_s=120)
+    except BaseException:
+        field.finish(timeout_s=0.1)
+        raise
+    default = Run("default.yaml", SECOND, root / "default", (f"--gpucanary-pool-node={SECOND}",)).start(pool_fleet)
+    yield {"field-note.yaml": field.finish(), "default.yaml": default.finish(), "operands": before}
 
 
 def _verdict(receipt: dict, stage: str) -> dict:
@@ -125,12 +179,11 @@ def test_gpus_come_from_the_operators_device_plugin_pod_and_go_with_it(pool_flee
 
 
 def test_field_note_policy_drains_the_real_service_and_the_gate_fails_at_application(
-        pool_fleet: dict[str, str], tmp_path: Path) -> None:
+        pool_fleet: dict[str, str], demo_runs: dict) -> None:
     kube = _kube(pool_fleet)
-    before = _operand_pods(kube)
-    result, receipt = _run(pool_fleet, "field-note.yaml", tmp_path)
-    output = result.stdout[-4000:] + result.stderr[-2000:]
-    assert result.returncode == 1, output
+    run, before = demo_runs["field-note.yaml"], demo_runs["operands"]
+    receipt, output = run.receipt, run.output
+    assert run.proc.returncode == 1, output
     assert _verdict(receipt, "rollout")["outcome"] == "pass", output
     application = _verdict(receipt, "application")
     assert application["outcome"] == "fail", (application["summary"], receipt["state_spans"], application["evidence"])
@@ -147,10 +200,9 @@ def test_field_note_policy_drains_the_real_service_and_the_gate_fails_at_applica
     assert kube.get("v1", "Node", NODE)["status"]["allocatable"]["nvidia.com/gpu"] == "8"
 
 
-@pytest.mark.kubelet_pool_full
-def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(pool_fleet: dict[str, str], tmp_path: Path) -> None:
-    result, receipt = _run(pool_fleet, "default.yaml", tmp_path)
-    output = result.stdout[-4000:] + result.stderr[-2000:]
+def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(demo_runs: dict) -> None:
+    run = demo_runs["default.yaml"]
+    receipt, output = run.receipt, run.output
     assert _verdict(receipt, "rollout")["outcome"] == "pass", output
     application = _verdict(receipt, "application")
     assert application["outcome"] == "pass", application
@@ -162,4 +214,4 @@ def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(pool_fleet:
     # GFD's label and DCGM's driver version at the target (the node agent's stand-ins on this node)
     assert device["outcome"] == "pass", device
     assert any(f"nvidia.com/cuda.driver-version.full={TARGET}" in t for t in texts), texts
-    assert result.returncode == 0, output
+    assert run.proc.returncode == 0, output
