@@ -21,8 +21,9 @@ demo: setup build
 		--gpucanary-driver-version=$(DEMO_TARGET) --gpucanary-probe-interval-s=10; \
 		test $$? -eq 1 && echo "demo: the field-note policy was stopped by the gate, as it should be"
 
-# Two worker processes, whole files each, one fleet per worker (tests/conftest.py).
-TEST_WORKERS ?= 2
+# Three worker processes, whole files each, one fleet per worker (tests/conftest.py): the end-to-end
+# files mostly wait on the GPU Operator's 2-minute requeue, so a third fleet on 2 cores shortens the run.
+TEST_WORKERS ?= 3
 test: setup build
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

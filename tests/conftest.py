@@ -1,6 +1,6 @@
 """The test session: pytester, and under pytest-xdist one local fleet per worker.
 
-`make test` runs the suite in two worker processes (the end-to-end files spend most of their time
+`make test` runs the suite in three worker processes (the end-to-end files spend most of their time
 waiting for the GPU Operator's 2-minute requeue, not computing). Each worker gets a fleet of its own:
 worker n's port base is the session's + 4,000 n (the fleet's second fleets and extra ports live
 below +4,000) and its state directory gets the worker's name, so two fleets never share a port,
