@@ -35,10 +35,10 @@ class KubeletPoolProvider(ExistingNodeProvider):
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         pool = super().provision(kube, cluster, run_id=run_id)
-        index = next((i for i in range(self.layout.kubelet_nodes) if node_name(i) == pool.nodes[0]), None) \
-            if self.layout else None
-        if index is None:     # not one of the fleet's kubelet nodes: its pods have a network of their own
+        names = [node_name(i) for i in range(self.layout.kubelet_nodes)] if self.layout else []
+        if pool.nodes[0] not in names:     # not one of the fleet's kubelet nodes: its pods have a network of their own
             return pool
+        index = names.index(pool.nodes[0])
         path = self.layout.run / f"{pool.nodes[0]}-service.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(host_network_service(self.layout.kubelet_service_port(index)))

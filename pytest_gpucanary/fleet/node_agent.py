@@ -259,7 +259,7 @@ class NodeAgent:
                 else:
                     self.kubelet_pool[meta["name"]] = node
                 if ((meta.get("annotations") or {}).get(PEERMEM_ANNOTATION) == "lost"
-                        and (meta.get("labels") or {}).get(op.UPGRADE_STATE_LABEL) == op.UPGRADE_DONE):
+                        and labels.get(op.UPGRADE_STATE_LABEL) == op.UPGRADE_DONE):
                     for pod in [p for p in self.pods.values() if p["spec"].get("nodeName") == meta["name"]]:
                         if pod["metadata"]["uid"] in self.swapped and _containers_ready(pod).get(PEERMEM):
                             self._lose_peermem(pod)
