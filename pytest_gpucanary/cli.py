@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import math
 import os
 import sys
 from pathlib import Path
@@ -217,20 +218,33 @@ def _add_cleanup(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("cleanup", help="Remove or restore everything canary runs left in a cluster")
     parser.add_argument("--kubeconfig", help="Kubeconfig of the cluster (default: the local fleet)")
     parser.add_argument("--context", help="Context in the kubeconfig")
-    parser.add_argument("--run-id", help="Only what this run left (default: every run)")
+    parser.add_argument("--run-id", help="Only what this run left (default: every run whose Lease stopped "
+                                         "renewing; cleanup watches each Lease for one duration, 60 s, to tell)")
+    parser.add_argument("--force", action="store_true",
+                        help="With --run-id: take that run over without watching its Lease (its process is gone)")
+    parser.add_argument("--wait-s", type=float, default=1200.0, metavar="SECONDS",
+                        help="Longest wait for a carved node's original driver before it is given back (default "
+                             "1200); a wait that runs out leaves the node held and exits 6")
     parser.set_defaults(handler=_cmd_cleanup)
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> ExitCode:
     if args.run_id is not None and (problem := run_id_rule(args.run_id)):
         raise ConfigError(f"--run-id={args.run_id!r} {problem}", hint="give the id a canary run printed")
+    if args.force and args.run_id is None:
+        raise ConfigError("--force needs --run-id", hint="name the run whose process is surely gone")
+    if not (args.wait_s > 0 and math.isfinite(args.wait_s)):
+        raise ConfigError(f"--wait-s={args.wait_s} is not a positive number of seconds", hint="e.g. --wait-s=1200")
     from pytest_gpucanary.cleanup import cleanup
     from pytest_gpucanary.fleet import Fleet
     from pytest_gpucanary.kube import Kube
 
     kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context, option="--kubeconfig")
-    count = cleanup(kube, run_id=args.run_id, report=_progress)
-    _progress(f"cleanup: {count} objects deleted or restored")
+    result = cleanup(kube, run_id=args.run_id, force=args.force, wait_s=args.wait_s, report=_progress)
+    _progress(f"cleanup: {result.restored} objects deleted or restored")
+    if result.problems:
+        _progress(f"cleanup: {len(result.problems)} problems; what they name is still held or left as it is")
+        return ExitCode.ENVIRONMENT
     return ExitCode.OK
 
 

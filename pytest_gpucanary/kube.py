@@ -34,6 +34,10 @@ OWNER_LABEL = "app.kubernetes.io/managed-by"
 OWNER = "gpucanary"
 RUN_ID_LABEL = "gpucanary.io/run-id"
 PAGE_SIZE = 100   # objects per page where the canary reads one per node (`Kube.each`)
+# (connect, read) seconds for every request: the client's default is no timeout at all, so one half-open
+# connection would hang a Lease renewal (and let the Lease lapse) or a restore forever
+REQUEST_TIMEOUT_S = (10, 60)
+WATCH_READ_MARGIN_S = 15   # a watch stream's read timeout: the server's own timeout plus this
 
 
 class KubeError(GpucanaryError):
@@ -120,6 +124,25 @@ class _CrashAfterWrite:
 _crash_hook = _CrashAfterWrite(os.environ.get(CRASH_HOOK_ENV))
 
 
+def with_resource_version(body: dict, resource_version: str | None) -> dict:
+    """A merge patch that the apiserver applies only to the object at `resource_version` (else 409)."""
+    if resource_version is None:
+        return body
+    return {**body, "metadata": {**body.get("metadata", {}), "resourceVersion": resource_version}}
+
+
+def saved_run(obj: dict, annotation: str) -> str | None:
+    """The run id a canary annotation on `obj` names (JSON with a run_id); `<unreadable ...>` (never a run id, so
+    it matches no run) when it is not such JSON; None when `obj` carries no such annotation."""
+    raw = (obj["metadata"].get("annotations") or {}).get(annotation)
+    if raw is None:
+        return None
+    try:
+        return str(json.loads(raw)["run_id"])
+    except (ValueError, TypeError, KeyError):
+        return f"<unreadable {str(raw)[:32]!r}>"
+
+
 def owned_labels(run_id: str) -> dict[str, str]:
     return {OWNER_LABEL: OWNER, RUN_ID_LABEL: run_id}
 
@@ -158,6 +181,7 @@ class Kube:
             raise _translate(exc, f"discover {kind} in {api_version}") from exc
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
         try:
             return fn(*args, **kwargs)
         except (ApiException, HTTPError, OSError) as exc:
@@ -204,9 +228,11 @@ class Kube:
         _crash_hook.wrote(kind)
 
     def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None,
-              status: bool = False) -> dict:
+              status: bool = False, resource_version: str | None = None) -> dict:
         """JSON merge patch (RFC 7386): works for built-in kinds and CRDs alike; `status` patches the
-        status subresource."""
+        status subresource. With `resource_version` (the one the caller read) the apiserver applies it
+        only to that version of the object, else answers 409 (Conflict)."""
+        body = with_resource_version(body, resource_version)
         resource = self._resource(api_version, kind)
         target = resource.subresources["status"] if status else resource
         patched = self._call(f"patch {kind} {name}{'/status' if status else ''}", self.dynamic.patch, target,
@@ -311,8 +337,9 @@ class Kube:
                     stream = self._call(f"watch {kind}", kube_watch.Watch().stream, resource.get, serialize=False,
                                         namespace=namespace, label_selector=label_selector,
                                         field_selector=field_selector, resource_version=version,
-                                        timeout_seconds=max(1, math.ceil(min(server_timeout_s, left))),
-                                        allow_watch_bookmarks=True)
+                                        timeout_seconds=(timeout := max(1, math.ceil(min(server_timeout_s, left)))),
+                                        allow_watch_bookmarks=True,
+                                        _request_timeout=(REQUEST_TIMEOUT_S[0], timeout + WATCH_READ_MARGIN_S))
                     for raw in self._guard(f"watch {kind}", stream):  # an ERROR event arrives as ApiException
                         received = (time.monotonic_ns(), time.time_ns())
                         obj = raw["raw_object"]

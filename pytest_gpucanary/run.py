@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from pytest_gpucanary import gpu_operator as op, metrics, preflight, workloads
+from pytest_gpucanary import gpu_operator as op, lease, metrics, preflight, workloads
+from pytest_gpucanary.cleanup import leftovers
 from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
@@ -47,6 +48,7 @@ from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.policy.helm import HelmChart
 from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
 from pytest_gpucanary.pool import Pool, PoolProvider
+from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
 from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.recorder import Recorder, StreamSpec
@@ -146,6 +148,23 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def writes_cluster_policy(cluster: preflight.ClusterInfo) -> bool:
+    """Whether a run writes the ClusterPolicy: in its mode, and for the cluster-wide policy before v26.7."""
+    return not cluster.nvidiadriver_mode or not cluster.per_driver_policy
+
+
+def refuse_other_runs(kube: Kube, cluster: preflight.ClusterInfo) -> None:
+    """Before the first write: exit 6 when another run's saved state or hold is on an object this run would
+    write (the ClusterPolicy; in its mode, every node the driver reaches). Never adopt, never overlap."""
+    if writes_cluster_policy(cluster):
+        upgrade.refuse_foreign({"kind": "ClusterPolicy", **kube.get(*op.CLUSTER_POLICY, cluster.cluster_policy)},
+                               upgrade.SAVED_SPEC_ANNOTATION, run_id="")
+    if not cluster.nvidiadriver_mode:
+        for node in upgrade.driver_nodes(kube).values():
+            for annotation in (upgrade.SKIP_SET_ANNOTATION, SAVED_STATE_ANNOTATION):
+                upgrade.refuse_foreign({"kind": "Node", **node}, annotation, run_id="")
+
+
 def check_inputs(settings: Settings, *, fleet_chart: Callable[[], Path] | None = None) -> UpgradePolicy:
     """Everything the user gave, read and checked before the cluster is touched: the policy (Helm
     values rendered by helm, with `fleet_chart` when the local fleet is the target and no chart is
@@ -182,10 +201,14 @@ class CanaryRun:
         for line in checked.exposure:
             self.progress.line(f"exposure: {line}")
         try:
+            refuse_other_runs(self.kube, cluster)                                            # read-only
             with sigterm_as_interrupt(), RestoringStack(self.progress.line) as cleanup:
-                cleanup.callback(self.progress.line, "cleanup done: the cluster is as the run found it")
+                cleanup.callback(self._say_restored, run_id)
                 # the first write: every later change has a live owner that `gpucanary cleanup` leaves alone
-                cleanup.callback(RunLease(self.kube, run_id).acquire().release)
+                cleanup.callback(RunLease(self.kube, run_id, say=self.progress.line).acquire().release)
+                if writes_cluster_policy(cluster):
+                    lease.take_cluster_lock(self.kube, run_id)
+                    cleanup.callback(lease.release_cluster_lock, self.kube, run_id)
                 clock.next("pool")
                 pool = self.provider.provision(self.kube, cluster, run_id=run_id)
                 cleanup.callback(self.provider.release, self.kube)
@@ -215,9 +238,10 @@ class CanaryRun:
                 self._baseline()
                 self._finish_collective(run, baseline)
                 clock.next("upgrade")
-                applied = upgrade.apply(self.kube, cluster, pool, run.upgrade_policy,
-                                        driver_to=settings.driver_version, run_id=run_id)
+                applied = upgrade.AppliedUpgrade()     # its restore is registered before its first write
                 cleanup.callback(self._restore, applied, placement)
+                upgrade.apply(self.kube, cluster, pool, run.upgrade_policy, driver_to=settings.driver_version,
+                              run_id=run_id, applied=applied)
                 run.upgrade_started_wall_ns = time.time_ns()
                 run.held_nodes = tuple(applied.skipped_nodes)
                 run.policy_applied_to, run.operator_release = applied.describe(), cluster.operator_release or ""
@@ -322,7 +346,22 @@ class CanaryRun:
         except (TimeoutError, GpucanaryError) as err:
             self.progress.line(f"the namespace is not gone ({err}); restoring the policy anyway")
         finally:
-            upgrade.restore(self.kube, applied)
+            upgrade.restore(self.kube, applied, report=self.progress.line)
+
+    def _say_restored(self, run_id: str) -> None:
+        """The last word of the unwinding, said only once the cluster is read again and holds nothing of the run."""
+        try:
+            left = leftovers(self.kube, [], only=run_id).get(run_id)
+        except GpucanaryError as err:
+            self.progress.line(f"could not read back what is left of run {run_id} ({err}); "
+                               f"run `gpucanary cleanup --run-id {run_id}`")
+            return
+        if left is None:
+            self.progress.line(f"cleanup done: nothing of run {run_id} is left on the cluster")
+        else:
+            what = len(left.specs) + len(left.holds) + len(left.carved) + len(left.owned)
+            self.progress.line(f"restore incomplete: {what} objects still carry run {run_id}; "
+                               f"run `gpucanary cleanup --run-id {run_id}`")
 
     def _delete_quietly(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:
         with contextlib.suppress(NotFound):

@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE
+
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 LONG_RUNNING_VERBS = frozenset({"watch"})
 # "created" but never stored: the apiserver answers the question and keeps nothing (the preflight's
@@ -153,8 +155,9 @@ class RunScope:
 
     @property
     def namespaces(self) -> frozenset[str]:
-        """Its workload namespace and the one holding its Lease (lease.namespace_of)."""
-        return frozenset({self.namespace, f"{self.namespace}-owner"})
+        """Its workload namespace, the one holding its Lease (lease.namespace_of) and, for a run that writes the
+        ClusterPolicy, the lock that keeps other runs off it while it does."""
+        return frozenset({self.namespace, f"{self.namespace}-owner", CLUSTER_LOCK_NAMESPACE})
 
     def scope_of(self, record: AuditRecord) -> str:
         if record.namespace in self.namespaces or (record.resource == "namespaces" and record.name in self.namespaces):

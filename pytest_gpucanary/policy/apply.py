@@ -4,44 +4,53 @@ Where the operator reads the policy depends on its mode and version:
 - NVIDIADriver mode, operator v26.7+: the pool's NVIDIADriver carries its own upgradePolicy;
 - NVIDIADriver mode, older operators: the ClusterPolicy's upgradePolicy (cluster-wide), while the
   version moves on the pool's NVIDIADriver only;
-- ClusterPolicy mode: the ClusterPolicy's version and policy, with every other GPU node held back by
-  the operator's skip label.
-Every prior value is saved in an annotation on the object it came from, so `gpucanary cleanup` can
-restore it after a crash.
+- ClusterPolicy mode: the ClusterPolicy's version and policy, with every other node that runs a
+  driver pod (or is labelled a GPU node) held back by the operator's skip label.
+Every prior value is saved in an annotation on the object it came from, naming the run and what it
+wrote, so `gpucanary cleanup` can restore it after a crash.
 
 Invariant: the saved copy reaches the cluster before the change it undoes. A spec is saved by one
 patch of the annotation and changed by a second, later one; a held-back node gets its skip label and
 the annotation saying so in one patch; each restore is one patch that writes the saved value back
 and drops the annotation together. A process killed between any two of these writes leaves either
 nothing changed, or a change whose undo is on the object itself (see run.py).
+
+Every write carries the resourceVersion it read, so a concurrent change is never overwritten (409).
+A run never adopts another run's saved state: it refuses. A restore acts only on the annotation of its
+own run, and puts a field back only while it still holds the value the canary wrote; a field someone
+changed since (an emergency driver change) is left as it is and reported.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
-    CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_SELECTOR, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
-    image_at_version,
+    CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_SELECTOR, NVIDIADRIVER, SKIP_LABEL, UPGRADE_REQUIRED,
+    UPGRADE_STATE_LABEL, image_at_version,
 )
-from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.kube import Conflict, Kube, NotFound, saved_run
 from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.preflight import ClusterInfo
 
-SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"
-SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"      # JSON: run id and the node's prior upgrade state
+SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"     # JSON: run id, the prior spec values, the values written
+SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"  # JSON: run id, prior upgrade state, prior driver version
+RESTORE_RETRIES = 3      # a 409 on a restore: read again and retry, this often
 
 
 @dataclass
 class AppliedUpgrade:
-    """What `apply` changed, in the order to undo it."""
+    """What `apply` changed, in the order to undo it. Created before the first write, so a restore
+    registered with it undoes exactly what an apply cut short got to."""
 
+    run_id: str = ""
     saved: list[tuple[tuple[str, str], str]] = field(default_factory=list)   # (api kind, name) with a saved spec
     skipped_nodes: list[str] = field(default_factory=list)
     operator_namespace: str = ""
+    cluster_policy: str | None = None   # ClusterPolicy mode: holds are released only while it is at prior_version
     prior_version: str = ""      # ClusterPolicy mode: the driver version the held-back nodes run
     where: list[str] = field(default_factory=list)   # what went where, for the receipt
 
@@ -49,14 +58,26 @@ class AppliedUpgrade:
         return "; ".join(self.where)
 
 
+def refuse_foreign(obj: dict, annotation: str, run_id: str) -> None:
+    """Exit 6 when another run's saved state is on an object this run would write: never adopt it."""
+    other = saved_run(obj, annotation)
+    if other is not None and other != run_id:
+        meta = obj["metadata"]
+        raise EnvError(f"{obj.get('kind', 'object')} {meta['name']} carries {annotation} of run {other}, "
+                       "live or not cleaned up: runs never share what they change",
+                       hint=f"wait for it, or run `gpucanary cleanup --run-id {other}` (it refuses a live run), "
+                            "then retry")
+
+
 def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: dict, prior: dict,
                     applied: AppliedUpgrade, run_id: str) -> None:
-    annotations = kube.get(*kind, name)["metadata"].get("annotations", {})
-    if SAVED_SPEC_ANNOTATION not in annotations:  # a second apply keeps the first, true original
-        saved = json.dumps({"run_id": run_id, "spec": prior})
-        kube.patch(*kind, name, {"metadata": {"annotations": {SAVED_SPEC_ANNOTATION: saved}}})
+    obj = kube.get(*kind, name)
+    refuse_foreign(obj, SAVED_SPEC_ANNOTATION, run_id)
+    saved = json.dumps({"run_id": run_id, "spec": prior, "wrote": spec_patch})
+    obj = kube.patch(*kind, name, {"metadata": {"annotations": {SAVED_SPEC_ANNOTATION: saved}}},
+                     resource_version=obj["metadata"]["resourceVersion"])
     applied.saved.append((kind, name))
-    kube.patch(*kind, name, {"spec": spec_patch})
+    kube.patch(*kind, name, {"spec": spec_patch}, resource_version=obj["metadata"]["resourceVersion"])
     knobs = spec_patch.get("driver", spec_patch)
     applied.where.append(f"{kind[1]} {name}: {' and '.join(sorted(knobs))}")
 
@@ -65,8 +86,9 @@ RESTART_LABEL = "gpucanary.io/restart"    # on the pool's driver pods when the r
 
 
 def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *, driver_to: str,
-          run_id: str) -> AppliedUpgrade:
-    applied = AppliedUpgrade()
+          run_id: str, applied: AppliedUpgrade | None = None) -> AppliedUpgrade:
+    applied = applied if applied is not None else AppliedUpgrade()
+    applied.run_id = run_id
     if cluster.nvidiadriver_mode:
         assert pool.driver is not None, "an NVIDIADriver-mode pool always names its NVIDIADriver"
         driver_spec = kube.get(*NVIDIADRIVER, pool.driver)["spec"]
@@ -81,12 +103,11 @@ def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *,
         prior = {key: driver_spec.get(key) for key in patch}
         _save_and_patch(kube, NVIDIADRIVER, pool.driver, patch, prior, applied, run_id)
         return applied
-    applied.operator_namespace = cluster.operator_namespace
+    applied.operator_namespace, applied.cluster_policy = cluster.operator_namespace, cluster.cluster_policy
     applied.prior_version = pool.driver_from
-    current = _gpu_nodes(kube)        # one list, not a get per node: the only O(nodes) part of a run
-    for node in cluster.gpu_nodes:
-        if node not in pool.nodes and node in current:
-            _hold_back(kube, current[node], applied, run_id)
+    for name, node in driver_nodes(kube).items():     # a fresh list: nodes that joined since preflight too
+        if name not in pool.nodes:
+            _hold_back(kube, node, applied, run_id)
     _apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy, "version": driver_to}, applied, run_id)
     return applied
 
@@ -98,86 +119,179 @@ def _apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, 
     _save_and_patch(kube, CLUSTER_POLICY, cluster.cluster_policy, {"driver": driver_patch}, prior, applied, run_id)
 
 
-def _gpu_nodes(kube: Kube) -> dict[str, dict]:
-    """Every GPU node's metadata (all that holding back and releasing reads), a page of full nodes at a time."""
-    return {n["metadata"]["name"]: {"metadata": n["metadata"]}
-            for n in kube.each("v1", "Node", label_selector=GPU_PRESENT_SELECTOR)}
+def driver_nodes(kube: Kube) -> dict[str, dict]:
+    """The metadata of every node the ClusterPolicy's driver reaches: labelled a GPU node, or running a driver
+    pod (NFD may label a new node late; its driver pod shows it). Read a page at a time."""
+    nodes = {n["metadata"]["name"]: {"metadata": n["metadata"]}
+             for n in kube.each("v1", "Node", label_selector=GPU_PRESENT_SELECTOR)}
+    for pod in kube.each("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR):
+        name = (pod.get("spec") or {}).get("nodeName")
+        if name and name not in nodes:
+            try:
+                nodes[name] = {"metadata": kube.get("v1", "Node", name)["metadata"]}
+            except NotFound:
+                pass      # a driver pod of a node already gone
+    return nodes
 
 
 def _hold_back(kube: Kube, node_obj: dict, applied: AppliedUpgrade, run_id: str) -> None:
     """The skip label keeps the node in upgrade-required; its prior state is saved to put back."""
-    node = node_obj["metadata"]["name"]
-    labels = node_obj["metadata"].get("labels") or {}
+    meta = node_obj["metadata"]
+    refuse_foreign(node_obj, SKIP_SET_ANNOTATION, run_id)
+    labels = meta.get("labels") or {}
     if labels.get(SKIP_LABEL) == "true":
         return  # someone else holds it back already; leave their label alone
-    saved = json.dumps({"run_id": run_id, "state": labels.get(UPGRADE_STATE_LABEL, "")})
-    kube.patch("v1", "Node", node, {"metadata": {"labels": {SKIP_LABEL: "true"},
-                                                 "annotations": {SKIP_SET_ANNOTATION: saved}}})
-    applied.skipped_nodes.append(node)
+    saved = json.dumps({"run_id": run_id, "state": labels.get(UPGRADE_STATE_LABEL, ""),
+                        "version": applied.prior_version, "namespace": applied.operator_namespace})
+    kube.patch("v1", "Node", meta["name"], {"metadata": {"labels": {SKIP_LABEL: "true"},
+                                                         "annotations": {SKIP_SET_ANNOTATION: saved}}},
+               resource_version=meta.get("resourceVersion"))
+    applied.skipped_nodes.append(meta["name"])
 
 
-def restore(kube: Kube, applied: AppliedUpgrade) -> None:
+def restore(kube: Kube, applied: AppliedUpgrade, *, report: Callable[[str], None] = print) -> None:
     for kind, name in reversed(applied.saved):
-        restore_saved_spec(kube, kind, name)
-    if applied.skipped_nodes:
-        # Held-back nodes wait in upgrade-required. Once the driver DaemonSet is back at their version
-        # their pods are in sync again, and putting their prior state back spares them a pointless
-        # cordon-and-evict cycle when the skip label goes.
-        wait_driver_daemonsets(kube, applied.operator_namespace, applied.prior_version)
-    current = _gpu_nodes(kube) if applied.skipped_nodes else {}
-    for node in applied.skipped_nodes:
-        release_hold(kube, node, current.get(node))
+        if line := restore_saved_spec(kube, kind, name, applied.run_id):
+            report(line)
     applied.saved.clear()
-    applied.skipped_nodes.clear()
+    if applied.skipped_nodes:
+        release_holds(kube, applied.run_id, applied.skipped_nodes, applied.prior_version,
+                      applied.operator_namespace, cluster_policy=applied.cluster_policy, report=report)
+        applied.skipped_nodes.clear()
 
 
-def restore_saved_spec(kube: Kube, kind: tuple[str, str], name: str) -> None:
+def release_holds(kube: Kube, run_id: str, nodes: list[str], version: str, namespace: str | None, *,
+                  cluster_policy: str | None = None, timeout_s: float = 120.0,
+                  report: Callable[[str], None] = print) -> int:
+    """Held-back nodes wait in upgrade-required. Once the driver DaemonSet is back at their version their
+    pods are in sync again, and putting their prior state back spares them a pointless cordon-and-evict
+    cycle when the skip label goes. Released only then; a wait that runs out leaves them held (EnvError).
+    With `cluster_policy`, also only while that ClusterPolicy's driver version is theirs again. Returns how
+    many it released."""
+    if cluster_policy is not None:
+        now = ((kube.get(*CLUSTER_POLICY, cluster_policy).get("spec") or {}).get("driver") or {}).get("version")
+        if now != version:
+            raise EnvError(f"ClusterPolicy {cluster_policy} is at driver {now}, not {version} that "
+                           f"{len(nodes)} held nodes run: they stay held",
+                           hint="set the ClusterPolicy's driver version back, then run `gpucanary cleanup` again")
+    wait_driver_daemonsets(kube, namespace, version, timeout_s=timeout_s)
+    released = 0
+    for node in nodes:
+        if release_hold(kube, node, run_id):
+            report(f"released the upgrade hold on node {node}")
+            released += 1
+    return released
+
+
+def restore_saved_spec(kube: Kube, kind: tuple[str, str], name: str, run_id: str) -> str | None:
+    """Put back what `run_id` changed on the object, field by field, each only while it still holds what the
+    run wrote; drop the run's annotation. A line saying what was done, or None when nothing of the run is there."""
+    for _ in range(RESTORE_RETRIES):
+        try:
+            obj = kube.get(*kind, name)
+        except NotFound:
+            return None  # the object went away (e.g. a kwok pool's own NVIDIADriver)
+        if saved_run(obj, SAVED_SPEC_ANNOTATION) != run_id:
+            return None
+        saved = saved_json(obj, SAVED_SPEC_ANNOTATION)
+        prior, wrote = saved.get("spec") or {}, saved.get("wrote")
+        current = obj.get("spec") or {}
+        patch: dict = {}
+        kept = []
+        for path in _set_paths(prior):
+            if wrote is not None and not _holds(_dig(current, path), _dig(wrote, path)):
+                kept.append(".".join(path))
+                continue
+            _put(patch, path, _exactly(_dig(current, path), _dig(prior, path)))
+        try:
+            kube.patch(*kind, name, {"spec": patch, "metadata": {"annotations": {SAVED_SPEC_ANNOTATION: None}}},
+                       resource_version=obj["metadata"]["resourceVersion"])
+        except Conflict:
+            continue     # changed between the read and the write: judge it again
+        line = f"restored {kind[1]} {name}"
+        if kept:
+            line += f"; left spec.{', spec.'.join(kept)} as it is: changed since the canary wrote it"
+        return line
+    raise EnvError(f"{kind[1]} {name} kept changing while it was restored ({RESTORE_RETRIES} tries)",
+                   hint="run `gpucanary cleanup` again")
+
+
+def saved_json(obj: dict, annotation: str) -> dict:
+    raw = (obj["metadata"].get("annotations") or {}).get(annotation, "")
     try:
-        annotations = kube.get(*kind, name)["metadata"].get("annotations", {})
-    except NotFound:
-        return  # the object went away (e.g. a kwok pool's own NVIDIADriver)
-    if SAVED_SPEC_ANNOTATION in annotations:
-        prior = json.loads(annotations[SAVED_SPEC_ANNOTATION])["spec"]
-        current = kube.get(*kind, name).get("spec", {})
-        kube.patch(*kind, name, {"spec": _restoring(current, prior),
-                                 "metadata": {"annotations": {SAVED_SPEC_ANNOTATION: None}}})
-
-
-SET_WHOLE = ("upgradePolicy", "version")   # the spec keys `apply` sets; everything beside them is merged
-
-
-def _restoring(current: Any, saved: Any) -> Any:
-    """The merge patch that puts the saved values back. A merge patch (RFC 7386) merges objects, so a field
-    the saved policy did not have would keep the canary's value: under the keys `apply` set, it is nulled."""
+        saved = json.loads(raw)
+    except ValueError:
+        saved = None
     if not isinstance(saved, dict):
-        return saved
-    current = current if isinstance(current, dict) else {}
-    return {key: _exactly(current.get(key), value) if key in SET_WHOLE else _restoring(current.get(key), value)
-            for key, value in saved.items()}
+        raise EnvError(f"{obj.get('kind', 'object')} {obj['metadata']['name']}: {annotation} is not what the "
+                       "canary writes; left as it is", hint="look at the annotation and remove it by hand")
+    return saved
+
+
+def _set_paths(prior: dict) -> list[tuple[str, ...]]:
+    """The spec fields `apply` set, as paths: the ClusterPolicy's under `driver`, an NVIDIADriver's at the top."""
+    if set(prior) == {"driver"} and isinstance(prior["driver"], dict):
+        return [("driver", key) for key in prior["driver"]]
+    return [(key,) for key in prior]
+
+
+def _dig(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _put(patch: dict, path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        patch = patch.setdefault(key, {})
+    patch[path[-1]] = value
+
+
+def _holds(current: Any, wrote: Any) -> bool:
+    """Whether a field still holds what the canary wrote (fields the apiserver defaulted beside it aside)."""
+    if isinstance(wrote, dict):
+        return isinstance(current, dict) and all(_holds(current.get(k), v) for k, v in wrote.items())
+    return current == wrote
 
 
 def _exactly(current: Any, saved: Any) -> Any:
+    """The merge patch (RFC 7386) that makes `current` equal `saved`: objects merge, so a key the saved value
+    did not have would keep the canary's value; it is nulled."""
     if not (isinstance(saved, dict) and isinstance(current, dict)):
         return saved
     return {**{key: None for key in current if key not in saved},
             **{key: _exactly(current.get(key), value) for key, value in saved.items()}}
 
 
-def release_hold(kube: Kube, node: str, node_obj: dict | None = None) -> None:
-    """Drop the skip label, putting back the state saved with it; `node_obj` as just listed, else got."""
-    node_obj = node_obj or kube.get("v1", "Node", node)
-    raw = (node_obj["metadata"].get("annotations") or {}).get(SKIP_SET_ANNOTATION, "{}")
-    try:
-        prior_state = json.loads(raw).get("state", "")
-    except (ValueError, AttributeError):
-        prior_state = ""
-    labels: dict = {SKIP_LABEL: None}
-    if prior_state:
-        labels[UPGRADE_STATE_LABEL] = prior_state
-    kube.patch("v1", "Node", node, {"metadata": {"labels": labels, "annotations": {SKIP_SET_ANNOTATION: None}}})
+def release_hold(kube: Kube, node: str, run_id: str) -> bool:
+    """Drop the skip label this run set, putting back the upgrade state saved with it where the operator moved
+    the node to upgrade-required meanwhile; anything else on the node is left. False when the run holds nothing
+    there (released already, or the node is gone)."""
+    for _ in range(RESTORE_RETRIES):
+        try:
+            obj = kube.get("v1", "Node", node)
+        except NotFound:
+            return False
+        if saved_run(obj, SKIP_SET_ANNOTATION) != run_id:
+            return False
+        prior_state = saved_json(obj, SKIP_SET_ANNOTATION).get("state", "")
+        current = obj["metadata"].get("labels") or {}
+        labels: dict = {}
+        if current.get(SKIP_LABEL) == "true":
+            labels[SKIP_LABEL] = None
+        if prior_state and current.get(UPGRADE_STATE_LABEL) == UPGRADE_REQUIRED:
+            labels[UPGRADE_STATE_LABEL] = prior_state
+        try:
+            kube.patch("v1", "Node", node, {"metadata": {"labels": labels, "annotations": {SKIP_SET_ANNOTATION: None}}},
+                       resource_version=obj["metadata"]["resourceVersion"])
+            return True
+        except Conflict:
+            continue
+    raise EnvError(f"node {node} kept changing while its hold was released ({RESTORE_RETRIES} tries)",
+                   hint="run `gpucanary cleanup` again")
 
 
-def wait_driver_daemonsets(kube: Kube, namespace: str, version: str, *, timeout_s: float = 120.0) -> None:
+def wait_driver_daemonsets(kube: Kube, namespace: str | None, version: str, *, timeout_s: float = 120.0) -> None:
     """Watch (bounded) until every driver DaemonSet's template is at `version` and its controller caught up."""
     try:
         kube.watch_until("apps/v1", "DaemonSet", lambda dss: True if dss and all(_at_version(d, version) for d in dss.values())

@@ -1,9 +1,11 @@
 """Carve existing GPU nodes out of a real cluster for the canary, and give them back exactly.
 
 Before anything changes, each node is checked: it must be a GPU node with an operator driver pod,
-and run no pods the canary did not put there (unless allowed). Its labels, taints and
-schedulability are then saved in an annotation on the node itself, so `gpucanary cleanup` can
-restore them even after a crash.
+run no pods the canary did not put there (unless allowed), and carry nothing of another run. It is
+then marked with the run's id label and an annotation naming the run and the driver it runs, in one
+patch made against the version of the node just read. Giving it back waits for that driver, then
+removes exactly the label and annotation (a forged or stale annotation can make a restore write
+nothing but their removal); labels, taints and cordons that others set meanwhile stay.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_STATE_LABEL,
     driver_version_of, is_driver_pod,
 )
-from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
+from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, saved_run
+from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
 from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.preflight import ClusterInfo
 
@@ -34,6 +37,7 @@ class ExistingNodeProvider:
     name: str = "existing"
     carved: list[str] = field(default_factory=list)
     driver_from: str = ""
+    run_id: str = ""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ExistingNodeProvider:
@@ -68,8 +72,9 @@ class ExistingNodeProvider:
         versions = [self._check(kube, cluster, node) for node in nodes]
         names = tuple(n["metadata"]["name"] for n in nodes)
         driver = self._pool_driver(kube, names) if cluster.nvidiadriver_mode else None
-        for node in nodes:  # every check passed: only now change anything
-            self._mark(kube, node, run_id)
+        self.run_id = run_id
+        for node, version in zip(nodes, versions):  # every check passed: only now change anything
+            self._mark(kube, node, run_id, version)
         self.driver_from = versions[0]
         return Pool(names, driver, versions[0])
 
@@ -89,6 +94,8 @@ class ExistingNodeProvider:
         if RUN_ID_LABEL in node["metadata"].get("labels", {}):
             raise ConfigError(f"node {name} is already in canary run {node['metadata']['labels'][RUN_ID_LABEL]}",
                               hint="wait for it or run `gpucanary cleanup`")
+        for annotation in (SAVED_STATE_ANNOTATION, SKIP_SET_ANNOTATION):
+            refuse_foreign({"kind": "Node", **node}, annotation, run_id="")
         return driver_version_of(drivers[0])
 
     def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> str:
@@ -104,35 +111,61 @@ class ExistingNodeProvider:
                 return driver["metadata"]["name"]
         raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
 
-    def _mark(self, kube: Kube, node: dict, run_id: str) -> None:
-        meta, spec = node["metadata"], node.get("spec", {})
-        saved = {"run_id": run_id, "labels": meta.get("labels", {}), "taints": spec.get("taints", []),
-                 "unschedulable": bool(spec.get("unschedulable"))}
+    def _mark(self, kube: Kube, node: dict, run_id: str, driver: str) -> None:
+        meta = node["metadata"]
+        saved = {"run_id": run_id, "driver": driver}
         kube.patch("v1", "Node", meta["name"], {"metadata": {
-            "labels": {RUN_ID_LABEL: run_id}, "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}})
+            "labels": {RUN_ID_LABEL: run_id}, "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}},
+            resource_version=meta.get("resourceVersion"))
         self.carved.append(meta["name"])
 
     def release(self, kube: Kube) -> None:
         """Wait until each node runs its original driver again (the restored version rolls back through
-        the operator, cordon included), then put its labels, taints and schedulability back."""
+        the operator, cordon included), then take the run's mark off. A wait that runs out leaves the mark
+        (and raises): the node stays the run's until `gpucanary cleanup` sees it back."""
         for name in list(self.carved):
-            if self.driver_from:
-                wait_for_driver(kube, name, self.driver_from, timeout_s=self.restore_timeout_s)
-            restore_node(kube, name)
+            give_back(kube, name, self.run_id, self.driver_from, timeout_s=self.restore_timeout_s)
             self.carved.remove(name)
 
 
-def restore_node(kube: Kube, name: str) -> None:
-    """Put back the labels, taints and schedulability saved on the node; drop the saved copy."""
-    node = kube.get("v1", "Node", name)
-    raw = node["metadata"].get("annotations", {}).get(SAVED_STATE_ANNOTATION)
-    if raw is None:
-        return
-    saved = json.loads(raw)
-    labels = {key: None for key in node["metadata"].get("labels", {}) if key not in saved["labels"]}
-    kube.patch("v1", "Node", name, {
-        "metadata": {"labels": {**labels, **saved["labels"]}, "annotations": {SAVED_STATE_ANNOTATION: None}},
-        "spec": {"taints": saved["taints"] or None, "unschedulable": saved["unschedulable"] or None}})
+def give_back(kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: float) -> bool:
+    """Wait for `driver` on the node, then drop the run's label and annotation (only while they name `run_id`).
+    False when the node carries nothing of the run."""
+    if driver:
+        try:
+            wait_for_driver(kube, name, driver, timeout_s=timeout_s)
+        except NotFound:
+            return False
+    return restore_node(kube, name, run_id)
+
+
+def carved_driver(node: dict) -> str:
+    """The driver version a carved node ran when the run took it (saved in its annotation), or ''."""
+    try:
+        return str(json.loads(node["metadata"]["annotations"][SAVED_STATE_ANNOTATION]).get("driver") or "")
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return ""
+
+
+def restore_node(kube: Kube, name: str, run_id: str) -> bool:
+    """Remove the run's label and annotation from the node, and nothing else; False when they are not the run's."""
+    for _ in range(3):
+        try:
+            node = kube.get("v1", "Node", name)
+        except NotFound:
+            return False
+        meta = node["metadata"]
+        if saved_run(node, SAVED_STATE_ANNOTATION) != run_id:
+            return False
+        labels = {RUN_ID_LABEL: None} if (meta.get("labels") or {}).get(RUN_ID_LABEL) == run_id else {}
+        try:
+            kube.patch("v1", "Node", name, {"metadata": {"labels": labels,
+                                                         "annotations": {SAVED_STATE_ANNOTATION: None}}},
+                       resource_version=meta["resourceVersion"])
+            return True
+        except Conflict:
+            continue
+    raise EnvError(f"node {name} kept changing while it was given back (3 tries)", hint="run `gpucanary cleanup` again")
 
 
 def _expected(pod: dict) -> bool:

@@ -2,8 +2,8 @@
 
 It stands in for the apiserver's storage and watch cache, not for any controller: objects are kept by
 (apiVersion, kind) and (namespace, name); `create` stamps uid, resourceVersion, creationTimestamp and
-generation; `patch` is a JSON merge patch (RFC 7386) that bumps generation when the spec changes, as
-the apiserver does; `watch` lists, then streams every later change made through the double from any
+generation; `patch` is a JSON merge patch (RFC 7386) that bumps generation when the spec changes and, given a
+resourceVersion, answers 409 unless the object is still at it, as the apiserver does; `watch` lists, then streams every later change made through the double from any
 thread. Nothing here reconciles anything: a test that wants the GPU Operator or the kubelet to have
 acted writes that state itself. Faults are data (`fail`, `fail_watch`) and surface as the product's
 own errors from `pytest_gpucanary.kube`. A crash is data too (`crash_after_write`): the store as it
@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Iterator
 
 from pytest_gpucanary.config import parse_selector
-from pytest_gpucanary.kube import PAGE_SIZE, Conflict, Kube, KubeError, NotFound, WatchEvent
+from pytest_gpucanary.kube import PAGE_SIZE, Conflict, Kube, KubeError, NotFound, WatchEvent, with_resource_version
 
 Key = tuple[str | None, str]         # (namespace, name); namespace None for cluster-scoped kinds
 TICK_S = 0.05                        # how often a waiting watch looks at `stop` (the real one: every stream end)
@@ -189,10 +189,14 @@ class FakeKube:
         self._wrote("delete", kind, namespace, name)
 
     def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None,
-              status: bool = False) -> dict:
+              status: bool = False, resource_version: str | None = None) -> dict:
         self._fault("patch", kind)
+        body = with_resource_version(body, resource_version)
         with self._cond:
             old = self._find(api_version, kind, name, namespace)
+            wanted = body.get("metadata", {}).get("resourceVersion")
+            if wanted is not None and wanted != old["metadata"].get("resourceVersion"):
+                raise Conflict(f"patch {kind} {name}: 409 the object has been modified")
             new = merge_patch(old, body)
             new["metadata"] = {**new["metadata"], "name": old["metadata"]["name"], "uid": old["metadata"]["uid"]}
             for key in ("labels", "annotations"):     # empty maps are omitted, as ObjectMeta serializes them

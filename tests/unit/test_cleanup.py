@@ -7,19 +7,24 @@ in-memory apiserver, then the run "dies" (nothing restores them) and `cleanup` r
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+import threading
+import time
+from datetime import datetime, timezone
+
+import pytest
 
 from kube_double import FakeKube
 
 from pytest_gpucanary import lease
 from pytest_gpucanary.cleanup import cleanup
+from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, GPU_PRESENT_LABEL, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
 )
 from pytest_gpucanary.kube import owned_labels
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.pool import Pool
-from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
+from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
 from pytest_gpucanary.preflight import ClusterInfo
 
 OPERATOR_NS = "gpu-operator"
@@ -57,6 +62,18 @@ def driver_pod(node_name: str) -> dict:
             "status": {"phase": "Running"}}
 
 
+def driver_daemonset(version: str) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-driver-daemonset", "namespace": OPERATOR_NS,
+                         "labels": {"app.kubernetes.io/component": "nvidia-driver"}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "nvidia-driver-ctr", "image": f"nvcr.io/nvidia/driver:{version}-ubuntu22.04"}]}}},
+            "status": {"observedGeneration": 1}}
+
+
+POOL_TAINTS = [{"key": "dedicated", "value": "canary", "effect": "NoSchedule"}]
+
+
 def cluster_as_found() -> FakeKube:
     fake = FakeKube()
     for obj in (
@@ -64,27 +81,40 @@ def cluster_as_found() -> FakeKube:
          "spec": {"driver": {"version": "570.172.08", "upgradePolicy": POLICY}}},
         nvidiadriver("fleet"), nvidiadriver("pool-b"),
         namespace(OPERATOR_NS), namespace("team-a"),
-        node("canary-0", taints=[{"key": "dedicated", "value": "canary", "effect": "NoSchedule"}],
-             **{UPGRADE_STATE_LABEL: "upgrade-done", "team": "ml"}),
+        node("canary-0", taints=POOL_TAINTS, **{UPGRADE_STATE_LABEL: "upgrade-done", "team": "ml"}),
         node("gpu-1", **{UPGRADE_STATE_LABEL: "upgrade-done"}),
         node("gpu-2", **{UPGRADE_STATE_LABEL: "upgrade-done"}),
         node("gpu-3", **{SKIP_LABEL: "true"}),                 # held back by its owner, not by a canary
-        driver_pod("canary-0"),
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-4", "labels": {"team": "web"}}, "spec": {}},
+        driver_pod("canary-0"), driver_daemonset("570.172.08"),
     ):
         fake.create(obj)
     return fake
 
 
 def leave_two_killed_runs(fake: FakeKube) -> None:
-    """run-b (NVIDIADriver mode, kwok pool) started first and still holds gpu-2; run-a (ClusterPolicy
-    mode) carved out canary-0, held gpu-1 back and was killed mid-upgrade. Neither restored anything."""
+    """run-a (ClusterPolicy mode) carved out canary-0, held the other driver nodes back and was killed
+    mid-upgrade; run-b (NVIDIADriver mode, kwok pool) was killed too, with a hold of its own on cpu-4 (written
+    as it would be). Neither restored anything."""
+    cluster = ClusterInfo("cluster-policy", nvidiadriver_mode=False, per_driver_policy=False,
+                          operator_namespace=OPERATOR_NS, gpu_nodes=("canary-0", "gpu-1", "gpu-2", "gpu-3"))
+    pool = ExistingNodeProvider(node="canary-0").provision(fake, cluster, run_id="run-a")
+    upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to="580.82.07", run_id="run-a")
+    # The operator got as far as cordoning the pool node and marking a held-back one.
+    fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "cordon-required"}},
+                                          "spec": {"unschedulable": True, "taints": [
+                                              *POOL_TAINTS, {"key": "node.kubernetes.io/unschedulable",
+                                                             "effect": "NoSchedule"}]}})
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
+
     upgrade.apply(fake, ClusterInfo("cluster-policy", nvidiadriver_mode=True, per_driver_policy=True,
                                     operator_namespace=OPERATOR_NS, gpu_nodes=("kwok-run-b-0",)),
                   Pool(("kwok-run-b-0",), "pool-b", "570.172.08"), CANARY_POLICY, driver_to="580.82.07",
                   run_id="run-b")
-    fake.patch("v1", "Node", "gpu-2", {"metadata": {
+    fake.patch("v1", "Node", "cpu-4", {"metadata": {
         "labels": {SKIP_LABEL: "true"},
-        "annotations": {upgrade.SKIP_SET_ANNOTATION: json.dumps({"run_id": "run-b", "state": "upgrade-done"})}}})
+        "annotations": {upgrade.SKIP_SET_ANNOTATION: json.dumps({
+            "run_id": "run-b", "state": "upgrade-done", "version": "570.172.08", "namespace": OPERATOR_NS})}}})
     for run in ("run-a", "run-b"):
         fake.create(namespace(f"gpucanary-{run}", owned_labels(run)))
         fake.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
@@ -92,16 +122,36 @@ def leave_two_killed_runs(fake: FakeKube) -> None:
         fake.create({**node(f"kwok-{run}-0"), "metadata": {"name": f"kwok-{run}-0", "labels": owned_labels(run)}})
     fake.create(nvidiadriver("gpucanary-run-a", owned_labels("run-a")))
 
-    cluster = ClusterInfo("cluster-policy", nvidiadriver_mode=False, per_driver_policy=False,
-                          operator_namespace=OPERATOR_NS, gpu_nodes=("canary-0", "gpu-1", "gpu-2", "gpu-3"))
-    pool = ExistingNodeProvider(node="canary-0").provision(fake, cluster, run_id="run-a")
-    upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to="580.82.07", run_id="run-a")
-    # The operator got as far as cordoning the pool node and marking the held-back one.
-    fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "cordon-required"}},
-                                          "spec": {"unschedulable": True, "taints": [
-                                              {"key": "dedicated", "value": "canary", "effect": "NoSchedule"},
-                                              {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]}})
-    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
+
+class Operator:
+    """What the GPU Operator does once the ClusterPolicy is back at the pool's driver: the pool node rolls back,
+    is uncordoned (its own taint goes) and reaches upgrade-done."""
+
+    def __init__(self, fake: FakeKube) -> None:
+        self.fake, self.stop = fake, threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def __enter__(self) -> Operator:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+    def _follow(self) -> None:
+        for event in self.fake.watch(*CLUSTER_POLICY, stop=self.stop):
+            objects = event.object["items"] if event.type == "RELISTED" else [event.object]
+            if any(o["spec"]["driver"]["version"] == "570.172.08" for o in objects):
+                node = self.fake.get("v1", "Node", "canary-0")
+                if node["metadata"]["labels"].get(UPGRADE_STATE_LABEL) != "upgrade-done":
+                    self.fake.patch("v1", "Node", "canary-0", {
+                        "metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-done"}},
+                        "spec": {"unschedulable": None, "taints": POOL_TAINTS}})
+
+
+def no_wait(seconds: float) -> None:
+    """cleanup's lease duration passes at once: nothing renews a dead run's Lease in a store nobody writes."""
 
 
 def content(obj: dict) -> dict:
@@ -110,10 +160,10 @@ def content(obj: dict) -> dict:
 
 
 NODE, NS = ("v1", "Node", None), ("v1", "Namespace", None)
-RUN_A_RESTORED = [(*CLUSTER_POLICY, None, "cluster-policy"), (*NODE, "canary-0"), (*NODE, "gpu-1")]
+RUN_A_RESTORED = [(*CLUSTER_POLICY, None, "cluster-policy"), (*NODE, "canary-0"), (*NODE, "gpu-1"), (*NODE, "gpu-2")]
 RUN_A_DELETED = [(*NODE, "kwok-run-a-0"), (*NS, "gpucanary-run-a"), ("v1", "Pod", "gpucanary-run-a", "gpu-job-x"),
                  (*NVIDIADRIVER, None, "gpucanary-run-a")]
-RUN_B_RESTORED = [(*NVIDIADRIVER, None, "pool-b"), (*NODE, "gpu-2")]
+RUN_B_RESTORED = [(*NVIDIADRIVER, None, "pool-b"), (*NODE, "cpu-4")]
 RUN_B_DELETED = [(*NODE, "kwok-run-b-0"), (*NS, "gpucanary-run-b"), ("v1", "Pod", "gpucanary-run-b", "gpu-job-x")]
 
 
@@ -124,15 +174,19 @@ def test_cleanup_by_run_id_restores_and_deletes_that_run_only() -> None:
     left = fake.objects()
     lines: list[str] = []
 
-    count = cleanup(fake, run_id="run-a", report=lines.append)
+    with Operator(fake):
+        result = cleanup(fake, run_id="run-a", report=lines.append, sleep=no_wait)
 
     after = fake.objects()
+    assert result.problems == [], lines
     assert {key: content(after[key]) for key in RUN_A_RESTORED} == {key: content(found[key]) for key in RUN_A_RESTORED}
     assert not set(RUN_A_DELETED) & set(after)
     untouched = set(after) - set(RUN_A_RESTORED)        # run-b's leftovers and what no run made
     assert {key: after[key] for key in untouched} == {key: left[key] for key in untouched}  # not even written
     assert set(left) - set(after) == set(RUN_A_DELETED)
-    assert count == len(lines) == 6       # 3 restored, and the namespace, KWOK node and NVIDIADriver deleted
+    # the CP, 2 holds, the node given back; the namespace, the KWOK node and the NVIDIADriver deleted
+    assert result.restored == 7
+    assert lines[-1] == "run run-a: nothing of it is left on the cluster"
 
 
 def test_cleanup_without_a_run_id_handles_every_run_and_only_canary_objects() -> None:
@@ -140,51 +194,216 @@ def test_cleanup_without_a_run_id_handles_every_run_and_only_canary_objects() ->
     found = fake.objects()
     leave_two_killed_runs(fake)
 
-    count = cleanup(fake, report=lambda line: None)
+    with Operator(fake):
+        result = cleanup(fake, report=lambda line: None, sleep=no_wait)
 
     after = fake.objects()
+    assert result.problems == []
     assert set(after) == set(found)
     assert {key: content(obj) for key, obj in after.items()} == {key: content(obj) for key, obj in found.items()}
     untouched = set(found) - set(RUN_A_RESTORED) - set(RUN_B_RESTORED)
     assert {key: after[key] for key in untouched} == {key: found[key] for key in untouched}
-    assert count == 10      # run-a's 6, and run-b's NVIDIADriver and gpu-2 restored, namespace and node deleted
-    assert cleanup(fake, report=lambda line: None) == 0 and fake.objects() == after
+    assert result.restored == 11    # run-a's 7, and run-b's NVIDIADriver and cpu-4 restored, namespace and node deleted
+    again = cleanup(fake, report=lambda line: None, sleep=no_wait)
+    assert again.restored == 0 and again.problems == [] and fake.objects() == after
 
 
-def hold_lease(fake: FakeKube, run: str, *, renewed_s_ago: float) -> None:
-    """What a run's RunLease leaves on the cluster, renewed `renewed_s_ago` seconds ago."""
-    at = datetime.now(timezone.utc) - timedelta(seconds=renewed_s_ago)
+def hold_lease(fake: FakeKube, run: str) -> None:
+    """What a run's RunLease leaves on the cluster."""
     fake.create(namespace(lease.namespace_of(run), owned_labels(run)))
     fake.create({"apiVersion": lease.LEASE[0], "kind": lease.LEASE[1],
                  "metadata": {"name": lease.LEASE_NAME, "namespace": lease.namespace_of(run)},
                  "spec": {"holderIdentity": f"ci-runner/{run}", "leaseDurationSeconds": lease.DURATION_S,
-                          "renewTime": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
+                          "renewTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
+
+
+def renewing(fake: FakeKube, run: str):
+    """A cleanup's wait during which `run` renews its Lease once, as a live run does."""
+    def wait(seconds: float) -> None:
+        fake.patch(*lease.LEASE, lease.LEASE_NAME, {"spec": {"renewTime": "2026-12-03T00:00:00.000000Z"}},
+                   namespace=lease.namespace_of(run))
+    return wait
 
 
 def test_cleanup_without_a_run_id_leaves_a_live_run_alone_and_says_so() -> None:
     fake = cluster_as_found()
     found = fake.objects()
     leave_two_killed_runs(fake)
-    hold_lease(fake, "run-a", renewed_s_ago=5)                          # alive: its owner renews
-    hold_lease(fake, "run-b", renewed_s_ago=lease.DURATION_S + 30)      # gone: it stopped renewing
+    hold_lease(fake, "run-a")           # alive: its owner renews while cleanup watches
+    hold_lease(fake, "run-b")           # gone: it stopped renewing
     left = fake.objects()
     lines: list[str] = []
 
-    cleanup(fake, report=lines.append)
+    result = cleanup(fake, report=lines.append, sleep=renewing(fake, "run-a"))
 
     after = fake.objects()
     run_a = {key for key in left if key not in found and "run-b" not in str(key)} | set(RUN_A_RESTORED)
+    run_a -= {(*lease.LEASE, lease.namespace_of("run-a"), lease.LEASE_NAME)}     # renewed by the run itself
     assert {key: after.get(key) for key in run_a} == {key: left[key] for key in run_a}   # not even written
-    assert {key: content(after[key]) for key in RUN_B_RESTORED} == {key: content(found[key]) for key in RUN_B_RESTORED}
-    assert not (set(RUN_B_DELETED) | {(*NS, lease.namespace_of("run-b"))}) & set(after)
-    assert lines[0].startswith("left live run run-a alone (held by ci-runner/run-a, renewed ")
+    pool_b = (*NVIDIADRIVER, None, "pool-b")
+    assert content(after[pool_b]) == content(found[pool_b])
+    assert not set(RUN_B_DELETED) & set(after)
+    assert "left live run run-a alone (held by ci-runner/run-a)" in lines
+    # run-b's hold stays while the live run-a keeps the ClusterPolicy at its target: released now, cpu-4
+    # would take that version; its Lease stays too, so a later cleanup finishes it
+    assert after[(*NODE, "cpu-4")]["metadata"]["labels"][SKIP_LABEL] == "true"
+    assert (*NS, lease.namespace_of("run-b")) in after
+    assert any("ClusterPolicy cluster-policy is at driver 580.82.07, not 570.172.08" in p for p in result.problems)
+
+
+def test_cleanup_of_a_named_live_run_is_refused_unless_forced() -> None:
+    fake = cluster_as_found()
+    leave_two_killed_runs(fake)
+    hold_lease(fake, "run-a")
+    left = fake.objects()
+
+    with pytest.raises(EnvError, match="run run-a is alive"):
+        cleanup(fake, run_id="run-a", report=lambda line: None, sleep=renewing(fake, "run-a"))
+    assert {k: v for k, v in fake.objects().items() if k[1] != "Lease"} == \
+        {k: v for k, v in left.items() if k[1] != "Lease"}
+
+    with Operator(fake):
+        forced = cleanup(fake, run_id="run-a", force=True, report=lambda line: None, sleep=renewing(fake, "run-a"))
+    assert forced.problems == [] and not any("run-a" in str(key) for key in fake.objects())
 
 
 def test_a_run_lease_is_created_first_renewed_and_released() -> None:
     fake = FakeKube()
     held = lease.RunLease(fake, "run-c").acquire()
     seen = lease.read(fake, "run-c")
-    assert seen is not None and seen.live(datetime.now(timezone.utc)) and seen.holder == held.holder
+    assert seen is not None and seen.holder == held.holder
     held.release()
     assert lease.read(fake, "run-c") is None
     assert (*NS, lease.namespace_of("run-c")) not in fake.objects()
+
+
+def test_two_cleanups_at_once_take_a_dead_run_over_once() -> None:
+    """Both watch the same dead Lease; only the first compare-and-swap wins, the other leaves the run alone."""
+    fake = cluster_as_found()
+    found = fake.objects()
+    leave_two_killed_runs(fake)
+    hold_lease(fake, "run-a")
+    both_watched = threading.Barrier(2, timeout=10)
+    lines: dict[str, list[str]] = {"one": [], "two": []}
+    results: dict[str, object] = {}
+
+    def one_cleanup(name: str) -> None:
+        results[name] = cleanup(fake, run_id="run-a", report=lines[name].append,
+                                sleep=lambda s: both_watched.wait())
+
+    with Operator(fake):
+        threads = [threading.Thread(target=one_cleanup, args=(name,)) for name in lines]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+
+    left_alone = [name for name, said in lines.items() if any(
+        line.startswith("left run run-a alone: another cleanup") for line in said)]
+    assert len(left_alone) == 1, lines
+    assert {key: content(fake.objects()[key]) for key in RUN_A_RESTORED} == \
+        {key: content(found[key]) for key in RUN_A_RESTORED}
+
+
+def test_a_run_whose_renewals_stall_is_taken_over_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cleanup judges a run dead on its own clock when the Lease did not move for a whole duration; the run,
+    renewing late, loses the compare-and-swap and stops instead of writing on."""
+    monkeypatch.setenv(lease.TEST_DURATION_ENV, "4")     # renewed every second
+    fake = FakeKube()
+    said: list[str] = []
+    held: list[lease.RunLease] = []
+    starter = threading.Thread(target=lambda: held.append(lease.RunLease(fake, "run-s", say=said.append).acquire()))
+    starter.start()           # not the main thread: a lost Lease is reported, the test process is not interrupted
+    starter.join()
+    run = held[0]
+    stalled = threading.Event()
+    renew = run._renew
+    run._renew = lambda: None if stalled.is_set() else renew()     # a hung apiserver connection, as the run sees it
+    stalled.set()
+
+    dead, live = lease.observe(fake, {"run-s"}, sleep=lambda s: time.sleep(0.2), report=lambda line: None)
+    assert "run-s" in dead and not live
+    assert lease.take_over(fake, "run-s", dead["run-s"], "cleanup/test")
+    stalled.clear()                                                  # the run's connection comes back
+    deadline = time.monotonic() + 5
+    while not run.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    assert run.lost == "its Lease was taken over by cleanup/test"
+    assert said == ["run run-s stops: its Lease was taken over by cleanup/test; it restores only what still holds "
+                    "what it wrote"]
+    assert lease.read(fake, "run-s").holder == "cleanup/test"
+    run.release()                                                    # a run that lost its Lease leaves it
+    assert lease.read(fake, "run-s") is not None
+
+
+def test_the_renewal_loop_outlives_any_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(lease.TEST_DURATION_ENV, "4")     # renewed every second: three failures stay within it
+    fake = FakeKube()
+    held: list[lease.RunLease] = []
+    starter = threading.Thread(target=lambda: held.append(lease.RunLease(fake, "run-r", say=lambda line: None).acquire()))
+    starter.start()
+    starter.join()
+    run = held[0]
+    renew, failures = run._renew, []
+
+    def flaky() -> None:
+        if len(failures) < 3:
+            failures.append(1)
+            raise RuntimeError("a client bug, not an API error")
+        renew()
+
+    run._renew = flaky
+    before = lease.read(fake, "run-r").resource_version
+    deadline = time.monotonic() + 5
+    while lease.read(fake, "run-r").resource_version == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(failures) == 3 and lease.read(fake, "run-r").resource_version != before and not run.lost
+    run.release()
+
+
+def test_one_bad_annotation_is_reported_and_the_rest_restored() -> None:
+    fake = cluster_as_found()
+    found = fake.objects()
+    leave_two_killed_runs(fake)
+    fake.patch("v1", "Node", "gpu-3", {"metadata": {"annotations": {SAVED_STATE_ANNOTATION: "garbage"}}})
+    lines: list[str] = []
+
+    with Operator(fake):
+        result = cleanup(fake, report=lines.append, sleep=no_wait)
+
+    assert result.problems == ["Node gpu-3: gpucanary.io/saved-node-state names no canary run; left as it is"], lines
+    gpu_3 = fake.get("v1", "Node", "gpu-3")["metadata"]
+    assert gpu_3["annotations"] == {SAVED_STATE_ANNOTATION: "garbage"} and gpu_3["labels"][SKIP_LABEL] == "true"
+    restored = set(RUN_A_RESTORED) | set(RUN_B_RESTORED)
+    assert {key: content(fake.objects()[key]) for key in restored} == {key: content(found[key]) for key in restored}
+
+
+def test_a_forged_node_annotation_makes_cleanup_write_nothing_but_its_removal() -> None:
+    """A kubelet can write its own node's annotations: one naming a dead run and carrying labels and taints must
+    not make cleanup (which may patch any node) give the node those labels or strip its taints."""
+    fake = cluster_as_found()
+    forged = json.dumps({"run_id": "run-x", "labels": {"node-role.kubernetes.io/control-plane": ""}, "taints": [],
+                         "unschedulable": False})
+    fake.patch("v1", "Node", "gpu-2", {"metadata": {"annotations": {SAVED_STATE_ANNOTATION: forged}},
+                                       "spec": {"taints": [{"key": "tenant", "value": "a", "effect": "NoSchedule"}]}})
+    before = fake.get("v1", "Node", "gpu-2")
+
+    cleanup(fake, report=lambda line: None, sleep=no_wait, wait_s=0.2)
+
+    after = fake.get("v1", "Node", "gpu-2")
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["spec"] == before["spec"]
+
+
+def test_a_wait_that_runs_out_leaves_the_node_held_and_says_so() -> None:
+    fake = cluster_as_found()
+    leave_two_killed_runs(fake)          # no operator here: canary-0 never gets back to upgrade-done
+
+    result = cleanup(fake, run_id="run-a", report=lambda line: None, sleep=no_wait, wait_s=0.3)
+
+    assert any(p.startswith("run run-a: node canary-0 stays the run's: node canary-0 did not return to driver "
+                            "570.172.08") for p in result.problems), result.problems
+    canary = fake.get("v1", "Node", "canary-0")["metadata"]
+    assert canary["labels"]["gpucanary.io/run-id"] == "run-a" and SAVED_STATE_ANNOTATION in canary["annotations"]
+    assert lease.read(fake, "run-a") is not None      # a later cleanup finishes it

@@ -127,22 +127,26 @@ def test_a_good_node_is_marked_and_given_back_exactly_once_its_driver_is_back() 
     assert pool == Pool(("canary-0",), "canary", DRIVER_FROM)
     marked = fake.get("v1", "Node", "canary-0")["metadata"]
     assert marked["labels"] == {**original["metadata"]["labels"], RUN_ID_LABEL: "r1"}
-    assert json.loads(marked["annotations"][SAVED_STATE_ANNOTATION]) == {
-        "run_id": "r1", "labels": original["metadata"]["labels"], "taints": TAINTS, "unschedulable": False}
+    assert json.loads(marked["annotations"][SAVED_STATE_ANNOTATION]) == {"run_id": "r1", "driver": DRIVER_FROM}
     # Mid-rollback, as the operator leaves it: cordoned, tainted, relabelled, the driver pod at the target.
     fake.patch("v1", "Node", "canary-0", {
-        "metadata": {"labels": {UPGRADE_STATE_LABEL: "pod-restart-required", "team": None, "extra": "x"}},
+        "metadata": {"labels": {UPGRADE_STATE_LABEL: "pod-restart-required"}},
         "spec": {"unschedulable": True, "taints": TAINTS + [{"key": "node.kubernetes.io/unschedulable",
                                                               "effect": "NoSchedule"}]}})
     fake.patch("v1", "Pod", "nvidia-driver-canary-0", {"spec": driver_pod("canary-0", DRIVER_TO)["spec"]},
                namespace="gpu-operator")
     seen_before_rollback: dict = {}
+    health_taint = {"key": "gpu-health", "value": "xid-79", "effect": "NoSchedule"}
 
     def operator_finishes_the_rollback() -> None:
         seen_before_rollback.update(fake.get("v1", "Node", "canary-0")["metadata"]["labels"])
         fake.patch("v1", "Pod", "nvidia-driver-canary-0", {"spec": driver_pod("canary-0")["spec"]},
                    namespace="gpu-operator")
-        fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-done"}}})
+        # the operator uncordons; a GPU health checker found the node broken and tainted it meanwhile; someone
+        # took a label off: none of it is the canary's to undo
+        fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-done",
+                                                                      "team": None}},
+                                              "spec": {"unschedulable": None, "taints": TAINTS + [health_taint]}})
 
     timer = threading.Timer(0.3, operator_finishes_the_rollback)
     timer.start()
@@ -151,8 +155,9 @@ def test_a_good_node_is_marked_and_given_back_exactly_once_its_driver_is_back() 
 
     assert seen_before_rollback[RUN_ID_LABEL] == "r1"       # nothing was restored before the driver was back
     restored = fake.get("v1", "Node", "canary-0")
-    assert restored["metadata"]["labels"] == original["metadata"]["labels"]
-    assert restored["spec"] == original["spec"] and "annotations" not in restored["metadata"]
+    assert restored["metadata"]["labels"] == {k: v for k, v in original["metadata"]["labels"].items() if k != "team"}
+    assert restored["spec"] == {**original["spec"], "taints": TAINTS + [health_taint]}
+    assert "annotations" not in restored["metadata"]
     assert provider.carved == []
     provider.release(fake)                                   # safe to call twice
     assert fake.get("v1", "Node", "canary-0") == restored

@@ -17,7 +17,7 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
 )
-from pytest_gpucanary.kube import Unavailable
+from pytest_gpucanary.kube import Conflict, Unavailable
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.preflight import ClusterInfo
@@ -113,7 +113,8 @@ def test_per_driver_policy_goes_on_the_pools_nvidiadriver_only_and_comes_off_aga
     assert canary["spec"]["version"] == DRIVER_TO and canary["spec"]["upgradePolicy"] == CANARY_POLICY
     assert applied.describe() == "NVIDIADriver canary-pool: upgradePolicy and version"   # what the receipt says
     saved = json.loads(canary["metadata"]["annotations"][upgrade.SAVED_SPEC_ANNOTATION])
-    assert saved == {"run_id": "run-1", "spec": {"version": DRIVER_FROM, "upgradePolicy": None}}
+    assert saved == {"run_id": "run-1", "spec": {"version": DRIVER_FROM, "upgradePolicy": None},
+                     "wrote": {"version": DRIVER_TO, "upgradePolicy": CANARY_POLICY}}
     untouched = {key: obj for key, obj in fake.objects().items() if key[3] != "canary-pool"}
     assert {key: content(obj) for key, obj in untouched.items()} == {k: before[k] for k in untouched}
 
@@ -222,18 +223,98 @@ def test_the_daemonset_wait_is_bounded_and_says_what_to_do() -> None:
     assert "gpucanary cleanup" in str(stuck.value)
 
 
-def test_a_second_apply_keeps_the_first_true_original() -> None:
+def test_a_second_run_never_adopts_the_first_ones_saved_state_and_writes_nothing() -> None:
+    """A run killed after its apply leaves its saved spec; a second run refuses that object (exit 6, naming the
+    first run and the cleanup that finishes it) instead of writing under the first run's annotation."""
     fake = FakeKube()
     cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=True)
-    before = {key: content(obj) for key, obj in fake.objects().items()}
-    upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+    upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")   # then killed
+    left = fake.objects()
 
-    again = upgrade.apply(fake, cluster, pool, {**CANARY_POLICY, "maxParallelUpgrades": 5}, driver_to="590.1",
-                          run_id="run-2")
-    assert fake.get(*NVIDIADRIVER, "canary-pool")["spec"]["version"] == "590.1"
-    upgrade.restore(fake, again)
+    with pytest.raises(EnvError) as refused:
+        upgrade.apply(fake, cluster, pool, {**CANARY_POLICY, "maxParallelUpgrades": 5}, driver_to="590.1",
+                      run_id="run-2")
 
-    assert {key: content(obj) for key, obj in fake.objects().items()} == before
+    assert "carries gpucanary.io/saved-spec of run run-1" in str(refused.value)
+    assert "gpucanary cleanup --run-id run-1" in str(refused.value)
+    assert fake.objects() == left
+
+
+def test_clusterpolicy_mode_refuses_before_any_write_while_another_runs_state_is_on_the_cluster() -> None:
+    from pytest_gpucanary.run import refuse_other_runs
+
+    fake = FakeKube()
+    cluster, pool = clusterpolicy_cluster(fake)
+    upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")   # then killed
+    fake.writes.clear()
+
+    with pytest.raises(EnvError, match="run run-1"):
+        refuse_other_runs(fake, cluster)
+    assert fake.writes == []
+
+
+def test_a_gpu_node_that_joined_after_preflight_is_held_back_too() -> None:
+    """The hold-back list is read at apply: a node an autoscaler added, or one whose NFD label is not there yet but
+    whose driver pod runs, is held like the rest."""
+    fake = FakeKube()
+    cluster, pool = clusterpolicy_cluster(fake)               # preflight saw canary-0 and gpu-1..3
+    fake.create(node("gpu-joined", **{UPGRADE_STATE_LABEL: "upgrade-done"}))
+    fake.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-unlabelled"}, "spec": {}})
+    fake.create({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "nvidia-driver-daemonset-x", "namespace": OPERATOR_NS,
+                              "labels": {DRIVER_COMPONENT_SELECTOR.split("=")[0]: DRIVER_COMPONENT_SELECTOR.split("=")[1]}},
+                 "spec": {"nodeName": "gpu-unlabelled"}})
+
+    applied = upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+
+    assert {"gpu-joined", "gpu-unlabelled"} <= set(applied.skipped_nodes)
+    for name in ("gpu-joined", "gpu-unlabelled"):
+        assert fake.get("v1", "Node", name)["metadata"]["labels"][SKIP_LABEL] == "true"
+
+
+def test_a_field_changed_since_the_canary_wrote_it_is_left_alone_and_the_holds_stay() -> None:
+    """An emergency fleet-wide driver change made mid-run is not reverted by the restore; the policy the canary
+    wrote (and nobody changed) is put back; the held nodes stay held, as releasing them now would hand them
+    a version the canary did not prove."""
+    fake = FakeKube()
+    cluster, pool = clusterpolicy_cluster(fake)
+    applied = upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="run-1")
+    fake.patch(*CLUSTER_POLICY, "cluster-policy", {"spec": {"driver": {"version": "590.48.01"}}})
+    lines: list[str] = []
+
+    with pytest.raises(EnvError, match="is at driver 590.48.01, not 570.172.08 that 2 held nodes run"):
+        upgrade.restore(fake, applied, report=lines.append)
+
+    driver = fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]
+    assert driver["version"] == "590.48.01" and driver["upgradePolicy"] == ORIGINAL_POLICY
+    assert lines == ["restored ClusterPolicy cluster-policy; left spec.driver.version as it is: changed since the "
+                     "canary wrote it"]
+    assert all(fake.get("v1", "Node", n)["metadata"]["labels"][SKIP_LABEL] == "true" for n in ("gpu-1", "gpu-2"))
+
+
+def test_a_restore_acts_only_on_its_own_runs_annotation() -> None:
+    """A restore for a dead run A finds run B's saved spec on the object (B started after A's cleanup read it):
+    it writes nothing."""
+    fake = FakeKube()
+    cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=True)
+    upgrade.apply(fake, cluster, pool, CANARY_POLICY, driver_to=DRIVER_TO, run_id="live-run-b")
+    left = fake.objects()
+
+    assert upgrade.restore_saved_spec(fake, NVIDIADRIVER, "canary-pool", "dead-run-a") is None
+    assert upgrade.release_hold(fake, "gpu-1", "dead-run-a") is False
+    assert fake.objects() == left
+
+
+def test_a_write_against_a_changed_object_is_refused_by_its_resource_version() -> None:
+    fake = FakeKube()
+    cluster, pool = nvidiadriver_cluster(fake, per_driver_policy=True)
+    seen = fake.get(*NVIDIADRIVER, "canary-pool")
+    fake.patch(*NVIDIADRIVER, "canary-pool", {"metadata": {"labels": {"changed": "by-someone"}}})
+
+    with pytest.raises(Conflict):
+        fake.patch(*NVIDIADRIVER, "canary-pool", {"spec": {"version": DRIVER_TO}},
+                   resource_version=seen["metadata"]["resourceVersion"])
+    assert fake.get(*NVIDIADRIVER, "canary-pool")["spec"]["version"] == DRIVER_FROM
 
 
 def test_restore_puts_back_a_policy_that_left_fields_unset() -> None:
