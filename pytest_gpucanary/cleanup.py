@@ -75,6 +75,8 @@ def leftovers(kube: Kube, problems: list[str], *, only: str | None = None) -> di
     for kind in (NVIDIADRIVER, ("v1", "Node"), ("v1", "Namespace")):
         for obj in _list(kube, *kind, label_selector=selector):
             run = (obj["metadata"].get("labels") or {}).get(RUN_ID_LABEL, "")
+            if obj["metadata"].get("deletionTimestamp"):
+                continue      # on its way out (a namespace terminating): nothing left to do for it
             if run_id_rule(run) is None:
                 runs.setdefault(run, RunLeftovers()).owned.append((kind, obj))
     return runs
