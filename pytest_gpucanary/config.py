@@ -167,6 +167,9 @@ class Settings:
                                      check=selector)
     pool_size: int = knob(1, "Number of nodes in the pool", check=at_least(1))
     allow_foreign_pods: bool = knob(False, "Accept a pool node that runs pods the canary did not put there")
+    allow_shared_policy: bool = knob(False, "NVIDIADriver mode before operator v26.7 (the upgradePolicy is the "
+                                            "ClusterPolicy's, cluster-wide): run although another NVIDIADriver's "
+                                            "nodes are mid-upgrade, which then go on under the policy under test")
     gpu_job: Path | None = knob(None, "Manifest of the representative GPU Job (default fixtures/workloads/gpu-job.yaml)")
     service: Path | None = knob(None, "Manifest of the non-GPU service (default fixtures/workloads/service.yaml)")
     probe: Path | None = knob(None, "Manifest of a customer start probe pod (default fixtures/workloads/probe.yaml)")

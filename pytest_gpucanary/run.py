@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from pytest_gpucanary import gpu_operator as op, lease, metrics, preflight, workloads
+from pytest_gpucanary.blast_radius import BlastRadiusWatch
 from pytest_gpucanary.cleanup import leftovers
 from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
 from pytest_gpucanary.config import Settings, flag
@@ -96,6 +97,7 @@ class _Measured:
     collective_pair: tuple[str, str] | None = None
     collective: list[CollectiveRun] = field(default_factory=list)
     collective_note: str = ""
+    blast_radius: BlastRadiusWatch | None = None     # ClusterPolicy mode: the watch beyond the pool
 
 
 @contextlib.contextmanager
@@ -153,9 +155,21 @@ def writes_cluster_policy(cluster: preflight.ClusterInfo) -> bool:
     return not cluster.nvidiadriver_mode or not cluster.per_driver_policy
 
 
-def refuse_other_runs(kube: Kube, cluster: preflight.ClusterInfo) -> None:
+def refuse_other_runs(kube: Kube, cluster: preflight.ClusterInfo, *, allow_shared_policy: bool = False) -> None:
     """Before the first write: exit 6 when another run's saved state or hold is on an object this run would
-    write (the ClusterPolicy; in its mode, every node the driver reaches). Never adopt, never overlap."""
+    write (the ClusterPolicy; in its mode, every node the driver reaches). Never adopt, never overlap. Before
+    v26.7 in NVIDIADriver mode, also while another NVIDIADriver's nodes are mid-upgrade (unless allowed): they
+    would go on under the policy under test."""
+    if cluster.nvidiadriver_mode and not cluster.per_driver_policy and not allow_shared_policy:
+        for driver in kube.list(*op.NVIDIADRIVER):
+            selector = (driver.get("spec") or {}).get("nodeSelector") or {op.GPU_PRESENT_LABEL: "true"}
+            for node in kube.each("v1", "Node", label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items()))):
+                state = (node["metadata"].get("labels") or {}).get(op.UPGRADE_STATE_LABEL, "")
+                if state not in ("", op.UPGRADE_DONE):
+                    raise EnvError(f"NVIDIADriver {driver['metadata']['name']}'s node {node['metadata']['name']} is in "
+                                   f"{state}: before operator v26.7 the upgradePolicy is cluster-wide, so that upgrade "
+                                   "would go on under the policy under test",
+                                   hint=f"wait for it to finish, or pass {flag('allow_shared_policy')}")
     if writes_cluster_policy(cluster):
         upgrade.refuse_foreign({"kind": "ClusterPolicy", **kube.get(*op.CLUSTER_POLICY, cluster.cluster_policy)},
                                upgrade.SAVED_SPEC_ANNOTATION, run_id="")
@@ -201,7 +215,7 @@ class CanaryRun:
         for line in checked.exposure:
             self.progress.line(f"exposure: {line}")
         try:
-            refuse_other_runs(self.kube, cluster)                                            # read-only
+            refuse_other_runs(self.kube, cluster, allow_shared_policy=settings.allow_shared_policy)  # read-only
             with sigterm_as_interrupt(), RestoringStack(self.progress.line) as cleanup:
                 cleanup.callback(self._say_restored, run_id)
                 # the first write: every later change has a live owner that `gpucanary cleanup` leaves alone
@@ -238,10 +252,15 @@ class CanaryRun:
                 self._baseline()
                 self._finish_collective(run, baseline)
                 clock.next("upgrade")
+                if recheck := getattr(self.provider, "recheck", None):
+                    recheck(self.kube)                   # a tenant pod that landed on the pool since
                 applied = upgrade.AppliedUpgrade()     # its restore is registered before its first write
                 cleanup.callback(self._restore, applied, placement)
                 upgrade.apply(self.kube, cluster, pool, run.upgrade_policy, driver_to=settings.driver_version,
                               run_id=run_id, applied=applied)
+                if not cluster.nvidiadriver_mode:   # stopped before the restore releases the holds it watches
+                    run.blast_radius = BlastRadiusWatch(self.kube, pool.nodes, settings.driver_version).start()
+                    cleanup.callback(run.blast_radius.stop)
                 run.upgrade_started_wall_ns = time.time_ns()
                 run.held_nodes = tuple(applied.skipped_nodes)
                 run.policy_applied_to, run.operator_release = applied.describe(), cluster.operator_release or ""
@@ -250,10 +269,14 @@ class CanaryRun:
                 if run.held_nodes:
                     self.progress.line(f"exposure: {run.exposure[1]}")
                 self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
-                self._watch_upgrade(pool, recorder, cluster.operator_release)
+                breaches = self._watch_upgrade(pool, recorder, cluster.operator_release, run.blast_radius)
                 clock.next("settle")
-                self._settle(pool, recorder, probes, run)
-                self._collective_after(run, placement, recorder)
+                if breaches:        # the target reached beyond the pool: judge and restore at once
+                    for line in breaches:
+                        self.progress.line(line)
+                else:
+                    self._settle(pool, recorder, probes, run)
+                    self._collective_after(run, placement, recorder)
                 clock.next("evaluate")
                 self.progress.line("evaluating the ladder")
                 outcome = self._judge(run, recorder, probes, load, report_dir)
@@ -283,7 +306,8 @@ class CanaryRun:
             ci=ci_identity(os.environ), gpu_job_work_s=settings.job_duration_s,
             gpu_job_until_wall_ns=run.gpu_job_until_wall_ns, exposure=run.exposure, held_nodes=run.held_nodes,
             operator_release=run.operator_release, policy_applied_to=run.policy_applied_to,
-            policy_rendering=run.policy_rendering, collective=tuple(run.collective), collective_note=run.collective_note)
+            policy_rendering=run.policy_rendering, collective=tuple(run.collective), collective_note=run.collective_note,
+            blast_radius=tuple(run.blast_radius.breaches) if run.blast_radius else ())
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)
 
@@ -474,10 +498,14 @@ class CanaryRun:
         return metrics.default_checks(url, nodes=pool.nodes, target_driver=self.settings.driver_version,
                                       start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns)
 
-    def _watch_upgrade(self, pool: Pool, recorder: Recorder, release: str | None) -> None:
+    def _watch_upgrade(self, pool: Pool, recorder: Recorder, release: str | None,
+                       blast_radius: BlastRadiusWatch | None) -> list[str]:
+        """Wait for every pool node's end state within the budget, or a breach of the blast radius (returned)."""
         started = time.monotonic()
         budget_s = self.settings.upgrade_budget_s
         while time.monotonic() - started < budget_s:
+            if blast_radius is not None and blast_radius.breaches:
+                return list(blast_radius.breaches)
             try:
                 recorder.wait_for(lambda rs: True if all(timeline.terminal_state(rs, n) for n in pool.nodes) else None,
                                   timeout_s=2.0)
@@ -487,6 +515,7 @@ class CanaryRun:
         for node in pool.nodes:
             state = timeline.terminal_state(recorder.records, node) or "no end state within the budget"
             self.progress.line(f"{node}: {state} after {time.monotonic() - started:.0f} s")
+        return list(blast_radius.breaches) if blast_radius is not None else []
 
     def _status_text(self, pool: Pool, recorder: Recorder, elapsed_s: float, release: str | None) -> str:
         node = pool.nodes[0]

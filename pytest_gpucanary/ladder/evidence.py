@@ -62,10 +62,13 @@ class RunEvidence:
     policy_rendering: tuple[str, ...] = ()
     collective: tuple[CollectiveRun, ...] = ()   # the collective probe's baseline and after runs, in order
     collective_note: str = ""          # why no collective probe ran ("" when one did)
+    # ClusterPolicy mode: each time the target reached beyond the pool (a GPU node not held back, a driver pod
+    # outside the pool at the target), one line each; any fails rollout
+    blast_radius: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate", "exposure",
-                     "held_nodes", "policy_rendering", "collective"):
+                     "held_nodes", "policy_rendering", "collective", "blast_radius"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def offset_s(self, wall_ns: int) -> float:
@@ -135,7 +138,8 @@ class RunEvidence:
                    policy_applied_to=doc.get("policy_applied_to", ""),
                    policy_rendering=tuple(doc.get("policy_rendering", ())),
                    collective=tuple(CollectiveRun(**c) for c in doc.get("collective", ())),
-                   collective_note=doc.get("collective_note", ""))
+                   collective_note=doc.get("collective_note", ""),
+                   blast_radius=tuple(doc.get("blast_radius", ())))
 
     def write(self, report_dir: Path) -> Path:
         """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""

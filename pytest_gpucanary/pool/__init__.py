@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from pytest_gpucanary.preflight import ClusterInfo
 
 DRIVER_POOL_LABEL = "gpucanary.io/driver-pool"
+# An existing node may be carved out as a pool only when an administrator set this label to "true" on it,
+# whatever a selector or a node name given to a run says.
+POOL_ELIGIBLE_LABEL = "gpucanary.io/pool-eligible"
 
 
 @dataclass(frozen=True)

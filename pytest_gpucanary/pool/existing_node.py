@@ -21,7 +21,7 @@ from pytest_gpucanary.gpu_operator import (
 )
 from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, saved_run
 from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
-from pytest_gpucanary.pool import Pool
+from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo
 
 SAVED_STATE_ANNOTATION = "gpucanary.io/saved-node-state"
@@ -87,7 +87,7 @@ class ExistingNodeProvider:
         drivers = [p for p in on_node if is_driver_pod(p["metadata"].get("labels", {}))]
         if not drivers:
             raise ConfigError(f"node {name} has no GPU Operator driver pod", hint="pick a node the operator drives")
-        foreign = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node if not _expected(p)]
+        foreign = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node if not _expected(p, None)]
         if foreign and not self.allow_foreign_pods:
             raise ConfigError(f"node {name} runs {len(foreign)} pods the canary did not put there ({foreign[0]}...)",
                               hint=f"drain it first or pass {flag('allow_foreign_pods')}")
@@ -96,7 +96,25 @@ class ExistingNodeProvider:
                               hint="wait for it or run `gpucanary cleanup`")
         for annotation in (SAVED_STATE_ANNOTATION, SKIP_SET_ANNOTATION):
             refuse_foreign({"kind": "Node", **node}, annotation, run_id="")
+        if node["metadata"].get("labels", {}).get(POOL_ELIGIBLE_LABEL) != "true":
+            raise ConfigError(f"node {name} is not marked eligible for canary pools (no {POOL_ELIGIBLE_LABEL}=true)",
+                              hint=f"an administrator marks the nodes a canary may carve out: "
+                                   f"kubectl label node {name} {POOL_ELIGIBLE_LABEL}=true")
         return driver_version_of(drivers[0])
+
+    def recheck(self, kube: Kube) -> None:
+        """Right before the policy: the carved nodes still run no pods but the canary's and DaemonSets'. A tenant
+        pod that landed since the carve-out would be deleted or drained by the policy under test."""
+        if self.allow_foreign_pods:
+            return
+        for name in self.carved:
+            foreign = [f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                       for p in kube.list("v1", "Pod", field_selector=f"spec.nodeName={name}")
+                       if not _expected(p, self.run_id) and not p["metadata"].get("deletionTimestamp")]
+            if foreign:
+                raise EnvError(f"pod {foreign[0]} landed on pool node {name} after it was carved out "
+                               f"({len(foreign)} such pods): the policy under test would take it down",
+                               hint="keep tenants off the node (cordon or taint it), then run again")
 
     def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> str:
         for driver in kube.list(*NVIDIADRIVER):
@@ -168,10 +186,13 @@ def restore_node(kube: Kube, name: str, run_id: str) -> bool:
     raise EnvError(f"node {name} kept changing while it was given back (3 tries)", hint="run `gpucanary cleanup` again")
 
 
-def _expected(pod: dict) -> bool:
-    """DaemonSet pods belong on every node; the canary's own pods carry its run id."""
+def _expected(pod: dict, run_id: str | None) -> bool:
+    """DaemonSet pods belong on every node; the canary's own pods carry its run id (before the carve-out, when
+    `run_id` is None: no other run's pods either, which `_check` refuses through the node's run id label)."""
     owners = pod["metadata"].get("ownerReferences", [])
-    return any(o.get("kind") == "DaemonSet" for o in owners) or RUN_ID_LABEL in pod["metadata"].get("labels", {})
+    labels = pod["metadata"].get("labels", {})
+    ours = RUN_ID_LABEL in labels if run_id is None else labels.get(RUN_ID_LABEL) == run_id
+    return any(o.get("kind") == "DaemonSet" for o in owners) or ours
 
 
 def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float) -> None:

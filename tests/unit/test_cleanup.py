@@ -23,7 +23,7 @@ from pytest_gpucanary.gpu_operator import (
 )
 from pytest_gpucanary.kube import owned_labels
 from pytest_gpucanary.policy import apply as upgrade
-from pytest_gpucanary.pool import Pool
+from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
 from pytest_gpucanary.preflight import ClusterInfo
 
@@ -81,7 +81,8 @@ def cluster_as_found() -> FakeKube:
          "spec": {"driver": {"version": "570.172.08", "upgradePolicy": POLICY}}},
         nvidiadriver("fleet"), nvidiadriver("pool-b"),
         namespace(OPERATOR_NS), namespace("team-a"),
-        node("canary-0", taints=POOL_TAINTS, **{UPGRADE_STATE_LABEL: "upgrade-done", "team": "ml"}),
+        node("canary-0", taints=POOL_TAINTS, **{UPGRADE_STATE_LABEL: "upgrade-done", "team": "ml",
+                                                 POOL_ELIGIBLE_LABEL: "true"}),
         node("gpu-1", **{UPGRADE_STATE_LABEL: "upgrade-done"}),
         node("gpu-2", **{UPGRADE_STATE_LABEL: "upgrade-done"}),
         node("gpu-3", **{SKIP_LABEL: "true"}),                 # held back by its owner, not by a canary

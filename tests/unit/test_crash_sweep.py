@@ -31,9 +31,10 @@ from pytest_gpucanary.cleanup import cleanup
 from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
 from pytest_gpucanary.gpu_operator import (
-    CLUSTER_POLICY, GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_RESOURCE, NVIDIADRIVER, UPGRADE_STATE_LABEL,
+    CLUSTER_POLICY, GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_RESOURCE, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
 )
 from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
+from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.run import CanaryRun
 from pytest_gpucanary.workloads import IMAGE_PULL_ROLE, ROLE_LABEL
@@ -80,7 +81,7 @@ def cluster(*, nvidiadriver_mode: bool) -> FakeKube:
         objects.append({"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": "fleet"},
                         "spec": {"driverType": "gpu", "version": DRIVER_FROM}})
     for name in names:
-        objects += [gpu_node(name, team="ml"),
+        objects += [gpu_node(name, team="ml", **{POOL_ELIGIBLE_LABEL: "true"}),
                     operand_pod(name, "nvidia-driver-daemonset", **{"app.kubernetes.io/component": "nvidia-driver"}),
                     operand_pod(name, "nvidia-operator-validator", app="nvidia-operator-validator")]
     for obj in objects:
@@ -221,3 +222,52 @@ def test_a_run_killed_after_any_write_is_restored_by_cleanup(tmp_path: Path, mon
             result = cleanup(left, report=lambda line: None, sleep=lambda s: None, wait_s=10)
         assert result.problems == [], f"killed after write {n} ({write}): {result.problems}"
         assert content(left.objects()) == before_n, f"killed after write {n} ({write}): not restored"
+
+
+def test_clusterpolicy_mode_fails_at_rollout_naming_a_gpu_node_that_joins_mid_upgrade(tmp_path: Path) -> None:
+    """A GPU node that an autoscaler adds after the holds were set would take the ClusterPolicy's target: the
+    run stops waiting, fails rollout naming it ("blast radius"), and restores; the node never gets a hold of
+    the run's, and the ClusterPolicy is back at the pool's driver."""
+    fake = cluster(nvidiadriver_mode=False)
+
+    def autoscaler() -> None:
+        fake.watch_until(*CLUSTER_POLICY, lambda cps: True if any(
+            cp["spec"]["driver"]["version"] == DRIVER_TO for cp in cps.values()) else None, timeout_s=30)
+        fake.create(gpu_node("gpu-joined"))
+
+    joiner = threading.Thread(target=autoscaler, daemon=True)
+    joiner.start()
+    lines: list[str] = []
+    with World(fake, pool_node="canary-0"):
+        outcome = CanaryRun(settings(tmp_path, "blast"), fake, ExistingNodeProvider(node="canary-0", restore_timeout_s=30),
+                            progress=ProgressLine(write=lines.append)).execute()
+    joiner.join(timeout=5)
+
+    rollout = outcome.verdict("rollout")
+    assert rollout.outcome.value == "fail"
+    assert any("blast radius: GPU node gpu-joined is not held back from the ClusterPolicy's target 580.95.05" in line
+               for line in outcome.evidence.blast_radius), outcome.evidence.blast_radius
+    assert "blast radius: GPU node gpu-joined" in rollout.summary
+    assert fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]["version"] == DRIVER_FROM
+    assert "annotations" not in fake.get("v1", "Node", "gpu-joined")["metadata"]
+
+
+def test_a_driver_pod_at_the_target_outside_the_pool_is_a_breach() -> None:
+    from pytest_gpucanary.blast_radius import BlastRadiusWatch
+
+    fake = cluster(nvidiadriver_mode=False)
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {SKIP_LABEL: "true"}}})
+    fake.patch("v1", "Node", "gpu-2", {"metadata": {"labels": {SKIP_LABEL: "true"}}})
+    watch = BlastRadiusWatch(fake, ("canary-0",), DRIVER_TO).start()
+    try:
+        recreated = {"spec": {"containers": [{"name": "c", "image": IMAGE.format(DRIVER_TO)}]}}
+        fake.patch("v1", "Pod", "nvidia-driver-daemonset-canary-0", recreated, namespace=OPERATOR_NS)  # the pool
+        fake.patch("v1", "Pod", "nvidia-driver-daemonset-gpu-2", recreated, namespace=OPERATOR_NS)     # held
+        deadline = time.monotonic() + 5
+        while not watch.breaches and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watch.stop()
+    assert len(watch.breaches) == 1 and watch.breaches[0].startswith(
+        f"blast radius: driver pod {OPERATOR_NS}/nvidia-driver-daemonset-gpu-2 on node gpu-2, outside the pool, runs "
+        f"the target {DRIVER_TO}")

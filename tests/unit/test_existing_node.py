@@ -17,6 +17,8 @@ from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
 from pytest_gpucanary.kube import RUN_ID_LABEL
 from pytest_gpucanary.pool import Pool
+from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
 from pytest_gpucanary.preflight import ClusterInfo
 
@@ -56,7 +58,8 @@ def nvidiadriver(name: str, pool: str) -> dict:
 
 def good_cluster() -> FakeKube:
     fake = FakeKube()
-    for obj in (node("canary-0", **{POOL_LABEL: "canary", "team": "ml"}), node("gpu-1", **{POOL_LABEL: "fleet"}),
+    for obj in (node("canary-0", **{POOL_LABEL: "canary", "team": "ml", POOL_ELIGIBLE_LABEL: "true"}),
+                node("gpu-1", **{POOL_LABEL: "fleet"}),
                 driver_pod("canary-0"), driver_pod("gpu-1"),
                 pod("device-plugin-canary-0", "canary-0"),                           # DaemonSet pods belong
                 pod("probe-1", "canary-0", namespace="gpucanary-r0", labels={RUN_ID_LABEL: "r0"}, daemonset=False),
@@ -81,6 +84,10 @@ def driver_selects_more_than_the_pool(fake: FakeKube) -> None:
     fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {POOL_LABEL: "canary"}}})
 
 
+def not_marked_eligible(fake: FakeKube) -> None:
+    fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: None}}})
+
+
 def already_in_a_run(fake: FakeKube) -> None:
     fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {RUN_ID_LABEL: "other-run"}}})
 
@@ -91,8 +98,11 @@ def already_in_a_run(fake: FakeKube) -> None:
     (foreign_pod, "canary-0", "node canary-0 runs 1 pods the canary did not put there (team-a/trainer-7d9...)"),
     (driver_selects_more_than_the_pool, "canary-0", "NVIDIADriver canary drives 2 nodes, not only the pool"),
     (already_in_a_run, "canary-0", "node canary-0 is already in canary run other-run"),
+    (not_marked_eligible, "canary-0", f"node canary-0 is not marked eligible for canary pools (no "
+                                      f"{POOL_ELIGIBLE_LABEL}=true)"),
     (lambda fake: None, "gpu-9", "node 'gpu-9' does not exist in the cluster"),
-], ids=["not-gpu", "no-driver-pod", "foreign-pods", "shared-nvidiadriver", "in-another-run", "unknown-node"])
+], ids=["not-gpu", "no-driver-pod", "foreign-pods", "shared-nvidiadriver", "in-another-run", "not-eligible",
+        "unknown-node"])
 def test_a_node_the_canary_must_not_take_is_refused_in_one_line_and_left_alone(spoil, node_name: str,
                                                                               message: str) -> None:
     fake = good_cluster()
@@ -161,3 +171,15 @@ def test_a_good_node_is_marked_and_given_back_exactly_once_its_driver_is_back() 
     assert provider.carved == []
     provider.release(fake)                                   # safe to call twice
     assert fake.get("v1", "Node", "canary-0") == restored
+
+
+def test_a_tenant_pod_that_lands_on_the_pool_after_the_carve_out_stops_the_run_before_the_policy() -> None:
+    fake = good_cluster()
+    provider = ExistingNodeProvider(node="canary-0")
+    provider.provision(fake, CLUSTER, run_id="r0")
+    provider.recheck(fake)                                    # only DaemonSet pods and the run's own so far
+    fake.create(pod("probe-2", "canary-0", namespace="gpucanary-other", labels={RUN_ID_LABEL: "other"},
+                    daemonset=False))                         # another run's pod is not this run's
+
+    with pytest.raises(EnvError, match="pod gpucanary-other/probe-2 landed on pool node canary-0 after it was carved"):
+        provider.recheck(fake)

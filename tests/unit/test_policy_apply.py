@@ -366,3 +366,16 @@ def test_the_operator_release_comes_from_the_cluster_policy_labels_and_an_old_on
     assert _drivable("v26.7.0") == "v26.7.0" and _drivable(None) is None and _drivable("v1.0.0-devel") == "v1.0.0-devel"
     with pytest.raises(EnvError, match="GPU Operator v24.9.2 is older than the releases the canary knows how to drive"):
         _drivable("v24.9.2")
+
+
+def test_before_v26_7_a_run_refuses_while_another_nvidiadrivers_nodes_are_mid_upgrade() -> None:
+    from pytest_gpucanary.run import refuse_other_runs
+
+    fake = FakeKube()
+    cluster, _ = nvidiadriver_cluster(fake, per_driver_policy=False)
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "drain-required"}}})
+
+    with pytest.raises(EnvError, match="NVIDIADriver fleet's node gpu-1 is in drain-required"):
+        refuse_other_runs(fake, cluster)
+    refuse_other_runs(fake, cluster, allow_shared_policy=True)            # the user's explicit opt-in
+    refuse_other_runs(fake, nvidiadriver_cluster(FakeKube(), per_driver_policy=True)[0])   # v26.7+: its own policy
