@@ -55,24 +55,37 @@ class BlastRadiusWatch:
             except GpucanaryError:
                 self._stop.wait(2.0)   # the watch relists after an outage: nothing is missed, only late
 
+    def sweep(self) -> None:
+        """One read of every node and driver pod, for what the watches have not delivered yet (before a verdict)."""
+        for node in self.kube.each("v1", "Node"):
+            self._check_node(node)
+        for pod in self.kube.each("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR):
+            self._check_pod(pod)
+
     def _nodes(self) -> None:
         for event in self.kube.watch("v1", "Node", stop=self._stop):
             for node in _objects(event):
-                meta = node["metadata"]
-                labels = meta.get("labels") or {}
-                if (meta["name"] not in self.pool_nodes and labels.get(GPU_PRESENT_LABEL) == "true"
-                        and labels.get(SKIP_LABEL) != "true"):
-                    self._breach(meta["name"], f"GPU node {meta['name']} is not held back from the ClusterPolicy's "
-                                               f"target {self.target} (it joined, or its hold was taken off)")
+                self._check_node(node)
 
     def _driver_pods(self) -> None:
         for event in self.kube.watch("v1", "Pod", stop=self._stop, label_selector=DRIVER_COMPONENT_SELECTOR):
             for pod in _objects(event):
-                node = (pod.get("spec") or {}).get("nodeName")
-                if node and node not in self.pool_nodes and any(
-                        image_at_version(c.get("image", ""), self.target) for c in pod["spec"].get("containers", [])):
-                    self._breach(node, f"driver pod {pod['metadata'].get('namespace')}/{pod['metadata']['name']} on "
-                                       f"node {node}, outside the pool, runs the target {driver_version_of(pod)}")
+                self._check_pod(pod)
+
+    def _check_node(self, node: dict) -> None:
+        meta = node["metadata"]
+        labels = meta.get("labels") or {}
+        if (meta["name"] not in self.pool_nodes and labels.get(GPU_PRESENT_LABEL) == "true"
+                and labels.get(SKIP_LABEL) != "true"):
+            self._breach(meta["name"], f"GPU node {meta['name']} is not held back from the ClusterPolicy's "
+                                       f"target {self.target} (it joined, or its hold was taken off)")
+
+    def _check_pod(self, pod: dict) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and node not in self.pool_nodes and any(
+                image_at_version(c.get("image", ""), self.target) for c in pod["spec"].get("containers", [])):
+            self._breach(node, f"driver pod {pod['metadata'].get('namespace')}/{pod['metadata']['name']} on "
+                               f"node {node}, outside the pool, runs the target {driver_version_of(pod)}")
 
     def _breach(self, node: str, line: str) -> None:
         with self._lock:

@@ -21,7 +21,7 @@ from typing import Callable
 from pytest_gpucanary import gpu_operator as op, workloads
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
-from pytest_gpucanary.kube import OWNER_LABEL, Kube, NotFound
+from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Kube, NotFound
 from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.pool import Pool
 
@@ -101,12 +101,16 @@ def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, 
         return None, f"collective probe off ({flag('peer_node')}={PEER_OFF})"
     if settings.peer_node:
         return (pool.nodes[0], settings.peer_node), ""
+    if settings.kubeconfig:        # a production node takes a GPU (and the probe's image) only when named
+        return None, (f"no peer node outside the pool on a real cluster unless named ({flag('peer_node')}=NODE): "
+                      "no collective probe")
     probe = workloads.collective_pod(settings.collective_probe, workloads.Placement("", "", ""), when="check", rank=1,
                                      node="", master_addr="")
     tolerations = probe["spec"].get("tolerations") or []
     for node in sorted(kube.list("v1", "Node"), key=lambda n: n["metadata"]["name"]):
         name, labels, spec = node["metadata"]["name"], node["metadata"].get("labels") or {}, node.get("spec", {})
-        if (name in pool.nodes or OWNER_LABEL in labels or spec.get("unschedulable") or not _ready(node)
+        if (name in pool.nodes or OWNER_LABEL in labels or RUN_ID_LABEL in labels or spec.get("unschedulable")
+                or not _ready(node)
                 or _driver(node) != pool.driver_from
                 or not all(_tolerated(t, tolerations) for t in spec.get("taints") or [])):
             continue

@@ -175,9 +175,10 @@ class Settings:
     probe: Path | None = knob(None, "Manifest of a customer start probe pod (default fixtures/workloads/probe.yaml)")
     collective_probe: Path | None = knob(None, "Manifest of the collective probe pod, run on two nodes across the "
                                                "upgrade boundary (default fixtures/workloads/collective-probe.yaml)")
-    peer_node: str | None = knob(None, "Node outside a one-node pool for the collective probe (default: the first "
-                                       "Ready, schedulable GPU node on the pool's driver with a free GPU, whose "
-                                       "taints the probe tolerates; none: no peer probe)")
+    peer_node: str | None = knob(None, "Node outside a one-node pool for the collective probe (default on the local "
+                                       "fleet: the first Ready, schedulable GPU node on the pool's driver with a free "
+                                       "GPU, whose taints the probe tolerates and that no run holds; on a real "
+                                       "cluster: none unless named; none: no peer probe)")
     collective_timeout_s: float = knob(300.0, "Longest the collective probe may run once both ranks started",
                                        check=positive)
     min_busbw_ratio: float = knob(0.8, "Lowest bus bandwidth of the collective probe after the upgrade, as a "

@@ -18,6 +18,7 @@ from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary import metrics
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.workloads import PRIORITY_CLASS
 
 if TYPE_CHECKING:
     from pytest_gpucanary.pool import PoolProvider
@@ -54,6 +55,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("get list patch", "nvidiadrivers", "nvidia.com", why="find the pool's NVIDIADriver; set its version"),
     *_perms("get", "customresourcedefinitions", "apiextensions.k8s.io", name=op.NVIDIADRIVER_CRD,
             why="tell whether NVIDIADrivers carry their own upgradePolicy"),
+    *_perms("get", "priorityclasses", "scheduling.k8s.io", name=PRIORITY_CLASS,
+            why="check that the canary pods' PriorityClass is installed"),
     *_perms("get list watch patch", "nodes", why="carve out, record, hold back and restore GPU nodes"),
     *_perms("list watch", "pods", why="find the operator's pods; record every pod on the pool"),
     *_perms("create delete", "pods", why="pull each workload image on the pool node; the collective probe's ranks"),
@@ -203,6 +206,17 @@ def answers_http(url: str, *, timeout_s: float = 5.0) -> str | None:
         return str(getattr(err, "reason", err))[:120]
 
 
+def priority_class_problem(kube: Kube) -> str | None:
+    try:
+        kube.get("scheduling.k8s.io/v1", "PriorityClass", PRIORITY_CLASS)
+        return None
+    except NotFound:
+        return (f"PriorityClass {PRIORITY_CLASS} is not installed: every canary pod runs at it, below tenants and "
+                "never preempting them; kubectl apply -f deploy/priorityclass.yaml")
+    except GpucanaryError as err:
+        return f"cannot read PriorityClass {PRIORITY_CLASS} ({err})"
+
+
 def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: str | None,
           service_url: str | None) -> PreflightReport:
     """Every read-only check, each problem one line; nothing is written."""
@@ -217,6 +231,8 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
         provider.check(kube, cluster)
     except GpucanaryError as err:
         problems.append(Problem(str(err), isinstance(err, ConfigError)))
+    if problem := priority_class_problem(kube):
+        problems.append(Problem(problem))
     notes = []
     if service_url and (why := answers_http(service_url)):
         problems.append(Problem(f"service URL {service_url} does not answer ({why})"))

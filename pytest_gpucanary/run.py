@@ -293,6 +293,9 @@ class CanaryRun:
                report_dir: Path) -> RunOutcome:
         """Freeze what was recorded and measured into the run's evidence, judge it, write the receipt."""
         settings, pool = self.settings, run.pool
+        if run.blast_radius is not None:
+            with contextlib.suppress(GpucanaryError):   # what the watches saw stands when the read fails
+                run.blast_radius.sweep()
         records = tuple(recorder.records)
         finished_wall_ns = time.time_ns()
         service_phases, service_rate = self._collect_load(load, run, records)

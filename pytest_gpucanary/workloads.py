@@ -78,12 +78,33 @@ def images_of(manifests: list[dict]) -> list[str]:
     return found
 
 
+# Every canary pod runs at this class's priority: below tenants' default 0, and it never preempts one
+# (preemptionPolicy Never), so a probe on a production node waits for a free GPU instead of taking one.
+# deploy/priorityclass.yaml is this object; the local fleet creates it; preflight checks that it exists.
+PRIORITY_CLASS = "gpucanary-low"
+PRIORITY_CLASS_MANIFEST = {
+    "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+    "metadata": {"name": PRIORITY_CLASS, "labels": {OWNER_LABEL: OWNER}},
+    "value": -10, "preemptionPolicy": "Never", "globalDefault": False,
+    "description": "gpucanary's probes, jobs and services: below tenants, never preempting them",
+}
+
+
 def _stamp(obj: dict, placement: Placement, role: str) -> dict:
     obj = copy.deepcopy(obj)
     meta = obj.setdefault("metadata", {})
     meta["namespace"] = placement.namespace
     meta.setdefault("labels", {}).update({**owned_labels(placement.run_id), ROLE_LABEL: role})
+    spec = obj.get("spec") if obj.get("kind") == "Pod" else ((obj.get("spec") or {}).get("template") or {}).get("spec")
+    if isinstance(spec, dict):
+        _yield_to_tenants(spec)
     return obj
+
+
+def _yield_to_tenants(spec: dict) -> None:
+    spec["priorityClassName"] = PRIORITY_CLASS
+    spec.pop("priority", None)            # the admission plugin fills both in from the class
+    spec.pop("preemptionPolicy", None)
 
 
 def _pod_spec(obj: dict) -> tuple[dict, dict]:
@@ -222,7 +243,7 @@ def image_pull_pod(image: str, placement: Placement, *, index: int) -> dict:
             "metadata": {"name": f"image-pull-{index}", "namespace": placement.namespace,
                          "labels": {**owned_labels(placement.run_id), ROLE_LABEL: IMAGE_PULL_ROLE},
                          "annotations": {RUN_DURATION_ANNOTATION: "1s"}},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "priorityClassName": PRIORITY_CLASS,
                      "nodeSelector": {"kubernetes.io/hostname": placement.node},
                      "tolerations": [{"operator": "Exists"}],
                      "containers": [{"name": "pull", "image": image, "imagePullPolicy": "IfNotPresent",

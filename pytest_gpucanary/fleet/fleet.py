@@ -28,6 +28,7 @@ from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
 from pytest_gpucanary import metrics
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.workloads import PRIORITY_CLASS_MANIFEST
 
 Progress = Callable[[str], None]
 USER_AGENT = "gpucanary-fleet"   # not gpucanary/<version>: the audit log tells the canary apart by it
@@ -226,6 +227,7 @@ class Fleet:
         self._start(operator_part, progress)
         self._start(agent, progress)
         self._start(ingress, progress)
+        self._kubectl_for(binaries.control_plane)("apply", "-f", "-", stdin=json.dumps(PRIORITY_CLASS_MANIFEST))
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
                                 release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma,
                                 pool_nodes=self._kubelet_pool_nodes(binaries))

@@ -109,7 +109,7 @@ def check_rollout(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
         cycle = timeline.upgrade_cycle(evidence.records, node, since_wall_ns=evidence.upgrade_started_wall_ns)
         items += _state_evidence(evidence, node, cycle)
         paths.append(how_upgraded([t.state for t in cycle]))
-    findings += [Finding(Outcome.FAIL, line) for line in evidence.blast_radius]
+    findings = [Finding(Outcome.FAIL, line) for line in evidence.blast_radius] + findings   # the headline when any
     metric_findings, metric_items = stage_metrics(evidence, Stage.ROLLOUT)
     n = len(evidence.pool_nodes)
     pass_line = (f"{n}/{n} pool nodes reached upgrade-done, slowest at +{max(done_s or [0]):.0f}s <= budget "

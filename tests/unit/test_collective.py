@@ -9,7 +9,7 @@ from pytest_gpucanary.collective import busbw_of, check_peer, choose_pair
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import DRIVER_VERSION_LABEL, GPU_RESOURCE
-from pytest_gpucanary.kube import OWNER_LABEL
+from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL
 from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.workloads import Placement, collective_pod
 
@@ -75,6 +75,7 @@ def test_a_one_node_pool_takes_the_first_ready_untainted_peer_on_its_driver_with
                  _node("d-tainted", taints=[{"key": "k", "effect": "NoSchedule"}]),
                  _node("da-gpu-taint", driver="580.95.05", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
                  _node("e-cordoned", unschedulable=True), _node("f-other-pool", labels={OWNER_LABEL: "gpucanary"}),
+                 _node("fa-carved-by-a-run", labels={RUN_ID_LABEL: "other-run"}),
                  _node("g-peer", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"},
                                          {"key": "soft", "effect": "PreferNoSchedule"}]))
     assert choose_pair(kube, POOL, Settings()) == (("canary-r-0", "g-peer"), "")
@@ -85,6 +86,15 @@ def test_a_one_node_pool_takes_the_first_ready_untainted_peer_on_its_driver_with
         None, "collective probe off (--gpucanary-peer-node=none)")
     assert choose_pair(kube, POOL, Settings(peer_node="a-full")) == (("canary-r-0", "a-full"), "")
     assert choose_pair(kube, Pool(("canary-r-0", "canary-r-1"), None, OLD), Settings()) == (("canary-r-0", "canary-r-1"), "")
+
+
+def test_on_a_real_cluster_a_peer_outside_the_pool_is_used_only_when_named(tmp_path) -> None:
+    kube = _kube(_node("canary-r-0"), _node("g-peer"))
+    real = tmp_path / "kubeconfig"
+    pair, note = choose_pair(kube, POOL, Settings(kubeconfig=real))
+    assert pair is None and note.startswith("no peer node outside the pool on a real cluster unless named "
+                                            "(--gpucanary-peer-node=NODE)")
+    assert choose_pair(kube, POOL, Settings(kubeconfig=real, peer_node="g-peer")) == (("canary-r-0", "g-peer"), "")
 
 
 def test_a_named_peer_is_checked_before_the_run_writes_anything() -> None:

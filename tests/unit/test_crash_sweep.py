@@ -37,7 +37,7 @@ from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
 from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.run import CanaryRun
-from pytest_gpucanary.workloads import IMAGE_PULL_ROLE, ROLE_LABEL
+from pytest_gpucanary.workloads import IMAGE_PULL_ROLE, PRIORITY_CLASS_MANIFEST, ROLE_LABEL
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.95.05"
 OPERATOR_NS = "gpu-operator"
@@ -70,6 +70,7 @@ def cluster(*, nvidiadriver_mode: bool) -> FakeKube:
          "spec": {"driver": {"useNvidiaDriverCRD": nvidiadriver_mode, "version": DRIVER_FROM,
                              "upgradePolicy": POLICY}}},
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS}},
+        PRIORITY_CLASS_MANIFEST,
         {"apiVersion": "apps/v1", "kind": "DaemonSet",
          "metadata": {"name": "nvidia-driver-daemonset", "namespace": OPERATOR_NS,
                       "labels": {"app.kubernetes.io/component": "nvidia-driver"}},
@@ -230,18 +231,16 @@ def test_clusterpolicy_mode_fails_at_rollout_naming_a_gpu_node_that_joins_mid_up
     the run's, and the ClusterPolicy is back at the pool's driver."""
     fake = cluster(nvidiadriver_mode=False)
 
-    def autoscaler() -> None:
-        fake.watch_until(*CLUSTER_POLICY, lambda cps: True if any(
-            cp["spec"]["driver"]["version"] == DRIVER_TO for cp in cps.values()) else None, timeout_s=30)
-        fake.create(gpu_node("gpu-joined"))
+    class Autoscaled(World):
+        def _react(self, kind: str, obj: dict, *, added: bool) -> None:
+            if kind == CLUSTER_POLICY[1] and obj["spec"]["driver"]["version"] == DRIVER_TO:
+                self._create(gpu_node("gpu-joined"))    # joins as the upgrade starts
+            super()._react(kind, obj, added=added)
 
-    joiner = threading.Thread(target=autoscaler, daemon=True)
-    joiner.start()
     lines: list[str] = []
-    with World(fake, pool_node="canary-0"):
+    with Autoscaled(fake, pool_node="canary-0"):
         outcome = CanaryRun(settings(tmp_path, "blast"), fake, ExistingNodeProvider(node="canary-0", restore_timeout_s=30),
                             progress=ProgressLine(write=lines.append)).execute()
-    joiner.join(timeout=5)
 
     rollout = outcome.verdict("rollout")
     assert rollout.outcome.value == "fail"

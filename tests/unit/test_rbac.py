@@ -7,6 +7,7 @@ import yaml
 from pytest_gpucanary.config import REPO_ROOT
 from pytest_gpucanary.fleet.kwok_pool import KWOK_POOL_PERMISSIONS
 from pytest_gpucanary.preflight import PERMISSIONS, Permission
+from pytest_gpucanary.workloads import PRIORITY_CLASS_MANIFEST
 
 
 def granted(path: str) -> set[tuple[str, str, str, str, str]]:
@@ -39,3 +40,9 @@ def test_the_local_fleet_kwok_pool_adds_only_its_nodes_and_nvidiadrivers() -> No
 def test_no_rule_grants_wildcards_or_secrets() -> None:
     rules = granted("deploy/rbac.yaml") | granted("deploy/local-fleet-kwok-pool.yaml")
     assert not [r for r in rules if "*" in r or r[2] in ("secrets", "configmaps")]
+
+
+def test_the_shipped_priority_class_is_the_one_the_canary_pods_name() -> None:
+    shipped = yaml.safe_load((REPO_ROOT / "deploy" / "priorityclass.yaml").read_text())
+    assert shipped == PRIORITY_CLASS_MANIFEST
+    assert shipped["value"] < 0 and shipped["preemptionPolicy"] == "Never" and shipped["globalDefault"] is False
