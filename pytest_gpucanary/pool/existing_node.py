@@ -91,9 +91,9 @@ class ExistingNodeProvider:
         if foreign and not self.allow_foreign_pods:
             raise ConfigError(f"node {name} runs {len(foreign)} pods the canary did not put there ({foreign[0]}...)",
                               hint=f"drain it first or pass {flag('allow_foreign_pods')}")
-        if RUN_ID_LABEL in node["metadata"].get("labels", {}):
-            raise ConfigError(f"node {name} is already in canary run {node['metadata']['labels'][RUN_ID_LABEL]}",
-                              hint="wait for it or run `gpucanary cleanup`")
+        if other := node["metadata"].get("labels", {}).get(RUN_ID_LABEL):
+            raise EnvError(f"node {name} is already in canary run {other}",
+                           hint=f"wait for it, or run `gpucanary cleanup --run-id {other}` if it was killed")
         for annotation in (SAVED_STATE_ANNOTATION, SKIP_SET_ANNOTATION):
             refuse_foreign({"kind": "Node", **node}, annotation, run_id="")
         if node["metadata"].get("labels", {}).get(POOL_ELIGIBLE_LABEL) != "true":

@@ -305,6 +305,16 @@ def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp
     proc.wait(timeout=30)
     left = [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")]
     assert left
+    # a second run given the killed run's pool never adopts what that run left there: refused before its first
+    # write (exit 6), naming the cleanup that finishes the killed run
+    [pool_node] = [n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=f"gpucanary.io/run-id={run_id}")]
+    second = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-run-id=second-after-kill",
+                       "--gpucanary-pool-provider=existing", f"--gpucanary-pool-node={pool_node}",
+                       reports=tmp_path / "second", timeout_s=300)
+    assert second.returncode == 6, second.stdout[-2000:] + second.stderr[-2000:]
+    assert f"gpucanary cleanup --run-id {run_id}" in second.stdout + second.stderr
+    assert [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")] == left
     # its Lease was renewed moments ago: cleanup watches it for a whole duration on its own clock before it calls
     # the run dead (nothing renews it now), takes it over, and restores in the run's own order with its waits
     result = gpucanary("cleanup", "--run-id", run_id, reports=tmp_path)   # as the CI templates call it

@@ -70,3 +70,55 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
         assert "gpucanary.io/skip-label-set-by" not in annotations
         assert not node["spec"].get("unschedulable")
     assert {n: p for n, p in driver_pods(kube).items() if n in before} == before, "a held-back driver pod restarted"
+
+
+def test_a_gpu_node_that_joins_mid_run_fails_rollout_and_the_target_leaves_it_again(
+        clusterpolicy_fleet: dict[str, str], tmp_path: Path) -> None:
+    """An autoscaler adds a GPU node while the canary's target is the ClusterPolicy's: the new node is not held
+    back, and its driver pod comes up at the target. The run stops waiting, fails at rollout naming the node
+    ("blast radius"), and restores at once; afterwards no node outside the pool runs the target."""
+    import threading
+    import uuid
+
+    from pytest_gpucanary.fleet.kwok_pool import KwokPool
+
+    kube = Kube.connect(clusterpolicy_fleet["KUBECONFIG_PATH"])
+    joined = KwokPool(kube, name=f"joined-{uuid.uuid4().hex[:6]}", run_id="autoscaler")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
+                             f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                             "--gpucanary-driver-version=580.95.05", "--gpucanary-probe-interval-s=10",
+                             "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
+                             "--gpucanary-job-duration-s=120", f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **clusterpolicy_fleet, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    output: list[str] = []
+    try:
+        for line in proc.stdout:
+            output.append(line)
+            if "applied; upgrading the pool" in line:
+                [name] = joined.create(driver_version=None)
+                # a node the cluster's owners made, not the canary
+                kube.patch("v1", "Node", name, {"metadata": {"labels": {"app.kubernetes.io/managed-by": None,
+                                                                        "gpucanary.io/run-id": None}}})
+                break
+        rest = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+        rest.start()
+        assert proc.wait(timeout=900) == 1, "".join(output)[-4000:]
+        rest.join(timeout=10)
+        text = "".join(output)
+        assert f"blast radius: GPU node {joined.nodes[0]} is not held back from the ClusterPolicy's target 580.95.05" \
+            in text, text[-4000:]
+        assert kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["version"] == "580.82.07"
+
+        def target_outside_the_pool(pods: dict[str, dict]) -> bool | None:
+            at_target = [p["spec"].get("nodeName") for p in pods.values()
+                         if any(":580.95.05" in c.get("image", "") for c in p["spec"]["containers"])]
+            return True if not at_target else None
+
+        kube.watch_until("v1", "Pod", target_outside_the_pool, timeout_s=600,   # the operator rolls it back
+                         label_selector="app=nvidia-driver-daemonset")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        joined.delete()

@@ -97,12 +97,10 @@ def already_in_a_run(fake: FakeKube) -> None:
     (no_driver_pod, "canary-0", "node canary-0 has no GPU Operator driver pod"),
     (foreign_pod, "canary-0", "node canary-0 runs 1 pods the canary did not put there (team-a/trainer-7d9...)"),
     (driver_selects_more_than_the_pool, "canary-0", "NVIDIADriver canary drives 2 nodes, not only the pool"),
-    (already_in_a_run, "canary-0", "node canary-0 is already in canary run other-run"),
     (not_marked_eligible, "canary-0", f"node canary-0 is not marked eligible for canary pools (no "
                                       f"{POOL_ELIGIBLE_LABEL}=true)"),
     (lambda fake: None, "gpu-9", "node 'gpu-9' does not exist in the cluster"),
-], ids=["not-gpu", "no-driver-pod", "foreign-pods", "shared-nvidiadriver", "in-another-run", "not-eligible",
-        "unknown-node"])
+], ids=["not-gpu", "no-driver-pod", "foreign-pods", "shared-nvidiadriver", "not-eligible", "unknown-node"])
 def test_a_node_the_canary_must_not_take_is_refused_in_one_line_and_left_alone(spoil, node_name: str,
                                                                               message: str) -> None:
     fake = good_cluster()
@@ -116,6 +114,19 @@ def test_a_node_the_canary_must_not_take_is_refused_in_one_line_and_left_alone(s
     assert str(refused.value).startswith(message)
     assert "\n" not in str(refused.value) and refused.value.hint
     assert fake.objects() == before and provider.carved == []
+
+
+def test_a_node_in_another_run_is_refused_as_the_environment_naming_the_cleanup_of_that_run() -> None:
+    fake = good_cluster()
+    already_in_a_run(fake)
+    before = fake.objects()
+
+    with pytest.raises(EnvError) as refused:
+        ExistingNodeProvider(node="canary-0").provision(fake, CLUSTER, run_id="r1")
+
+    assert str(refused.value) == ("node canary-0 is already in canary run other-run; wait for it, or run "
+                                  "`gpucanary cleanup --run-id other-run` if it was killed")
+    assert fake.objects() == before
 
 
 def test_foreign_pods_are_accepted_when_allowed() -> None:
