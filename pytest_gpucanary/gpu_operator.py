@@ -120,3 +120,9 @@ def driver_version_of(pod: Mapping[str, Any]) -> str:
 
 def image_at_version(image: str, version: str) -> bool:
     return image_tag(image).startswith(version)
+
+
+def driver_node_selector(driver: Mapping[str, Any]) -> str:
+    """The label selector of the nodes an NVIDIADriver drives (every GPU node when it names none)."""
+    selector = (driver.get("spec") or {}).get("nodeSelector") or {GPU_PRESENT_LABEL: "true"}
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))

@@ -162,8 +162,7 @@ def refuse_other_runs(kube: Kube, cluster: preflight.ClusterInfo, *, allow_share
     would go on under the policy under test."""
     if cluster.nvidiadriver_mode and not cluster.per_driver_policy and not allow_shared_policy:
         for driver in kube.list(*op.NVIDIADRIVER):
-            selector = (driver.get("spec") or {}).get("nodeSelector") or {op.GPU_PRESENT_LABEL: "true"}
-            for node in kube.each("v1", "Node", label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items()))):
+            for node in kube.each("v1", "Node", label_selector=op.driver_node_selector(driver)):
                 state = (node["metadata"].get("labels") or {}).get(op.UPGRADE_STATE_LABEL, "")
                 if state not in ("", op.UPGRADE_DONE):
                     raise EnvError(f"NVIDIADriver {driver['metadata']['name']}'s node {node['metadata']['name']} is in "

@@ -164,6 +164,7 @@ class Fleet:
         if self.is_up() or self._start_ingress_only(progress):
             self._refuse_other_release()
             progress(f"fleet: already up ({self.layout.root}, GPU Operator {self.operator_release()})")
+            self._ensure_priority_class(self.kubectl)
             self._ensure_nodes(progress)
             return
         self._refuse_leftovers()
@@ -227,7 +228,7 @@ class Fleet:
         self._start(operator_part, progress)
         self._start(agent, progress)
         self._start(ingress, progress)
-        self._kubectl_for(binaries.control_plane)("apply", "-f", "-", stdin=json.dumps(PRIORITY_CLASS_MANIFEST))
+        self._ensure_priority_class(self._kubectl_for(binaries.control_plane))
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
                                 release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma,
                                 pool_nodes=self._kubelet_pool_nodes(binaries))
@@ -328,6 +329,11 @@ class Fleet:
                  "kubelet_pool": bool(self._kubelet_pool_nodes(binaries)),
                  "kubelet_node_bin_dir": str(binaries.kubelet_node) if binaries.kubelet_node else None}
         self.layout.state_file.write_text(json.dumps(state, indent=2) + "\n")
+
+    @staticmethod
+    def _ensure_priority_class(kubectl: Callable[..., str]) -> None:
+        """The PriorityClass every canary pod names (deploy/priorityclass.yaml on a real cluster)."""
+        kubectl("apply", "-f", "-", stdin=json.dumps(PRIORITY_CLASS_MANIFEST))
 
     def _kubectl_for(self, bin_dir: Path) -> Callable[..., str]:
         return lambda *args, **kwargs: self.kubectl(*args, bin_dir=bin_dir, **kwargs)

@@ -17,7 +17,7 @@ from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_STATE_LABEL,
-    driver_version_of, is_driver_pod,
+    driver_node_selector, driver_version_of, is_driver_pod,
 )
 from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, saved_run
 from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
@@ -118,9 +118,7 @@ class ExistingNodeProvider:
 
     def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> str:
         for driver in kube.list(*NVIDIADRIVER):
-            selector = driver.get("spec", {}).get("nodeSelector") or {GPU_PRESENT_LABEL: "true"}
-            label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-            selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=label_selector)}
+            selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=driver_node_selector(driver))}
             if set(names) & selected:
                 if selected != set(names):
                     raise ConfigError(f"NVIDIADriver {driver['metadata']['name']} drives {len(selected)} nodes, "
