@@ -20,7 +20,7 @@ from pytest_gpucanary.gpu_operator import (
     driver_node_selector, driver_version_of, is_driver_pod,
 )
 from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, saved_run
-from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
+from pytest_gpucanary.policy.apply import RESTORE_RETRIES, SKIP_SET_ANNOTATION, refuse_foreign
 from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo
 
@@ -165,7 +165,7 @@ def carved_driver(node: dict) -> str:
 
 def restore_node(kube: Kube, name: str, run_id: str) -> bool:
     """Remove the run's label and annotation from the node, and nothing else; False when they are not the run's."""
-    for _ in range(3):
+    for _ in range(RESTORE_RETRIES):
         try:
             node = kube.get("v1", "Node", name)
         except NotFound:
@@ -181,7 +181,8 @@ def restore_node(kube: Kube, name: str, run_id: str) -> bool:
             return True
         except Conflict:
             continue
-    raise EnvError(f"node {name} kept changing while it was given back (3 tries)", hint="run `gpucanary cleanup` again")
+    raise EnvError(f"node {name} kept changing while it was given back ({RESTORE_RETRIES} tries)",
+                   hint="run `gpucanary cleanup` again")
 
 
 def _expected(pod: dict, run_id: str | None) -> bool:
