@@ -188,6 +188,7 @@ class RunLease:
         self._version = ""
         self._renewed = 0.0       # time.monotonic() of the last renewal
         self._stop = threading.Event()
+        self._stopping = threading.Lock()     # a release and a stop never interleave
         self._interrupt = threading.current_thread() is threading.main_thread()
         self._thread = threading.Thread(target=self._renew_loop, name="gpucanary-lease", daemon=True)
 
@@ -223,14 +224,18 @@ class RunLease:
         self._renewed = time.monotonic()
 
     def _stop_run(self, why: str) -> None:
-        self.lost = why
-        self.say(f"run {self.run_id} stops: {why}; it restores only what still holds what it wrote")
-        if self._interrupt:     # the run unwinds as on Ctrl-C: its restores are conditional writes
-            _thread.interrupt_main()
+        with self._stopping:
+            if self._stop.is_set():
+                return          # released meanwhile: the run is over, there is nothing to interrupt
+            self.lost = why
+            self.say(f"run {self.run_id} stops: {why}; it restores only what still holds what it wrote")
+            if self._interrupt:     # the run unwinds as on Ctrl-C: its restores are conditional writes
+                _thread.interrupt_main()
 
     def release(self) -> None:
         """Stop renewing and delete the Lease's namespace: the run has put everything back."""
-        self._stop.set()
+        with self._stopping:
+            self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         if self.lost:

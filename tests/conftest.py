@@ -2,9 +2,10 @@
 
 `make test` runs the suite in three worker processes (the end-to-end files spend most of their time
 waiting for the GPU Operator's 2-minute requeue, not computing). Each worker gets a fleet of its own:
-worker n's port base is the session's + 4,000 n (the fleet's second fleets and extra ports live
+worker n's port base is the session's - 4,000 n (the fleet's second fleets and extra ports live
 below +4,000) and its state directory gets the worker's name, so two fleets never share a port,
-a process or a file.
+a process or a file. The bases go down, not up: from 32768 the kernel hands ports to outgoing
+connections, and one of those can take a fleet port between the check and the bind.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     index = int(worker[2:])
     base = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400)
-    os.environ["GPUCANARY_FLEET_PORT_BASE"] = str(base + WORKER_PORT_SPACING * index)
+    worker_base = base - WORKER_PORT_SPACING * index
+    if worker_base < 1024:
+        raise pytest.UsageError(f"worker {worker}'s fleet port base {worker_base} is below 1024: "
+                                "raise GPUCANARY_FLEET_PORT_BASE or run fewer workers")
+    os.environ["GPUCANARY_FLEET_PORT_BASE"] = str(worker_base)
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     default_dir = Path(os.environ.get("GPUCANARY_FLEET_DIR") or Path(state) / "gpucanary" / "fleet")
     os.environ["GPUCANARY_FLEET_DIR"] = f"{default_dir}-{worker}"

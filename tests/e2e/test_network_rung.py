@@ -36,7 +36,7 @@ from pytest_gpucanary.workloads import Placement
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2250  # below 32768 for both workers
+PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2250  # a second fleet beside the session's
 PEER = "gpu-node-0"            # the fleet's one KWOK GPU node: on the old driver through every run
 PROBE_TIMEOUT_S = 30
 FAULTS = {"clean": None,

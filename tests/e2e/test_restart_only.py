@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FLEET_DRIVER = "580.82.07"      # what every fleet node runs: the run keeps it
 OLDER_RELEASE = "v25.10.1"
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2150  # below 32768 for both workers
+PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2150  # a second fleet beside the session's
 
 
 def gpucanary(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

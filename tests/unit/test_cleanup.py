@@ -363,6 +363,38 @@ def test_the_renewal_loop_outlives_any_exception(monkeypatch: pytest.MonkeyPatch
     run.release()
 
 
+def test_a_renewal_that_fails_while_the_run_releases_stops_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run is over once it releases: a renewal still in flight that then finds the Lease gone must not
+    report a lost Lease or interrupt whatever the process does next."""
+    monkeypatch.setenv(lease.TEST_DURATION_ENV, "4")
+    fake = FakeKube()
+    said: list[str] = []
+    held: list[lease.RunLease] = []
+    starter = threading.Thread(target=lambda: held.append(lease.RunLease(fake, "run-x", say=said.append).acquire()))
+    starter.start()
+    starter.join()
+    run = held[0]
+    in_flight, released = threading.Event(), threading.Event()
+    renew = run._renew
+
+    def slow_renew() -> None:
+        in_flight.set()
+        released.wait(10)
+        renew()                      # the Lease is gone by now: NotFound, then read() finds nobody
+
+    run._renew = slow_renew
+    assert in_flight.wait(10)
+    releaser = threading.Thread(target=run.release)
+    releaser.start()
+    deadline = time.monotonic() + 5
+    while not run._stop.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lease.release(fake, "run-x")     # as release() does once the renewal thread is joined
+    released.set()
+    releaser.join(10)
+    assert run.lost == "" and said == []
+
+
 def test_one_bad_annotation_is_reported_and_the_rest_restored() -> None:
     fake = cluster_as_found()
     found = fake.objects()
