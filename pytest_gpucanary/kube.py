@@ -22,12 +22,12 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
-import yaml
-from urllib3.exceptions import HTTPError
+from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProxyError, SSLError
 
 from pytest_gpucanary import __version__
 from pytest_gpucanary.config import flag
-from pytest_gpucanary.errors import ConfigError, GpucanaryError
+from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
+from pytest_gpucanary.kubeconfig import ExecToken, Selected, select
 
 T = TypeVar("T")
 OWNER_LABEL = "app.kubernetes.io/managed-by"
@@ -68,7 +68,13 @@ class Unavailable(KubeError):
     """The apiserver could not be reached or answered 5xx."""
 
 
-_BY_STATUS = {cls.status: cls for cls in (NotFound, Conflict, Gone, Throttled)}
+class Unauthorized(KubeError):
+    """401: the apiserver did not accept the credentials (expired, revoked, or never valid)."""
+
+    status = 401
+
+
+_BY_STATUS = {cls.status: cls for cls in (Unauthorized, NotFound, Conflict, Gone, Throttled)}
 
 
 def _message(exc: ApiException) -> str:
@@ -82,6 +88,25 @@ def _plain(_client: Any, data: Any) -> Any:
     """The dynamic client's serializer for plain JSON: no ResourceInstance built around every answer only to be
     converted back (on a list of 1,000 driver pods that took 87 MiB more at peak: 268 instead of 181 MiB)."""
     return data
+
+
+def _refused(exc: Exception, selected: Selected) -> GpucanaryError:
+    """The first request's failure in words a user acts on: refused credentials, a certificate the client
+    does not trust, a server that does not answer; never a bare MaxRetryError."""
+    where = f"the apiserver {selected.server} (context {selected.context!r})"
+    if isinstance(exc, ApiException) and exc.status == 401:
+        return EnvError(f"{where} refused the credentials of user {selected.user_name!r} (401 Unauthorized)",
+                        hint="they are expired, revoked or for another cluster: refresh the kubeconfig")
+    reason = getattr(exc, "reason", None) or exc
+    if isinstance(reason, SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(reason):
+        why = "certificate verify failed" if "CERTIFICATE_VERIFY_FAILED" in str(reason) else "handshake failed"
+        return EnvError(f"TLS with {where}: {why}",
+                        hint=f"check certificate-authority (and tls-server-name) of cluster {selected.cluster_name!r}")
+    if isinstance(reason, (NewConnectionError, ConnectTimeoutError, ProxyError)):
+        return EnvError(f"cannot connect to {where}: {type(reason).__name__}: "
+                        + " ".join(str(getattr(reason, "reason", None) or reason).split()[-6:])[:160],
+                        hint="is the server address right, and is it reachable from here?")
+    return _translate(exc, f"connecting to {where}")
 
 
 def _translate(exc: Exception, what: str) -> KubeError:
@@ -152,25 +177,30 @@ class Kube:
     """A connection to one cluster, named by kubeconfig path and context."""
 
     dynamic: DynamicClient
+    exec_token: ExecToken | None = None     # asked again, once, when the apiserver says 401
 
     @classmethod
     def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None,
                 option: str = flag("kubeconfig"), user_agent: str | None = None) -> Kube:
         """`option` is how the caller's command spells the kubeconfig, for the error line; `user_agent`
-        defaults to gpucanary/<version>, so the apiserver's audit log tells our requests apart."""
+        defaults to gpucanary/<version>, so the apiserver's audit log tells our requests apart. The
+        kubeconfig is checked field by field first (`kubeconfig.select`): one line per mistake."""
+        context_option = "--context" if option == "--kubeconfig" else flag("context")
+        selected = select(kubeconfig, context=context, option=option, context_option=context_option)
         try:
-            api = kube_config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None,
-                                                    context=context)
+            api = kube_config.new_client_from_config_dict(selected.config, context=selected.context)
             api.user_agent = user_agent or f"gpucanary/{__version__}"
-        except (ConfigException, OSError, TypeError, ValueError, AttributeError, KeyError, yaml.YAMLError) as exc:
-            # a kubeconfig of any content (binary, not YAML, no contexts) is the caller's input: one line
+        except (ConfigException, OSError, TypeError, ValueError, AttributeError, KeyError) as exc:
             why = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc).split()))[:160]
-            raise ConfigError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {type(exc).__name__}: {why}",
+            raise ConfigError(f"cannot load kubeconfig {selected.where}: {type(exc).__name__}: {why}",
                               hint=f"pass {option} naming a valid kubeconfig") from None
+        if selected.exec_token is not None:
+            token = selected.exec_token
+            api.configuration.refresh_api_key_hook = lambda conf: conf.api_key.update(BearerToken=token.bearer())
         try:
-            return cls(DynamicClient(api))
+            return cls(DynamicClient(api), selected.exec_token)
         except (ApiException, HTTPError, OSError) as exc:
-            raise _translate(exc, f"connecting to {api.configuration.host}") from exc
+            raise _refused(exc, selected) from exc
 
     def _resource(self, api_version: str, kind: str) -> Any:
         try:
@@ -182,6 +212,14 @@ class Kube:
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status != 401 or self.exec_token is None:
+                raise _translate(exc, what) from exc
+        except (HTTPError, OSError) as exc:
+            raise _translate(exc, what) from exc
+        self.exec_token.answer(force=True)      # revoked before its time: the plugin's next token, once
         try:
             return fn(*args, **kwargs)
         except (ApiException, HTTPError, OSError) as exc:
@@ -356,7 +394,7 @@ class Kube:
             yield from stream
         except (ApiException, HTTPError, OSError) as exc:
             error = _translate(exc, what)
-            if isinstance(error, (Gone, Unavailable)) or error.status == 0:
+            if isinstance(error, (Gone, Unavailable, Unauthorized)) or error.status == 0:
                 raise Gone(str(error)) from exc  # resume from a fresh list
             raise error from exc
 
