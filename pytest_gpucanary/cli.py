@@ -175,7 +175,8 @@ def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
         kube = Kube.connect(fleet.kubeconfig)
         prometheus_url = prometheus_url or fleet.prometheus_url
     report = preflight.check(kube, default_pool_provider(settings), target=settings.driver_version or "",
-                             prometheus_url=prometheus_url, service_url=settings.service_url)
+                             prometheus_url=prometheus_url, service_url=settings.service_url,
+                             longest_run_s=settings.longest_run_s())
     for line in report.notes:
         _progress(f"gpucanary: note: {line}")
     for line in report.exposure:

@@ -266,6 +266,11 @@ class Settings:
     def inconclusive_fails(self) -> bool:
         return not self.allow_inconclusive
 
+    def longest_run_s(self) -> float:
+        """A run's worst case: every image pull, the baseline, the upgrade budget for the rollout and once
+        more for the restore's waits, and 10 minutes for the phases and waits around them."""
+        return self.image_pull_timeout_s + self.baseline_s + 2 * self.upgrade_budget_s + 600
+
     def thresholds(self) -> dict[str, Any]:
         """The knobs the ladder judges with, by name (what a receipt records)."""
         return {k.name: getattr(self, k.name) for k in KNOBS if k.threshold}

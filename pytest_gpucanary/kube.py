@@ -13,11 +13,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from kubernetes import config as kube_config, watch as kube_watch
-from kubernetes.client import CoreV1Api
+from kubernetes.client import CoreV1Api, VersionApi
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
@@ -27,7 +28,7 @@ from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionErro
 from pytest_gpucanary import __version__
 from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
-from pytest_gpucanary.kubeconfig import ExecToken, Selected, select
+from pytest_gpucanary.kubeconfig import ExecToken, FileToken, Selected, select
 
 T = TypeVar("T")
 OWNER_LABEL = "app.kubernetes.io/managed-by"
@@ -177,7 +178,8 @@ class Kube:
     """A connection to one cluster, named by kubeconfig path and context."""
 
     dynamic: DynamicClient
-    exec_token: ExecToken | None = None     # asked again, once, when the apiserver says 401
+    token_source: ExecToken | FileToken | None = None     # read again, once, when the apiserver says 401
+    token_expires: datetime | None = None   # a static token's end, where it says (a ServiceAccount token)
 
     @classmethod
     def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None,
@@ -194,11 +196,12 @@ class Kube:
             why = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc).split()))[:160]
             raise ConfigError(f"cannot load kubeconfig {selected.where}: {type(exc).__name__}: {why}",
                               hint=f"pass {option} naming a valid kubeconfig") from None
-        if selected.exec_token is not None:
-            token = selected.exec_token
-            api.configuration.refresh_api_key_hook = lambda conf: conf.api_key.update(BearerToken=token.bearer())
+        if selected.token_source is not None:
+            source = selected.token_source
+            api.configuration.refresh_api_key_hook = lambda conf: conf.api_key.update(BearerToken=source.bearer())
         try:
-            return cls(DynamicClient(api), selected.exec_token)
+            VersionApi(api).get_code(_request_timeout=REQUEST_TIMEOUT_S)  # who we are, and whom we talk to, now
+            return cls(DynamicClient(api), selected.token_source, selected.static_token_expiry())
         except (ApiException, HTTPError, OSError) as exc:
             raise _refused(exc, selected) from exc
 
@@ -215,11 +218,11 @@ class Kube:
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
-            if exc.status != 401 or self.exec_token is None:
+            if exc.status != 401 or self.token_source is None:
                 raise _translate(exc, what) from exc
         except (HTTPError, OSError) as exc:
             raise _translate(exc, what) from exc
-        self.exec_token.answer(force=True)      # revoked before its time: the plugin's next token, once
+        self.token_source.renew()      # revoked or rotated before its time: the next token, once
         try:
             return fn(*args, **kwargs)
         except (ApiException, HTTPError, OSError) as exc:

@@ -7,7 +7,8 @@ wins), picks the context and checks what it names: each mistake is one line nami
 did not work (a plugin not installed, or one that ran and failed). What comes back is a one-context
 kubeconfig with absolute paths and, for an exec user, the plugin replaced by the token it answered;
 `ExecToken` asks the plugin again once three quarters of that token's life are gone, and at once
-after the apiserver said 401 (a token revoked before its time).
+after the apiserver said 401 (a token revoked before its time); `FileToken` reads a tokenFile again
+each minute and after a 401.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import base64
 import binascii
 import ipaddress
 import json
+import math
 import os
 import re
 import shutil
@@ -23,6 +25,7 @@ import ssl
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,6 +53,18 @@ def _one_line(text: str, limit: int = 240) -> str:
     return redact(" ".join("".join(c if c.isprintable() else " " for c in text).split()))[:limit]
 
 
+def token_expiry(token: str) -> datetime | None:
+    """The `exp` claim of a JWT (a ServiceAccount token), read without verifying; None for other tokens."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        return datetime.fromtimestamp(int(claims["exp"]), timezone.utc)
+    except (ValueError, KeyError, TypeError, OverflowError):
+        return None
+
+
 @dataclass(frozen=True)
 class Selected:
     """The context a command will use: its names, and the kubeconfig reduced to it."""
@@ -60,7 +75,12 @@ class Selected:
     user_name: str
     server: str
     config: dict               # a one-context kubeconfig: absolute paths; an exec user as its token
-    exec_token: ExecToken | None = None
+    token_source: ExecToken | FileToken | None = None    # a token read again as it ages and after a 401
+
+    def static_token_expiry(self) -> datetime | None:
+        """When the user's fixed token stops working, where it says (a plugin's or a file's is read again)."""
+        token = self.config["users"][0]["user"].get("token")
+        return token_expiry(token) if token and self.token_source is None else None
 
 
 def default_paths() -> list[Path]:
@@ -133,13 +153,13 @@ def select(kubeconfig: Path | str | None, *, context: str | None, option: str,
     user_file, user = users[user_name] if user_name else (cluster_file, {})
     cluster = _checked_cluster(dict(cluster), f"kubeconfig {where}: cluster {cluster_name!r}", cluster_file.parent,
                                hint)
-    user, exec_token = _checked_user(dict(user), f"kubeconfig {where}: user {user_name!r}", user_file.parent, hint,
+    user, token_source = _checked_user(dict(user), f"kubeconfig {where}: user {user_name!r}", user_file.parent, hint,
                                      cluster)
     config = {"apiVersion": "v1", "kind": "Config", "current-context": name,
               "contexts": [{"name": name, "context": {"cluster": cluster_name, "user": user_name}}],
               "clusters": [{"name": cluster_name, "cluster": cluster}],
               "users": [{"name": user_name, "user": user}]}
-    return Selected(where, name, cluster_name, user_name, cluster["server"], config, exec_token)
+    return Selected(where, name, cluster_name, user_name, cluster["server"], config, token_source)
 
 
 def _file(base: Path, value: Any, what: str, hint: str) -> Path:
@@ -207,11 +227,12 @@ def _checked_user(user: dict, what: str, base: Path, hint: str, cluster: dict) -
         raise ConfigError(f"{what}: client-certificate without client-key (or the other way round)", hint=hint)
     if cert is not None and key is not None:
         _cert_and_key(cert, key, what, hint)
-    if user.get("tokenFile"):
-        path = _file(base, user["tokenFile"], f"{what}: tokenFile", hint)
-        user["tokenFile"] = str(path)
-        if not path.read_text(errors="replace").strip():
+    if user.get("tokenFile") and "exec" not in user:
+        path = _file(base, user.pop("tokenFile"), f"{what}: tokenFile", hint)
+        source = FileToken(path)
+        if not source.read():
             raise ConfigError(f"{what}: tokenFile {path} is empty", hint=hint)
+        return {**user, "token": source.read()}, source
     provider = (user.get("auth-provider") or {}).get("name") if isinstance(user.get("auth-provider"), dict) else None
     if user.get("auth-provider") and provider not in AUTH_PROVIDERS:
         raise ConfigError(f"{what}: auth-provider {provider!r} is not supported (kubectl removed it in 1.26)",
@@ -305,6 +326,9 @@ class ExecToken:
     def bearer(self, *, force: bool = False) -> str:
         return f"Bearer {self.answer(force=force).token}"
 
+    def renew(self) -> None:
+        self.answer(force=True)
+
     def _ask(self) -> Answer:
         info: dict[str, Any] = {"interactive": False}
         if self.spec.provide_cluster_info:
@@ -354,3 +378,31 @@ class ExecToken:
             _cert_and_key(cert, key, f"{self.what}: exec plugin {name}'s answer", "check the plugin")
             return Answer(cert=cert, key=key, expires=expires)
         raise bad("status has neither token nor clientCertificateData and clientKeyData")
+
+
+class FileToken:
+    """A tokenFile, read again each minute and after a 401, as client-go does: a projected ServiceAccount
+    token (CI in a pod) is rotated by the kubelet while the run goes on."""
+
+    REREAD_S = 60
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._token, self._read_at = "", -math.inf
+        self._lock = threading.Lock()
+
+    def read(self) -> str:
+        try:
+            return self.path.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def bearer(self, *, force: bool = False) -> str:
+        with self._lock:
+            if force or time.monotonic() - self._read_at >= self.REREAD_S:
+                self._token = self.read() or self._token      # a file caught mid-rotation keeps the last one
+                self._read_at = time.monotonic()
+            return f"Bearer {self._token}"
+
+    def renew(self) -> None:
+        self.bearer(force=True)

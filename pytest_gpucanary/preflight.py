@@ -12,6 +12,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable
 
 from pytest_gpucanary import gpu_operator as op
@@ -217,9 +218,21 @@ def priority_class_problem(kube: Kube) -> str | None:
         return f"cannot read PriorityClass {PRIORITY_CLASS} ({err})"
 
 
+def token_life_problem(kube: Kube, longest_run_s: float) -> str:
+    """A static token that expires before a run's worst case ends; exec-plugin tokens are asked for again."""
+    if kube.token_expires is None:
+        return ""
+    left_s = (kube.token_expires - datetime.now(timezone.utc)).total_seconds()
+    if left_s >= longest_run_s:
+        return ""
+    return (f"the kubeconfig's token expires in {max(left_s, 0) / 60:.0f} min, before a run with these options may "
+            f"end (up to {longest_run_s / 60:.0f} min): mint one that lives longer, or use an exec credential plugin")
+
+
 def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: str | None,
-          service_url: str | None) -> PreflightReport:
-    """Every read-only check, each problem one line; nothing is written."""
+          service_url: str | None, longest_run_s: float | None = None) -> PreflightReport:
+    """Every read-only check, each problem one line; nothing is written. With `longest_run_s`, a static
+    token that ends before a run could is a problem (a restore cut off by its own credentials)."""
     try:
         cluster = discover(kube)
     except GpucanaryError as err:
@@ -240,4 +253,9 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
         problems += [Problem(line) for line in metrics.missing_series(prometheus_url)]
     else:
         notes.append("no Prometheus URL: the metric checks will not run")
+    if longest_run_s:
+        notes.append(f"a run with these options can take up to {longest_run_s / 60:.0f} min (image pulls, baseline, "
+                     "the upgrade budget for the rollout and again for the restore)")
+        if problem := token_life_problem(kube, longest_run_s):
+            problems.append(Problem(problem))
     return PreflightReport(cluster, tuple(problems), tuple(notes), exposure(cluster, target=target))

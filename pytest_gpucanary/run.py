@@ -200,7 +200,8 @@ class CanaryRun:
         clock.next("preflight")
         policy = check_inputs(settings, fleet_chart=self.fleet.helm_chart if self.fleet else None)   # before any write
         checked = preflight.check(self.kube, self.provider, target=settings.driver_version,   # read-only
-                                  prometheus_url=self._prometheus_url(), service_url=settings.service_url)
+                                  prometheus_url=self._prometheus_url(), service_url=settings.service_url,
+                                  longest_run_s=settings.longest_run_s())
         for problem in checked.problems:
             self.progress.line(f"preflight: {problem.line}")
         checked.raise_first()

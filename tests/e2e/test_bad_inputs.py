@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.audit import read_log
@@ -40,6 +41,7 @@ def files(tmp: Path) -> dict[str, Path]:
                                    "'https://127.0.0.1:9'}\nusers:\n- name: u\n  user: {token: x}\ncontexts:\n- name: c\n"
                                    "  context: {cluster: c, user: u}\ncurrent-context: c\n"),
         "inventory-nan.yaml": INVENTORY.read_text().replace("restore_s: 63 ", "restore_s: .nan "),
+        **{f"kubeconfig-{name}": yaml.safe_dump(_kubeconfig(*mistake)) for name, mistake in KUBECONFIG_MISTAKES.items()},
     }
     paths = {name: tmp / name for name in made}
     for name, text in made.items():
@@ -50,10 +52,45 @@ def files(tmp: Path) -> dict[str, Path]:
     return paths
 
 
+# kubeconfig mistakes, each with its exit code: 4 for what the file says, 6 for what it points at
+KUBECONFIG_MISTAKES = {
+    "server-not-a-url": ({"server": "gpu.example:6443"}, 4),
+    "ca-not-a-certificate": ({"certificate-authority-data": "aGVsbG8="}, 4),
+    "context-unknown": ({"context": "production"}, 4),
+    "plugin-not-installed": ({"user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                                                "command": "aws-not-installed", "args": ["eks", "get-token"]}}}, 6),
+    "plugin-fails": ({"user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "sh",
+                                        "args": ["-c", "echo 'error: the SSO session has expired' >&2; exit 1"]}}}, 6),
+}
+
+
+def _kubeconfig(change: dict, code: int) -> dict:
+    cluster = {"server": change.get("server", "https://127.0.0.1:9")}
+    if "certificate-authority-data" in change:
+        cluster["certificate-authority-data"] = change["certificate-authority-data"]
+    return {"apiVersion": "v1", "kind": "Config", "current-context": change.get("context", "c"),
+            "clusters": [{"name": "c", "cluster": cluster}], "users": [{"name": "u", "user": change.get("user", {"token": "x"})}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+
+
+def kubeconfig_cases(f: dict[str, Path]) -> list[tuple[str, list[str], int, dict[str, str]]]:
+    """Each kubeconfig mistake through every command that takes a kubeconfig."""
+    policy = str(FIXTURES / "policies" / "default.yaml")
+    made = []
+    for name, (_, code) in KUBECONFIG_MISTAKES.items():
+        path = str(f[f"kubeconfig-{name}"])
+        made += [(f"run-kubeconfig-{name}", ["run", *GOOD, f"--gpucanary-kubeconfig={path}"], code, {}),
+                 (f"preflight-kubeconfig-{name}", ["preflight", *GOOD, f"--gpucanary-kubeconfig={path}"], code, {}),
+                 (f"cleanup-kubeconfig-{name}", ["cleanup", "--kubeconfig", path], code, {}),
+                 (f"gate-kubeconfig-{name}", ["gate", "--base", policy, "--head", policy, GOOD[1],
+                                              f"--gpucanary-kubeconfig={path}"], code, {})]
+    return made
+
+
 def cases(f: dict[str, Path]) -> list[tuple[str, list[str], int, dict[str, str]]]:
     """(id, arguments, exit code, extra environment)."""
     run = [("run", *GOOD)]
-    return [
+    return [*kubeconfig_cases(f),
         ("run-no-policy", ["run", "--gpucanary-driver-version=580.95.05"], 4, {}),
         ("run-no-version", ["run", GOOD[0]], 4, {}),
         ("run-missing-policy", ["run", "--gpucanary-policy=/nonexistent.yaml", GOOD[1]], 4, {}),
@@ -142,3 +179,28 @@ def test_every_bad_input_is_one_line_the_right_code_and_no_request(gpucanary_fle
     touched = sorted({name for name, since, until in windows for r in records
                       if since <= r.received_s <= until})
     assert not touched, f"requests made by refused inputs: {touched}"
+
+
+def test_a_server_certificate_or_token_the_other_side_refuses_is_one_line_naming_it(
+        gpucanary_fleet, tmp_path: Path) -> None:
+    """Found on the first request: exit 6, and words that point at the field, not at the network."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", "other-ca.key", "-out", "other-ca.crt", "-days", "1", "-subj", "/CN=another-ca"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    config = yaml.safe_load(gpucanary_fleet.fleet.kubeconfig.read_text())
+    wrong_ca, bad_token = yaml.safe_load(yaml.safe_dump(config)), yaml.safe_load(yaml.safe_dump(config))
+    wrong_ca["clusters"][0]["cluster"]["certificate-authority"] = str(tmp_path / "other-ca.crt")
+    bad_token["users"][0]["user"] = {"token": "not-a-token-this-cluster-issued"}
+    want = {"wrong-ca": "certificate verify failed; check certificate-authority (and tls-server-name) of cluster",
+            "bad-token": "refused the credentials of user 'gpucanary-admin' (401 Unauthorized)"}
+    problems = []
+    for name, doc in (("wrong-ca", wrong_ca), ("bad-token", bad_token)):
+        path = tmp_path / f"{name}.kubeconfig"
+        path.write_text(yaml.safe_dump(doc))
+        for args in (["preflight", *GOOD, f"--gpucanary-kubeconfig={path}"], ["cleanup", "--kubeconfig", str(path)]):
+            done = subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True,
+                                  text=True, timeout=120)
+            lines = error_lines(done.stdout + done.stderr)
+            if done.returncode != 6 or len(lines) != 1 or want[name] not in lines[0]:
+                problems.append(f"{name} {args[0]}: exit {done.returncode}: {lines or done.stderr[-400:]}")
+    assert not problems, "\n".join(problems)

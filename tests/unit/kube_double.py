@@ -73,6 +73,7 @@ class FakeKube:
     watch_until = Kube.watch_until
     wait_for = Kube.wait_for
     wait_gone = Kube.wait_gone
+    token_expires = None          # the credentials a test's runs use never end
 
     def __init__(self) -> None:
         self._store: dict[tuple[str, str], dict[Key, dict]] = {}

@@ -299,9 +299,9 @@ def test_two_cleanups_at_once_take_a_dead_run_over_once() -> None:
         for thread in threads:
             thread.join(timeout=60)
 
-    left_alone = [name for name, said in lines.items() if any(
-        line.startswith("left run run-a alone: another cleanup") for line in said)]
-    assert len(left_alone) == 1, lines
+    # the loser lost the swap, or (on a slow machine) read the Lease only after the winner had released it
+    restored = sorted(result.restored for result in results.values())
+    assert restored[0] == 0 < restored[1], lines
     assert {key: content(fake.objects()[key]) for key in RUN_A_RESTORED} == \
         {key: content(found[key]) for key in RUN_A_RESTORED}
 

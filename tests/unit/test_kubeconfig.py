@@ -212,7 +212,7 @@ def test_a_401_asks_the_plugin_once_more_and_retries_once() -> None:
 
     token = ExecToken(ExecSpec(Path("/bin/true"), (), {}, "client.authentication.k8s.io/v1", False), "user 'ci'", {},
                       run=Plugin(lifetime_s=3600))
-    kube = Kube(dynamic=None, exec_token=token)
+    kube = Kube(dynamic=None, token_source=token)
     sent: list[str] = []
 
     def revoked_once(**kwargs: object) -> str:
@@ -228,3 +228,47 @@ def test_a_401_asks_the_plugin_once_more_and_retries_once() -> None:
 
     with pytest.raises(Unauthorized, match="get Node: 401"):
         kube._call("get Node", never)
+
+
+def _jwt(exp: datetime) -> str:
+    def part(doc: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode().rstrip("=")
+    return f"{part({'alg': 'RS256'})}.{part({'exp': int(exp.timestamp()), 'sub': 'system:serviceaccount:x:y'})}.sig"
+
+
+def test_a_static_token_that_ends_before_a_run_could_is_a_preflight_problem(tmp_path: Path) -> None:
+    from pytest_gpucanary.config import Settings
+    from pytest_gpucanary.kube import Kube
+    from pytest_gpucanary.preflight import token_life_problem
+
+    longest_s = Settings().longest_run_s()
+    assert longest_s == 600 + 30 + 2 * 1200 + 600                        # the defaults: about 60 min
+    soon = datetime.now(timezone.utc) + timedelta(minutes=30)
+    selected = select(kubeconfig(tmp_path, user={"token": _jwt(soon)}), context=None, option="--kubeconfig")
+    assert abs((selected.static_token_expiry() - soon).total_seconds()) < 1
+    problem = token_life_problem(Kube(None, token_expires=selected.static_token_expiry()), longest_s)
+    assert problem.startswith("the kubeconfig's token expires in 30 min, before a run with these options may end "
+                              "(up to 60 min)"), problem
+    later = datetime.now(timezone.utc) + timedelta(hours=2)
+    assert token_life_problem(Kube(None, token_expires=later), longest_s) == ""
+    assert select(kubeconfig(tmp_path, user={"token": "opaque"}), context=None,
+                  option="--kubeconfig").static_token_expiry() is None
+
+
+def test_a_token_file_is_read_again_after_a_401_and_each_minute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_gpucanary.kubeconfig import FileToken
+
+    (tmp_path / "token").write_text("first\n")
+    selected = select(kubeconfig(tmp_path, user={"tokenFile": "token"}), context=None, option="--kubeconfig")
+    source = selected.token_source
+    assert isinstance(source, FileToken) and selected.config["users"][0]["user"] == {"token": "first"}
+    assert source.bearer() == "Bearer first"
+    (tmp_path / "token").write_text("rotated\n")            # the kubelet rotated the projected token
+    assert source.bearer() == "Bearer first"                 # within the minute: the cached one
+    source.renew()                                           # a 401
+    assert source.bearer() == "Bearer rotated"
+    (tmp_path / "token").write_text("")                      # caught mid-rotation
+    monkeypatch.setattr(FileToken, "REREAD_S", 0)
+    assert source.bearer() == "Bearer rotated"
+    (tmp_path / "empty").write_text("\n")
+    assert "tokenFile" in refused(kubeconfig(tmp_path, user={"tokenFile": "empty"}))
