@@ -169,14 +169,20 @@ class LoadRun:
         return self._procs[0].returncode if self._procs else None
 
     def stop(self, *, grace_s: float = STOP_GRACE_S) -> int | None:
-        """SIGINT (locust prints its summary and exits), then SIGKILL after `grace_s`; the master first,
-        so workers get its quit message. Returns the master's exit code (None if never started)."""
+        """SIGINT (locust prints its summary and exits), SIGTERM after half of `grace_s` (the same shutdown
+        through gevent's own handler: a SIGINT that lands while locust is still starting up on a loaded
+        machine can go unanswered), then SIGKILL; the master first, so workers get its quit message.
+        Returns the master's exit code (None if never started)."""
         for proc in self._procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if proc.poll() is None:
+                    proc.send_signal(sig)
+                try:
+                    proc.wait(timeout=grace_s / 2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            else:
                 proc.kill()
                 proc.wait(timeout=5)
         return self._procs[0].returncode if self._procs else None
