@@ -169,6 +169,31 @@ def saved_run(obj: dict, annotation: str) -> str | None:
         return f"<unreadable {str(raw)[:32]!r}>"
 
 
+RESTORE_RETRIES = 3      # a 409 on a conditional restore: read again and decide again, this often
+
+
+def patch_as_read(kube: Kube, api_version: str, kind: str, name: str,
+                  decide: Callable[[dict], tuple[dict | None, T]], *, what: str) -> T | None:
+    """Read the object, let `decide` make the patch from what it read, and write it only if the object is
+    still as read (its resourceVersion); on a 409 read and decide again. `decide` returns (None, result) to
+    write nothing. None when the object is gone; EnvError when it keeps changing."""
+    for _ in range(RESTORE_RETRIES):
+        try:
+            obj = kube.get(api_version, kind, name)
+        except NotFound:
+            return None
+        body, result = decide(obj)
+        if body is None:
+            return result
+        try:
+            kube.patch(api_version, kind, name, body, resource_version=obj["metadata"]["resourceVersion"])
+            return result
+        except Conflict:
+            continue        # changed between the read and the write: judge it again
+    raise EnvError(f"{what} kept changing while it was restored ({RESTORE_RETRIES} tries)",
+                   hint="run `gpucanary cleanup` again")
+
+
 def owned_labels(run_id: str) -> dict[str, str]:
     return {OWNER_LABEL: OWNER, RUN_ID_LABEL: run_id}
 

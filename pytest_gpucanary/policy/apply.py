@@ -32,13 +32,12 @@ from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_SELECTOR, NVIDIADRIVER, SKIP_LABEL, UPGRADE_REQUIRED,
     UPGRADE_STATE_LABEL, image_at_version,
 )
-from pytest_gpucanary.kube import Conflict, Kube, NotFound, saved_run
+from pytest_gpucanary.kube import Kube, NotFound, patch_as_read, saved_run
 from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.preflight import ClusterInfo
 
 SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"     # JSON: run id, the prior spec values, the values written
 SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"  # JSON: run id, prior upgrade state, prior driver version
-RESTORE_RETRIES = 3      # a 409 on a restore: read again and retry, this often
 
 
 @dataclass
@@ -185,14 +184,11 @@ def release_holds(kube: Kube, run_id: str, nodes: list[str], version: str, names
 
 def restore_saved_spec(kube: Kube, kind: tuple[str, str], name: str, run_id: str) -> str | None:
     """Put back what `run_id` changed on the object, field by field, each only while it still holds what the
-    run wrote; drop the run's annotation. A line saying what was done, or None when nothing of the run is there."""
-    for _ in range(RESTORE_RETRIES):
-        try:
-            obj = kube.get(*kind, name)
-        except NotFound:
-            return None  # the object went away (e.g. a kwok pool's own NVIDIADriver)
+    run wrote; drop the run's annotation. A line saying what was done, or None when nothing of the run is there
+    (or the object went away, e.g. a kwok pool's own NVIDIADriver)."""
+    def decide(obj: dict) -> tuple[dict | None, str | None]:
         if saved_run(obj, SAVED_SPEC_ANNOTATION) != run_id:
-            return None
+            return None, None
         saved = saved_json(obj, SAVED_SPEC_ANNOTATION)
         prior, wrote = saved.get("spec") or {}, saved.get("wrote")
         current = obj.get("spec") or {}
@@ -203,17 +199,12 @@ def restore_saved_spec(kube: Kube, kind: tuple[str, str], name: str, run_id: str
                 kept.append(".".join(path))
                 continue
             _put(patch, path, _exactly(_dig(current, path), _dig(prior, path)))
-        try:
-            kube.patch(*kind, name, {"spec": patch, "metadata": {"annotations": {SAVED_SPEC_ANNOTATION: None}}},
-                       resource_version=obj["metadata"]["resourceVersion"])
-        except Conflict:
-            continue     # changed between the read and the write: judge it again
         line = f"restored {kind[1]} {name}"
         if kept:
             line += f"; left spec.{', spec.'.join(kept)} as it is: changed since the canary wrote it"
-        return line
-    raise EnvError(f"{kind[1]} {name} kept changing while it was restored ({RESTORE_RETRIES} tries)",
-                   hint="run `gpucanary cleanup` again")
+        return {"spec": patch, "metadata": {"annotations": {SAVED_SPEC_ANNOTATION: None}}}, line
+
+    return patch_as_read(kube, *kind, name, decide, what=f"{kind[1]} {name}")
 
 
 def saved_json(obj: dict, annotation: str) -> dict:
@@ -267,13 +258,9 @@ def release_hold(kube: Kube, node: str, run_id: str) -> bool:
     """Drop the skip label this run set, putting back the upgrade state saved with it where the operator moved
     the node to upgrade-required meanwhile; anything else on the node is left. False when the run holds nothing
     there (released already, or the node is gone)."""
-    for _ in range(RESTORE_RETRIES):
-        try:
-            obj = kube.get("v1", "Node", node)
-        except NotFound:
-            return False
+    def decide(obj: dict) -> tuple[dict | None, bool]:
         if saved_run(obj, SKIP_SET_ANNOTATION) != run_id:
-            return False
+            return None, False
         prior_state = saved_json(obj, SKIP_SET_ANNOTATION).get("state", "")
         current = obj["metadata"].get("labels") or {}
         labels: dict = {}
@@ -281,14 +268,9 @@ def release_hold(kube: Kube, node: str, run_id: str) -> bool:
             labels[SKIP_LABEL] = None
         if prior_state and current.get(UPGRADE_STATE_LABEL) == UPGRADE_REQUIRED:
             labels[UPGRADE_STATE_LABEL] = prior_state
-        try:
-            kube.patch("v1", "Node", node, {"metadata": {"labels": labels, "annotations": {SKIP_SET_ANNOTATION: None}}},
-                       resource_version=obj["metadata"]["resourceVersion"])
-            return True
-        except Conflict:
-            continue
-    raise EnvError(f"node {node} kept changing while its hold was released ({RESTORE_RETRIES} tries)",
-                   hint="run `gpucanary cleanup` again")
+        return {"metadata": {"labels": labels, "annotations": {SKIP_SET_ANNOTATION: None}}}, True
+
+    return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}'s hold"))
 
 
 def wait_driver_daemonsets(kube: Kube, namespace: str | None, version: str, *, timeout_s: float = 120.0) -> None:

@@ -19,8 +19,8 @@ from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_STATE_LABEL,
     driver_node_selector, driver_version_of, is_driver_pod,
 )
-from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, saved_run
-from pytest_gpucanary.policy.apply import RESTORE_RETRIES, SKIP_SET_ANNOTATION, refuse_foreign
+from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound, patch_as_read, saved_run
+from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
 from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo
 
@@ -165,24 +165,13 @@ def carved_driver(node: dict) -> str:
 
 def restore_node(kube: Kube, name: str, run_id: str) -> bool:
     """Remove the run's label and annotation from the node, and nothing else; False when they are not the run's."""
-    for _ in range(RESTORE_RETRIES):
-        try:
-            node = kube.get("v1", "Node", name)
-        except NotFound:
-            return False
-        meta = node["metadata"]
+    def decide(node: dict) -> tuple[dict | None, bool]:
         if saved_run(node, SAVED_STATE_ANNOTATION) != run_id:
-            return False
-        labels = {RUN_ID_LABEL: None} if (meta.get("labels") or {}).get(RUN_ID_LABEL) == run_id else {}
-        try:
-            kube.patch("v1", "Node", name, {"metadata": {"labels": labels,
-                                                         "annotations": {SAVED_STATE_ANNOTATION: None}}},
-                       resource_version=meta["resourceVersion"])
-            return True
-        except Conflict:
-            continue
-    raise EnvError(f"node {name} kept changing while it was given back ({RESTORE_RETRIES} tries)",
-                   hint="run `gpucanary cleanup` again")
+            return None, False
+        labels = {RUN_ID_LABEL: None} if (node["metadata"].get("labels") or {}).get(RUN_ID_LABEL) == run_id else {}
+        return {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: None}}}, True
+
+    return bool(patch_as_read(kube, "v1", "Node", name, decide, what=f"node {name}"))
 
 
 def _expected(pod: dict, run_id: str | None) -> bool:
