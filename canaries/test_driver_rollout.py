@@ -17,6 +17,9 @@ def assert_stage(run, stage: str) -> None:
     if verdict.outcome.value == "skipped":
         pytest.skip(verdict.summary)
     if run.fails_gate(verdict):
+        for item in verdict.evidence:       # the JUnit system-out: what the verdict rests on, a failing container's log
+            at = f"+{item.offset_s:.0f}s" if item.offset_s is not None else "-"
+            print(f"{at} {item.kind} {item.ref}: {item.text}")
         pytest.fail(verdict.summary, pytrace=False)
 
 

@@ -307,10 +307,13 @@ class Kube:
         _crash_hook.wrote(kind)
         return patched
 
-    def pod_log(self, name: str, *, namespace: str, tail_lines: int = 50) -> str:
+    def pod_log(self, name: str, *, namespace: str, tail_lines: int = 50, container: str | None = None,
+                previous: bool = False) -> str:
+        """The last lines a container wrote; `previous`: of its last run, before the restart (a crash loop's)."""
         api = CoreV1Api(self.dynamic.client)
+        optional = {"container": container} if container else {}
         return self._call(f"read the log of pod {namespace}/{name}", api.read_namespaced_pod_log, name, namespace,
-                          tail_lines=tail_lines)
+                          tail_lines=tail_lines, previous=previous, **optional)
 
     def evict(self, name: str, *, namespace: str, grace_s: int | None = None) -> None:
         """Evict a pod through the Eviction API; raises Throttled when a PDB refuses it."""

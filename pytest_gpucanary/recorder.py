@@ -92,6 +92,10 @@ class Recorder:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def note(self, record: Record) -> None:
+        """Add what the run itself read (a crashing container's log) to the timeline, beside what was watched."""
+        self._append(record)
+
     def _append(self, record: Record) -> None:
         with self._changed:
             if self._file.closed:  # a watch thread still ending after stop(); the run is over

@@ -38,7 +38,7 @@ from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
-from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, timeline
+from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, stall, timeline
 from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
@@ -504,8 +504,9 @@ class CanaryRun:
     def _watch_upgrade(self, pool: Pool, recorder: Recorder, release: str | None,
                        blast_radius: BlastRadiusWatch | None) -> list[str]:
         """Wait for every pool node's end state within the budget, or a breach of the blast radius (returned)."""
-        started = time.monotonic()
+        started, started_wall_ns = time.monotonic(), time.time_ns()
         budget_s = self.settings.upgrade_budget_s
+        said: set[tuple[str, str]] = set()
         while time.monotonic() - started < budget_s:
             if blast_radius is not None and blast_radius.breaches:
                 return list(blast_radius.breaches)
@@ -514,11 +515,39 @@ class CanaryRun:
                                   timeout_s=2.0)
                 break
             except TimeoutError:
-                self.progress.status(self._status_text(pool, recorder, time.monotonic() - started, release))
+                pass
+            records = recorder.records
+            found = [c for n in pool.nodes for c in stall.causes(records, n, since_wall_ns=started_wall_ns)]
+            for cause in found:
+                if (cause.what, cause.reason) not in said:          # a change of cause, printed once
+                    said.add((cause.what, cause.reason))
+                    self.progress.line(f"rollout: {cause.line((cause.since_wall_ns - started_wall_ns) / 1e9)}")
+            if stuck := next((c for c in found if c.terminal_wall_ns), None):
+                self._read_log(stuck, recorder)
+                self.progress.line(f"rollout: {stuck.node}: that will not clear by itself; stopping the wait "
+                                   f"after {time.monotonic() - started:.0f} s of the {budget_s:.0f} s budget")
+                break
+            self.progress.status(self._status_text(pool, recorder, time.monotonic() - started, release))
         for node in pool.nodes:
             state = timeline.terminal_state(recorder.records, node) or "no end state within the budget"
             self.progress.line(f"{node}: {state} after {time.monotonic() - started:.0f} s")
         return list(blast_radius.breaches) if blast_radius is not None else []
+
+    def _read_log(self, cause: stall.Cause, recorder: Recorder) -> None:
+        """A crash loop's own words: its last run's log tail, into the timeline (the rung quotes it) and the
+        progress. Best effort: a log that cannot be read leaves the cause as the kubelet put it."""
+        if cause.reason != "CrashLoopBackOff" or not cause.container:
+            return
+        try:
+            text = self.kube.pod_log(cause.pod, namespace=cause.namespace, container=cause.container, previous=True,
+                                     tail_lines=stall.LOG_TAIL_LINES)
+        except GpucanaryError as err:
+            self.progress.line(f"rollout: cannot read the log of {cause.pod}/{cause.container}: {err}")
+            return
+        record = stall.log_record(cause, text, mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())
+        recorder.note(record)
+        if said := stall.last_meaningful(record.object["lines"]):
+            self.progress.line(f"rollout: {cause.container} said last: {said}")
 
     def _status_text(self, pool: Pool, recorder: Recorder, elapsed_s: float, release: str | None) -> str:
         node = pool.nodes[0]

@@ -24,6 +24,7 @@ from pytest_gpucanary.gpu_operator import GPU_RESOURCE
 from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, Kube, owned_labels
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import ProbeSeen
+from pytest_gpucanary.ladder.stall import PULL_FAILURES
 from pytest_gpucanary.ladder.timeline import Record
 
 WORKLOADS = FIXTURES / "workloads"
@@ -249,11 +250,6 @@ def image_pull_pod(image: str, placement: Placement, *, index: int) -> dict:
                      "containers": [{"name": "pull", "image": image, "imagePullPolicy": "IfNotPresent",
                                      "command": ["/bin/sh", "-c", "exit 0"],
                                      "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}
-
-
-# container waiting reasons that mean the image will not come (kubelet: images.ErrImagePull and friends)
-PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable",
-                 "SignatureValidationFailed")
 
 
 def pull_state(pod: dict) -> tuple[bool | None, str]:

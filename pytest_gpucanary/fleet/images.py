@@ -28,6 +28,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from pytest_gpucanary.errors import EnvError
 
@@ -153,6 +154,7 @@ echo "$COMPONENT validation is successful"
 _DRIVER = b"""#!/bin/sh
 set -eu
 [ "${1:-}" = init ] || { echo "usage: nvidia-driver init"; exit 1; }
+if [ -f /etc/driver-fault ]; then echo "Installing NVIDIA driver kernel modules..."; cat /etc/driver-fault; exit 1; fi
 mount -t tmpfs -o size=1m nvidia-module /sys/module
 mkdir -p /sys/module/nvidia /run/nvidia/validations
 echo 1 > /sys/module/nvidia/refcnt
@@ -190,10 +192,13 @@ wait $server
 
 
 def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, driver_manager: str,
-                        drivers: tuple[str, ...], cuda_sample: str, probe: str, service: str) -> list[ImageSpec]:
+                        drivers: tuple[str, ...], cuda_sample: str, probe: str, service: str,
+                        failing: Mapping[str, str] | None = None) -> list[ImageSpec]:
     """The images of the operator's driver and validator pods, and of the canary's GPU job, probe and
     service, for a kubelet node that is a canary pool. `drivers` are driver image names
-    (<repository>/driver:<version>-<os>)."""
+    (<repository>/driver:<version>-<os>); a version in `failing` gets a driver container that prints its
+    message and exits 1."""
+    failing = failing or {}
     specs = [
         _busybox((validator,), data=(("/bin/nvidia-validator", _VALIDATOR),)),
         _busybox((driver_manager,), ("/bin/driver-manager",), files=(("/bin/driver-manager", bin_dir / "driver-manager"),),
@@ -204,9 +209,10 @@ def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, dr
     ]
     for name in drivers:
         version = name.rsplit(":", 1)[1].split("-", 1)[0]
+        fault = ((("/etc/driver-fault", failing[version].encode() + b"\n"),) if version in failing else ())
         specs.append(_busybox((name,), ("/bin/nvidia-driver",), data=(
             ("/bin/nvidia-driver", _DRIVER), ("/bin/nvidia-smi", _NVIDIA_SMI),
-            ("/etc/driver-version", version.encode() + b"\n"))))
+            ("/etc/driver-version", version.encode() + b"\n"), *fault)))
     return specs
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.config import DEFAULTS, Settings
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
-from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder import stall, timeline
 from pytest_gpucanary.ladder.device import VALIDATION, validator_line
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
@@ -78,6 +78,13 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
     current = states[-1] if states else (every[-1].state or "unlabelled")
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
     held = f" ({validator_line(ev, node)})" if current == VALIDATION else ""
+    stuck = stall.terminal(ev.records, [node], since_wall_ns=ev.upgrade_started_wall_ns)
+    if stuck is not None and stuck.terminal_wall_ns is not None:
+        said = stall.last_meaningful(stall.log_tail(ev.records, stuck))
+        return Finding(Outcome.FAIL, f"node {node} {where}: {stuck.line(ev.offset_s(stuck.since_wall_ns))}"
+                                     f"{f'; its log ends: {said}' if said else ''}; it will not clear by itself "
+                                     f"(called at +{ev.offset_s(stuck.terminal_wall_ns):.0f}s, not waiting out the "
+                                     f"{budget})"), None
     elapsed_s = ev.offset_s(ev.end_wall_ns())
     if elapsed_s >= settings.upgrade_budget_s:
         return Finding(Outcome.FAIL, f"node {node} {where} at +{elapsed_s:.0f}s, no upgrade-done within {budget}"
@@ -109,6 +116,9 @@ def check_rollout(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
         cycle = timeline.upgrade_cycle(evidence.records, node, since_wall_ns=evidence.upgrade_started_wall_ns)
         items += _state_evidence(evidence, node, cycle)
         paths.append(how_upgraded([t.state for t in cycle]))
+    items += [Evidence(r.received_wall_ns, evidence.offset_s(r.received_wall_ns), "ContainerLog",
+                       f"{r.namespace}/{r.name}/{r.object.get('container', '')}", line)
+              for r in evidence.records if r.kind == stall.LOG_KIND for line in r.object.get("lines") or []]
     findings = [Finding(Outcome.FAIL, line) for line in evidence.blast_radius] + findings   # the headline when any
     metric_findings, metric_items = stage_metrics(evidence, Stage.ROLLOUT)
     n = len(evidence.pool_nodes)
