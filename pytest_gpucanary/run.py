@@ -527,7 +527,9 @@ class CanaryRun:
                 self.progress.line(f"rollout: {stuck.node}: that will not clear by itself; stopping the wait "
                                    f"after {time.monotonic() - started:.0f} s of the {budget_s:.0f} s budget")
                 break
-            self.progress.status(self._status_text(pool, recorder, time.monotonic() - started, release))
+            waits_on = (f"{found[-1].what}: {found[-1].reason} since "        # rather than the last event again
+                        f"+{(found[-1].since_wall_ns - started_wall_ns) / 1e9:.0f} s") if found else None
+            self.progress.status(self._status_text(pool, recorder, time.monotonic() - started, release, waits_on))
         for node in pool.nodes:
             state = timeline.terminal_state(recorder.records, node) or "no end state within the budget"
             self.progress.line(f"{node}: {state} after {time.monotonic() - started:.0f} s")
@@ -549,7 +551,8 @@ class CanaryRun:
         if said := stall.last_meaningful(record.object["lines"]):
             self.progress.line(f"rollout: {cause.container} said last: {said}")
 
-    def _status_text(self, pool: Pool, recorder: Recorder, elapsed_s: float, release: str | None) -> str:
+    def _status_text(self, pool: Pool, recorder: Recorder, elapsed_s: float, release: str | None,
+                     waits_on: str | None = None) -> str:
         node = pool.nodes[0]
         states = timeline.upgrade_states(recorder.records, node)
         events = timeline.node_events(recorder.records, node)
@@ -560,7 +563,7 @@ class CanaryRun:
             if any(op.is_driver_pod(p.labels) and p.ready and p.first_seen_wall_ns > since
                    for p in timeline.live_pods(recorder.records, node=node)):
                 last = "new driver pod Ready; this release moves on at its next 2-minute requeue"
-        return f"{node}: {state} | {elapsed_s:.0f}/{self.settings.upgrade_budget_s:.0f} s | {last}"
+        return f"{node}: {state} | {elapsed_s:.0f}/{self.settings.upgrade_budget_s:.0f} s | {waits_on or last}"
 
     def _settle(self, pool: Pool, recorder: Recorder, probes: ProbeLoop, run: _Measured) -> None:
         """After the upgrade, give new work the chance to land again and the GPU job the time to complete
