@@ -104,7 +104,7 @@ def _refused(exc: Exception, selected: Selected) -> GpucanaryError:
         return EnvError(f"TLS with {where}: {why}",
                         hint=f"check certificate-authority (and tls-server-name) of cluster {selected.cluster_name!r}")
     if isinstance(reason, (NewConnectionError, ConnectTimeoutError, ProxyError)):
-        return EnvError(f"cannot connect to {where}: {type(reason).__name__}: "
+        return EnvError(f"cannot reach {where}: {type(reason).__name__}: "
                         + " ".join(str(getattr(reason, "reason", None) or reason).split()[-6:])[:160],
                         hint="is the server address right, and is it reachable from here?")
     return _translate(exc, f"connecting to {where}")
