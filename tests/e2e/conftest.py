@@ -68,7 +68,7 @@ def canary_service_account(kube: Kube, gpucanary_fleet, tmp_path: Path) -> Itera
                     continue           # the namespace, shared by every account
                 if doc["kind"] != "Namespace":   # kept: deleting it races the next test's ServiceAccount
                     made.append(doc)
-        token = kube.request_token(account, namespace="gpucanary", expiration_s=3600)
+        token = kube.request_token(account, namespace="gpucanary", expiration_s=7200)   # a run's worst case, as the README says
         config = yaml.safe_load(gpucanary_fleet.fleet.kubeconfig.read_text())
         config["users"] = [{"name": account, "user": {"token": token}}]
         config["contexts"][0]["context"]["user"] = account
