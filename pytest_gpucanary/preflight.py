@@ -9,6 +9,7 @@ exactly these (a unit test holds the two equal) and the local fleet's e2e runs a
 
 from __future__ import annotations
 
+import math
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -225,8 +226,9 @@ def token_life_problem(kube: Kube, longest_run_s: float) -> str:
     left_s = (kube.token_expires - datetime.now(timezone.utc)).total_seconds()
     if left_s >= longest_run_s:
         return ""
-    return (f"the kubeconfig's token expires in {max(left_s, 0) / 60:.0f} min, before a run with these options may "
-            f"end (up to {longest_run_s / 60:.0f} min): mint one that lives longer, or use an exec credential plugin")
+    return (f"the kubeconfig's token expires in {max(left_s, 0) // 60:.0f} min, before a run with these options may "
+            f"end (up to {math.ceil(longest_run_s / 60)} min): mint one that lives longer, or use an exec credential "
+            "plugin")
 
 
 def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: str | None,
@@ -254,7 +256,7 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
     else:
         notes.append("no Prometheus URL: the metric checks will not run")
     if longest_run_s:
-        notes.append(f"a run with these options can take up to {longest_run_s / 60:.0f} min (image pulls, baseline, "
+        notes.append(f"a run with these options can take up to {math.ceil(longest_run_s / 60)} min (image pulls, baseline, "
                      "the upgrade budget for the rollout and again for the restore)")
         if problem := token_life_problem(kube, longest_run_s):
             problems.append(Problem(problem))

@@ -100,47 +100,45 @@ class _Measured:
     blast_radius: BlastRadiusWatch | None = None     # ClusterPolicy mode: the watch beyond the pool
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so every cleanup callback runs."""
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler) if _main_thread() else None
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
 class RestoringStack(contextlib.ExitStack):
-    """An ExitStack that unwinds with SIGINT and SIGTERM deferred: a second Ctrl-C (or a CI runner's
-    SIGTERM after the first) cannot cut a restore short. The deferred signal is raised once every
-    callback has run; only SIGKILL abandons a restore, and `gpucanary cleanup` finishes it."""
+    """An ExitStack whose run stops on SIGINT or SIGTERM alike and then restores with both deferred: the first
+    signal unwinds the run (as Ctrl-C does), every later one, and any that comes once the restore has begun
+    (`begin_restore`), waits until every callback has run and is raised then. The handler itself decides, so
+    a signal that lands while the run prints "restoring the cluster" cannot cut the restore short; only SIGKILL
+    abandons a restore, and `gpucanary cleanup` finishes it."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         super().__init__()
         self._say = say
+        self.restoring = False
+        self._deferred: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> RestoringStack:
+        if _main_thread():
+            self._previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return super().__enter__()
+
+    def begin_restore(self) -> None:
+        self.restoring = True
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if not self.restoring:
+            self.restoring = True
+            raise KeyboardInterrupt(f"signal {signum}")
+        self._deferred.append(signum)
+        self._say(f"signal {signum} deferred: restoring the cluster first (SIGKILL abandons the restore; "
+                  "`gpucanary cleanup` then finishes it)")
 
     def __exit__(self, *exc: object) -> bool:
-        if not _main_thread():
-            return super().__exit__(*exc)
-        deferred: list[int] = []
-
-        def defer(signum: int, frame: object) -> None:
-            deferred.append(signum)
-            self._say(f"signal {signum} deferred: restoring the cluster first (SIGKILL abandons the restore; "
-                      "`gpucanary cleanup` then finishes it)")
-
-        previous = {s: signal.signal(s, defer) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.restoring = True
         try:
             suppressed = super().__exit__(*exc)
         finally:
-            for signum, handler in previous.items():
+            for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
-        if deferred and (exc[0] is None or suppressed):
-            raise KeyboardInterrupt(f"signal {deferred[0]}, deferred until the cluster was restored")
+        if self._deferred and (exc[0] is None or suppressed):
+            raise KeyboardInterrupt(f"signal {self._deferred[0]}, deferred until the cluster was restored")
         return suppressed
 
 
@@ -216,7 +214,7 @@ class CanaryRun:
             self.progress.line(f"exposure: {line}")
         try:
             refuse_other_runs(self.kube, cluster, allow_shared_policy=settings.allow_shared_policy)  # read-only
-            with sigterm_as_interrupt(), RestoringStack(self.progress.line) as cleanup:
+            with RestoringStack(self.progress.line) as cleanup:
                 cleanup.callback(self._say_restored, run_id)
                 # the first write: every later change has a live owner that `gpucanary cleanup` leaves alone
                 cleanup.callback(RunLease(self.kube, run_id, say=self.progress.line).acquire().release)
@@ -281,6 +279,7 @@ class CanaryRun:
                 self.progress.line("evaluating the ladder")
                 outcome = self._judge(run, recorder, probes, load, report_dir)
                 clock.next("restore")
+                cleanup.begin_restore()         # from here a signal waits for the restore
                 self.progress.line("restoring the cluster")
         finally:
             clock.next(None)

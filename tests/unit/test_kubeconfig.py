@@ -243,12 +243,12 @@ def test_a_static_token_that_ends_before_a_run_could_is_a_preflight_problem(tmp_
 
     longest_s = Settings().longest_run_s()
     assert longest_s == 600 + 30 + 2 * 1200 + 600                        # the defaults: about 60 min
-    soon = datetime.now(timezone.utc) + timedelta(minutes=30)
+    soon = datetime.now(timezone.utc) + timedelta(minutes=30, seconds=30)
     selected = select(kubeconfig(tmp_path, user={"token": _jwt(soon)}), context=None, option="--kubeconfig")
     assert abs((selected.static_token_expiry() - soon).total_seconds()) < 1
     problem = token_life_problem(Kube(None, token_expires=selected.static_token_expiry()), longest_s)
     assert problem.startswith("the kubeconfig's token expires in 30 min, before a run with these options may end "
-                              "(up to 60 min)"), problem
+                              "(up to 61 min)"), problem
     later = datetime.now(timezone.utc) + timedelta(hours=2)
     assert token_life_problem(Kube(None, token_expires=later), longest_s) == ""
     assert select(kubeconfig(tmp_path, user={"token": "opaque"}), context=None,

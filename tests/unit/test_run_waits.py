@@ -37,6 +37,30 @@ def test_the_first_interrupt_still_propagates_and_a_second_one_is_not_raised_ove
     assert steps == ["restored"]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_that_lands_once_the_restore_began_waits_for_it(signum: int) -> None:
+    """A signal that arrives while the run says "restoring the cluster" (its handler runs at the next bytecode,
+    maybe before the stack unwinds) is deferred, not raised over the restore."""
+    steps: list[str] = []
+    with pytest.raises(KeyboardInterrupt, match="deferred until the cluster was restored"):
+        with RestoringStack(lambda line: None) as stack:
+            stack.callback(steps.append, "restored")
+            stack.begin_restore()
+            os.kill(os.getpid(), signum)
+            steps.append("the run went on to its restore")
+    assert steps == ["the run went on to its restore", "restored"]
+
+
+def test_the_first_signal_before_the_restore_stops_the_run_and_the_restore_still_runs() -> None:
+    steps: list[str] = []
+    with pytest.raises(KeyboardInterrupt, match="^signal 15$"):
+        with RestoringStack(lambda line: None) as stack:
+            stack.callback(steps.append, "restored")
+            os.kill(os.getpid(), signal.SIGTERM)
+            steps.append("never")
+    assert steps == ["restored"]
+
+
 def test_the_progress_line_says_a_v26_release_waits_for_its_requeue_once_the_new_driver_is_ready() -> None:
     from types import SimpleNamespace
 
