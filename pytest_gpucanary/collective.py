@@ -21,7 +21,7 @@ from typing import Callable
 from pytest_gpucanary import gpu_operator as op, workloads
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
-from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Kube, NotFound
+from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Kube, NotFound, tolerated
 from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.pool import Pool
 
@@ -81,18 +81,6 @@ def check_peer(kube: Kube, settings: Settings) -> None:
                           hint=f"name a GPU node outside the pool, or {PEER_OFF}") from None
 
 
-def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
-    """The scheduler's rule (k8s.io/api core/v1 Toleration.ToleratesTaint); PreferNoSchedule never keeps a pod off."""
-    if taint.get("effect") == "PreferNoSchedule":
-        return True
-    for t in tolerations:
-        key_ok = t.get("key", "") in ("", taint.get("key")) if t.get("operator") == "Exists" else t.get("key") == taint.get("key")
-        value_ok = t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", "")
-        if key_ok and value_ok and t.get("effect", "") in ("", taint.get("effect")):
-            return True
-    return False
-
-
 def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, str] | None, str]:
     """The two nodes the probe runs on, or None and why not (the receipt's line)."""
     if len(pool.nodes) > 1:
@@ -112,7 +100,7 @@ def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, 
         if (name in pool.nodes or OWNER_LABEL in labels or RUN_ID_LABEL in labels or spec.get("unschedulable")
                 or not _ready(node)
                 or _driver(node) != pool.driver_from
-                or not all(_tolerated(t, tolerations) for t in spec.get("taints") or [])):
+                or not all(tolerated(t, tolerations) for t in spec.get("taints") or [])):
             continue
         if _allocatable_gpus(node) - _gpus_in_use(kube, name) >= 1:    # one pod list per node looked at
             return (pool.nodes[0], name), ""

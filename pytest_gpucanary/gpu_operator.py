@@ -101,6 +101,28 @@ def gpus_requested(containers: list[dict]) -> int:
                if key.startswith(GPU_RESOURCE_PREFIXES))
 
 
+NO_DEVICES = ("", "void", "none")
+
+
+def holds_driver(spec: Mapping[str, Any]) -> str:
+    """Why a pod that asks for no GPU still holds the driver ('' when it does not): the runtime hands it
+    the devices (NVIDIA_VISIBLE_DEVICES, the nvidia RuntimeClass). Pod deletion does not see it, a drain
+    skips it when a DaemonSet owns it, and the driver manager cannot unload the driver while it runs:
+    the upgrade failures users report most (NVIDIA/gpu-operator #2570, #2509, #2549, #2166). An image
+    whose own environment sets NVIDIA_VISIBLE_DEVICES on a node whose default runtime is nvidia is not
+    visible from the spec."""
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    if gpus_requested(containers):
+        return ""
+    if spec.get("runtimeClassName") == "nvidia":
+        return "runtimeClassName nvidia"
+    for container in containers:
+        for env in container.get("env") or []:
+            if env.get("name") == "NVIDIA_VISIBLE_DEVICES" and str(env.get("value", "")).lower() not in NO_DEVICES:
+                return f"NVIDIA_VISIBLE_DEVICES={env.get('value')}"
+    return ""
+
+
 def image_tag(image: str) -> str:
     """`nvcr.io/nvidia/driver:580.82.07-ubuntu22.04@sha256:...` -> `580.82.07-ubuntu22.04`; "" without a tag."""
     name = image.split("@", 1)[0]

@@ -34,6 +34,8 @@ T = TypeVar("T")
 OWNER_LABEL = "app.kubernetes.io/managed-by"
 OWNER = "gpucanary"
 RUN_ID_LABEL = "gpucanary.io/run-id"
+# A carved node's fence: NoSchedule for every pod but the run's own (and DaemonSets that tolerate the key)
+FENCE_TAINT_KEY = "gpucanary.io/run"
 PAGE_SIZE = 100   # objects per page where the canary reads one per node (`Kube.each`)
 # (connect, read) seconds for every request: the client's default is no timeout at all, so one half-open
 # connection would hang a Lease renewal (and let the Lease lapse) or a restore forever
@@ -155,6 +157,26 @@ def with_resource_version(body: dict, resource_version: str | None) -> dict:
     if resource_version is None:
         return body
     return {**body, "metadata": {**body.get("metadata", {}), "resourceVersion": resource_version}}
+
+
+def fence_taint(run_id: str) -> dict:
+    return {"key": FENCE_TAINT_KEY, "value": run_id, "effect": "NoSchedule"}
+
+
+def fence_toleration(run_id: str) -> dict:
+    return {"key": FENCE_TAINT_KEY, "operator": "Equal", "value": run_id, "effect": "NoSchedule"}
+
+
+def tolerated(taint: dict, tolerations: list[dict]) -> bool:
+    """The scheduler's rule (k8s.io/api core/v1 Toleration.ToleratesTaint); PreferNoSchedule never keeps a pod off."""
+    if taint.get("effect") == "PreferNoSchedule":
+        return True
+    for t in tolerations:
+        key_ok = t.get("key", "") in ("", taint.get("key")) if t.get("operator") == "Exists" else t.get("key") == taint.get("key")
+        value_ok = t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", "")
+        if key_ok and value_ok and t.get("effect", "") in ("", taint.get("effect")):
+            return True
+    return False
 
 
 def saved_run(obj: dict, annotation: str) -> str | None:

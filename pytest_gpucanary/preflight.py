@@ -62,7 +62,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("get list watch patch", "nodes", why="carve out, record, hold back and restore GPU nodes"),
     *_perms("list watch", "pods", why="find the operator's pods; record every pod on the pool"),
     *_perms("create delete", "pods", why="pull each workload image on the pool node; the collective probe's ranks"),
-    *_perms("get", "pods/log", why="the collective probe's rank 0 output, when it left no termination message"),
+    *_perms("get", "pods/log", why="the collective probe's rank 0 output, when it left no termination message; "
+                                   "a crash-looping operand's last words"),
     *_perms("list watch", "events", why="record the upgrade's events"),
     *_perms("create delete get list watch", "namespaces",
             why="the run's own namespaces, found again by cleanup; the ClusterPolicy lock's holder"),
@@ -72,6 +73,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("create", "deployments", "apps", why="the non-GPU service"),
     *_perms("create", "services", why="the non-GPU service"),
     *_perms("create", "poddisruptionbudgets", "policy", why="the non-GPU service's budget"),
+    *_perms("list watch", "poddisruptionbudgets", "policy", why="name the budget that refuses an eviction on the pool"),
     *_perms("list watch", "daemonsets", "apps", scope="operator", why="wait for the driver DaemonSets on restore"),
 )
 

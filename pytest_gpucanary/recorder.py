@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from pytest_gpucanary.errors import GpucanaryError
-from pytest_gpucanary.gpu_operator import gpus_requested
+from pytest_gpucanary.gpu_operator import gpus_requested, holds_driver
 from pytest_gpucanary.kube import Kube, WatchEvent
 from pytest_gpucanary.ladder.timeline import Record, load
 
@@ -46,6 +46,8 @@ def trim(kind: str, obj: dict) -> dict:
             "gpus": gpus_requested(spec.get("containers", [])),
             "emptyDirs": [v["name"] for v in spec.get("volumes", []) or [] if "emptyDir" in v],
         }
+        if why := holds_driver(spec):        # gets the GPUs without asking for one: the driver cannot unload
+            trimmed["spec"]["holdsDriver"] = why
     if kind == "Job":   # its completion is in status; the pod template is the manifest the run wrote
         spec = obj.get("spec", {})
         trimmed["spec"] = {k: spec.get(k) for k in ("completions", "parallelism", "backoffLimit")}

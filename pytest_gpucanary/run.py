@@ -98,6 +98,7 @@ class _Measured:
     collective: list[CollectiveRun] = field(default_factory=list)
     collective_note: str = ""
     blast_radius: BlastRadiusWatch | None = None     # ClusterPolicy mode: the watch beyond the pool
+    stalled: stall.Cause | None = None               # what ended the upgrade's wait before its end state
 
 
 class RestoringStack(contextlib.ExitStack):
@@ -233,6 +234,8 @@ class CanaryRun:
                                 policy_rendering=policy.rendering.lines() if policy.rendering else ())
                 self.progress.line(f"pool {', '.join(pool.nodes)} ({self.provider.name}), driver {pool.driver_from} "
                                    f"-> {settings.driver_version}")
+                if pool.fence:
+                    self.progress.line(f"pool {pool.fence}")
                 clock.next("workloads")
                 placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
                 self._create_namespace(placement, cleanup)
@@ -267,7 +270,7 @@ class CanaryRun:
                 if run.held_nodes:
                     self.progress.line(f"exposure: {run.exposure[1]}")
                 self.progress.line(f"policy {settings.policy} applied; upgrading the pool")
-                breaches = self._watch_upgrade(pool, recorder, cluster.operator_release, run.blast_radius)
+                breaches = self._watch_upgrade(pool, recorder, cluster.operator_release, run)
                 clock.next("settle")
                 if breaches:        # the target reached beyond the pool: judge and restore at once
                     for line in breaches:
@@ -429,7 +432,9 @@ class CanaryRun:
         streams = [StreamSpec("canary-pods", "v1", "Pod", namespace=placement.namespace),
                    StreamSpec("canary-events", "v1", "Event", namespace=placement.namespace),
                    StreamSpec("canary-jobs", "batch/v1", "Job", namespace=placement.namespace,
-                              label_selector=f"{workloads.ROLE_LABEL}=gpu-job")]
+                              label_selector=f"{workloads.ROLE_LABEL}=gpu-job"),
+                   # which budget refuses an eviction on the pool: any namespace's pods can be there
+                   StreamSpec("budgets", "policy/v1", "PodDisruptionBudget")]
         for node in pool.nodes:
             streams += [
                 StreamSpec(f"node-{node}", "v1", "Node", field_selector=f"metadata.name={node}"),
@@ -500,9 +505,10 @@ class CanaryRun:
         return metrics.default_checks(url, nodes=pool.nodes, target_driver=self.settings.driver_version,
                                       start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns)
 
-    def _watch_upgrade(self, pool: Pool, recorder: Recorder, release: str | None,
-                       blast_radius: BlastRadiusWatch | None) -> list[str]:
-        """Wait for every pool node's end state within the budget, or a breach of the blast radius (returned)."""
+    def _watch_upgrade(self, pool: Pool, recorder: Recorder, release: str | None, run: _Measured) -> list[str]:
+        """Wait for every pool node's end state within the budget, a cause that will not clear by itself
+        (kept in `run.stalled`), or a breach of the blast radius (returned)."""
+        blast_radius = run.blast_radius
         started, started_wall_ns = time.monotonic(), time.time_ns()
         budget_s = self.settings.upgrade_budget_s
         said: set[tuple[str, str]] = set()
@@ -516,12 +522,15 @@ class CanaryRun:
             except TimeoutError:
                 pass
             records = recorder.records
-            found = [c for n in pool.nodes for c in stall.causes(records, n, since_wall_ns=started_wall_ns)]
+            found = [c for n in pool.nodes
+                     for c in stall.causes(records, n, since_wall_ns=started_wall_ns, policy=run.upgrade_policy,
+                                           now_wall_ns=time.time_ns())]
             for cause in found:
                 if (cause.what, cause.reason) not in said:          # a change of cause, printed once
                     said.add((cause.what, cause.reason))
                     self.progress.line(f"rollout: {cause.line((cause.since_wall_ns - started_wall_ns) / 1e9)}")
             if stuck := next((c for c in found if c.terminal_wall_ns), None):
+                run.stalled = stuck
                 self._read_log(stuck, recorder)
                 self.progress.line(f"rollout: {stuck.node}: that will not clear by itself; stopping the wait "
                                    f"after {time.monotonic() - started:.0f} s of the {budget_s:.0f} s budget")
@@ -570,6 +579,10 @@ class CanaryRun:
         bounded: what has not happened by then is reported, not waited for."""
         wait_s = 2 * self.settings.probe_interval_s + 60
         job = run.gpu_job
+        if run.stalled is not None:     # the pool stays cordoned: nothing more will start or finish there
+            self.progress.line("the rollout stalled: not waiting for the GPU job or the probes in flight")
+            probes.stop()
+            return
         if all(timeline.terminal_state(recorder.records, n) == "upgrade-done" for n in pool.nodes):
             done_ns = time.time_ns()
             self._wait_quietly(recorder, lambda rs: True if any(

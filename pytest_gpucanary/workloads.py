@@ -21,7 +21,7 @@ from typing import Mapping
 from pytest_gpucanary.config import FIXTURES, Settings, read_text, yaml_documents
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.gpu_operator import GPU_RESOURCE
-from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, Kube, owned_labels
+from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, Kube, fence_toleration, owned_labels
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import ProbeSeen
 from pytest_gpucanary.ladder.stall import PULL_FAILURES
@@ -99,6 +99,8 @@ def _stamp(obj: dict, placement: Placement, role: str) -> dict:
     spec = obj.get("spec") if obj.get("kind") == "Pod" else ((obj.get("spec") or {}).get("template") or {}).get("spec")
     if isinstance(spec, dict):
         _yield_to_tenants(spec)
+        if placement.run_id and fence_toleration(placement.run_id) not in (spec.get("tolerations") or []):
+            spec["tolerations"] = [*(spec.get("tolerations") or []), fence_toleration(placement.run_id)]
     return obj
 
 

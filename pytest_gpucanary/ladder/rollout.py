@@ -49,6 +49,11 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
             return f"{knob} refused unmanaged pod {pod.namespace}/{pod.name} ({knob}.force=false)"
     waited_s = (failed.received_wall_ns - step.received_wall_ns) / 1e9
     timeout_s = spec.get("timeoutSeconds")
+    until = [r for r in ev.records if r.received_wall_ns < failed.received_wall_ns]
+    refused = [c for c in stall.causes(until, node, since_wall_ns=step.received_wall_ns, policy=ev.upgrade_policy)
+               if c.reason == stall.EVICTION_REFUSED]
+    if refused:
+        return f"{knob} gave up after {waited_s:.0f} s: {refused[0].what}: {refused[0].message}"
     if timeout_s and waited_s >= timeout_s - 1:
         return (f"{knob} gave up after {waited_s:.0f} s ({knob}.timeoutSeconds={timeout_s}; "
                 "a PodDisruptionBudget or a slow termination held the pods)")
@@ -78,7 +83,8 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
     current = states[-1] if states else (every[-1].state or "unlabelled")
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
     held = f" ({validator_line(ev, node)})" if current == VALIDATION else ""
-    stuck = stall.terminal(ev.records, [node], since_wall_ns=ev.upgrade_started_wall_ns)
+    stuck = stall.terminal(ev.records, [node], since_wall_ns=ev.upgrade_started_wall_ns, policy=ev.upgrade_policy,
+                           now_wall_ns=ev.end_wall_ns())
     if stuck is not None and stuck.terminal_wall_ns is not None:
         said = stall.last_meaningful(stall.log_tail(ev.records, stuck))
         return Finding(Outcome.FAIL, f"node {node} {where}: {stuck.line(ev.offset_s(stuck.since_wall_ns))}"

@@ -8,14 +8,25 @@ in CrashLoopBackOff after CRASH_RESTARTS restarts, a pod unschedulable or a node
 STUCK_S. A slow pull that then succeeds, or one restart and then Ready, never becomes terminal: the
 cause clears when the container runs.
 
+Two causes come from more than one object. An eviction refused by a PodDisruptionBudget: while the
+node is in pod-deletion-required (GPU pods) or drain-required (every pod not of a DaemonSet), a pod
+still there that a budget with no disruption allowed selects. The operator's drain helper retries it
+every 5 s until the knob's timeoutSeconds, then fails the node; with timeoutSeconds 0 it retries
+forever, so it is terminal at the knob's timeout, or after STUCK_S when there is none. Operands
+blocked behind the driver: an operand pod held in an init container (the validator's and the
+device plugin's wait for the driver); terminal STUCK_S after the node's driver pod became Ready,
+since only then is the operand itself the cause. A driver pod's crash loop names the pods on the node
+that hold the driver without asking for a GPU (`gpu_operator.holds_driver`): the driver manager cannot
+unload a driver they hold, and neither pod deletion nor a drain removes them.
+
 The run stops waiting at the first terminal cause; the rollout rung judges the same records, so
 `gpucanary evaluate` names the same cause.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.ladder.timeline import SKIP_TYPES, Record
@@ -27,7 +38,11 @@ NEVER_PULLS = ("InvalidImageName", "ErrImageNeverPull")
 PULL_ATTEMPTS = 3        # ErrImagePull, back-off, ErrImagePull, back-off, ErrImagePull: about 30 s
 PULL_STUCK_S = 60        # or failing this long without a break (a status that shows only the back-offs)
 CRASH_RESTARTS = 3       # the kubelet's back-off is 10, 20, 40 s: about 70 s of crash loop
-STUCK_S = 180            # unschedulable, or the node NotReady, this long
+STUCK_S = 180            # unschedulable, the node NotReady, an operand blocked behind a Ready driver this long
+EVICTION_REFUSED = "EvictionRefused"
+OPERAND_BLOCKED = "BlockedInInit"
+# the upgrade state in which the operator evicts, the policy knob it reads, and whether only GPU pods go
+EVICTING = {op.POD_DELETION_REQUIRED: ("podDeletion", True), op.DRAIN_REQUIRED: ("drain", False)}
 
 
 LOG_KIND = "ContainerLog"  # a record the run adds: the tail of a crash-looping container's last run
@@ -59,30 +74,159 @@ class _Track:
     attempts: int = 0          # pull failures entered (a back-off in between counts the next one)
     terminal_wall_ns: int | None = None
 
+    limit_s: float | None = None   # terminal this long after since (or after from_wall_ns, if later)
+    from_wall_ns: int = 0
+
+    def outlasted(self, at: int, limit_s: float | None, *, from_wall_ns: int = 0) -> None:
+        """Terminal once the cause has held `limit_s`: at that moment, not at the next record's."""
+        self.limit_s, self.from_wall_ns = limit_s, from_wall_ns
+        if self.terminal_wall_ns is None and (deadline := self.deadline()) is not None and at >= deadline:
+            self.terminal_wall_ns = deadline
+
+    def deadline(self) -> int | None:
+        if self.limit_s is None:
+            return None
+        return max(self.since_wall_ns, self.from_wall_ns) + int(self.limit_s * 1e9)
+
+
+@dataclass
+class _Scene:
+    """What the causes that span objects read: the node's upgrade state, the budgets, the pods there."""
+
+    state: str = ""
+    driver_ready_wall_ns: int | None = None
+    budgets: dict[tuple[str, str], dict] = field(default_factory=dict)
+    pods: dict[str, dict] = field(default_factory=dict)           # uid -> the latest pod not of a DaemonSet
+    holders: dict[str, str] = field(default_factory=dict)         # uid -> "ns/name (why it holds the driver)"
+
 
 def _one_line(text: object, limit: int = 300) -> str:
     return " ".join(str(text or "").split())[:limit]
 
 
-def causes(records: Iterable[Record], node: str, *, since_wall_ns: int) -> list[Cause]:
-    """What holds the node's upgrade up now, each with when it became terminal (None: may still clear)."""
+def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: Mapping[str, Any] | None = None,
+           now_wall_ns: int | None = None) -> list[Cause]:
+    """What holds the node's upgrade up now, each with when it became terminal (None: may still clear).
+    `policy` is the upgradePolicy applied: its pod deletion and drain timeouts bound a refused eviction.
+    `now_wall_ns` (the watch's present, or a recording's end) ends the causes that have held their time."""
     tracks: dict[tuple[str, str], _Track] = {}
     current: dict[tuple[str, str], Cause] = {}
+    scene = _Scene()
     for record in records:
-        if record.type in SKIP_TYPES or record.received_wall_ns < since_wall_ns:
+        if record.type in SKIP_TYPES:
             continue
         at = record.received_wall_ns
-        if record.kind == "Node" and record.name == node:
-            _node(record, at, tracks, current)
+        if record.kind == "PodDisruptionBudget":
+            _budget(record, scene)
+        elif record.kind == "Node" and record.name == node:
+            scene.state = ((record.object.get("metadata") or {}).get("labels") or {}).get(op.UPGRADE_STATE_LABEL, "")
+            if at >= since_wall_ns:
+                _node(record, at, tracks, current)
         elif record.kind == "Pod" and (record.object.get("spec") or {}).get("nodeName") == node:
-            _pod(record, at, node, tracks, current)
+            _scene_pod(record, at, scene)
+            if at >= since_wall_ns:
+                _pod(record, at, node, scene, tracks, current)
+        else:
+            continue
+        if at >= since_wall_ns:
+            _refused(at, node, scene, policy or {}, tracks, current)
+    for key, track in tracks.items() if now_wall_ns is not None else ():
+        if key in current and track.terminal_wall_ns is None and (deadline := track.deadline()) is not None \
+                and now_wall_ns >= deadline:
+            track.terminal_wall_ns = deadline
+            current[key] = replace(current[key], terminal_wall_ns=deadline)
     return sorted(current.values(), key=lambda c: c.since_wall_ns)
 
 
-def terminal(records: Iterable[Record], nodes: Iterable[str], *, since_wall_ns: int) -> Cause | None:
+def terminal(records: Iterable[Record], nodes: Iterable[str], *, since_wall_ns: int,
+             policy: Mapping[str, Any] | None = None, now_wall_ns: int | None = None) -> Cause | None:
     """The first cause on any of the nodes that will not clear by itself, if there is one."""
-    found = [c for n in nodes for c in causes(records, n, since_wall_ns=since_wall_ns) if c.terminal_wall_ns]
+    found = [c for n in nodes
+             for c in causes(records, n, since_wall_ns=since_wall_ns, policy=policy, now_wall_ns=now_wall_ns)
+             if c.terminal_wall_ns]
     return min(found, key=lambda c: c.terminal_wall_ns or 0) if found else None
+
+
+def _budget(record: Record, scene: _Scene) -> None:
+    key = (record.namespace or "", record.name or "")
+    if record.type == "DELETED":
+        scene.budgets.pop(key, None)
+    else:
+        scene.budgets[key] = record.object
+
+
+def _scene_pod(record: Record, at: int, scene: _Scene) -> None:
+    pod = record.object
+    meta = pod.get("metadata") or {}
+    gone = record.type == "DELETED" or meta.get("deletionTimestamp")
+    why = (pod.get("spec") or {}).get("holdsDriver")
+    if why and not gone and (pod.get("status") or {}).get("phase") == "Running" \
+            and (meta.get("labels") or {}).get("app") not in op.OPERAND_APPS:
+        scene.holders[meta.get("uid", "")] = f"{meta.get('namespace', '')}/{meta.get('name', '')} ({why})"
+    else:
+        scene.holders.pop(meta.get("uid", ""), None)
+    if _of_daemonset(meta):
+        if op.is_driver_pod(meta.get("labels") or {}):
+            ready = not gone and _ready(pod)
+            if not ready:
+                scene.driver_ready_wall_ns = None
+            elif scene.driver_ready_wall_ns is None:
+                scene.driver_ready_wall_ns = at
+    elif gone or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        scene.pods.pop(meta.get("uid", ""), None)
+    else:
+        scene.pods[meta.get("uid", "")] = pod
+
+
+def _of_daemonset(meta: Mapping[str, Any]) -> bool:
+    return any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector's match (an empty one selects every pod of a policy/v1 budget's namespace)."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for term in selector.get("matchExpressions") or []:
+        key, operator, values = term.get("key", ""), term.get("operator", ""), term.get("values") or []
+        if (operator == "In" and labels.get(key) not in values) or (operator == "NotIn" and labels.get(key) in values) \
+                or (operator == "Exists" and key not in labels) or (operator == "DoesNotExist" and key in labels):
+            return False
+    return True
+
+
+def _refused(at: int, node: str, scene: _Scene, policy: Mapping[str, Any], tracks: dict, current: dict) -> None:
+    """Pods the operator must evict now that a budget with no disruption allowed selects."""
+    knob, gpus_only = EVICTING.get(scene.state, ("", False))
+    refused: dict[str, tuple[dict, tuple[str, str], dict]] = {}
+    for uid, pod in scene.pods.items() if knob else ():
+        meta = pod.get("metadata") or {}
+        if gpus_only and not (pod.get("spec") or {}).get("gpus"):
+            continue
+        for (namespace, name), budget in scene.budgets.items():
+            status = budget.get("status") or {}
+            if namespace == meta.get("namespace") and int(status.get("disruptionsAllowed", 1)) == 0 \
+                    and selects((budget.get("spec") or {}).get("selector"), meta.get("labels") or {}):
+                refused[uid] = (meta, (namespace, name), status)
+                break
+    for key in [k for k in tracks if k[1] == EVICTION_REFUSED and k[0] not in refused]:
+        tracks.pop(key)
+        current.pop(key, None)
+    timeout_s = float(((policy.get(knob) or {}) if knob else {}).get("timeoutSeconds") or 0) or STUCK_S
+    for uid, (meta, (namespace, name), status) in refused.items():
+        key = (uid, EVICTION_REFUSED)
+        track = tracks.setdefault(key, _Track(EVICTION_REFUSED, at))
+        track.outlasted(at, timeout_s)
+        current[key] = Cause(node, f"pod {meta.get('namespace', '')}/{meta.get('name', '')}", EVICTION_REFUSED,
+                             f"{knob} cannot evict it: PodDisruptionBudget {namespace}/{name} allows 0 disruptions "
+                             f"({status.get('currentHealthy', '?')} healthy, {status.get('desiredHealthy', '?')} "
+                             f"required)", track.since_wall_ns, track.terminal_wall_ns, meta.get("namespace", ""),
+                             meta.get("name", ""))
 
 
 def _node(record: Record, at: int, tracks: dict, current: dict) -> None:
@@ -95,20 +239,20 @@ def _node(record: Record, at: int, tracks: dict, current: dict) -> None:
         current.pop(key, None)
         return
     track = tracks.setdefault(key, _Track("NotReady", at))
-    if track.terminal_wall_ns is None and at - track.since_wall_ns >= STUCK_S * 1e9:
-        track.terminal_wall_ns = at
+    track.outlasted(at, STUCK_S)
     current[key] = Cause(node, f"node {node}", "NotReady", _one_line(f"{ready.get('reason', '')}: "
                                                                       f"{ready.get('message', '')}".strip(": ")),
                          track.since_wall_ns, track.terminal_wall_ns)
 
 
-def _pod(record: Record, at: int, node: str, tracks: dict, current: dict) -> None:
+def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, current: dict) -> None:
     pod = record.object
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     uid = meta.get("uid", "")
-    if not any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
-        return                                   # the canary's own and tenants' pods are other rungs' business
-    who = (f"{'driver' if op.is_driver_pod(meta.get('labels') or {}) else 'operator'} pod "
+    if not _of_daemonset(meta):
+        return                                   # others' pods matter only when an eviction of them is refused
+    driver = op.is_driver_pod(meta.get("labels") or {})
+    who = (f"{'driver' if driver else 'operator'} pod "
            f"{meta.get('namespace', '')}/{meta.get('name', '')}")
     if record.type == "DELETED" or meta.get("deletionTimestamp"):
         for key in [k for k in tracks if k[0] == uid]:
@@ -119,20 +263,42 @@ def _pod(record: Record, at: int, node: str, tracks: dict, current: dict) -> Non
     key = (uid, "")
     if scheduled is not None and scheduled.get("status") == "False":
         track = tracks.setdefault(key, _Track(scheduled.get("reason", "Unschedulable"), at))
-        if track.terminal_wall_ns is None and at - track.since_wall_ns >= STUCK_S * 1e9:
-            track.terminal_wall_ns = at
+        track.outlasted(at, STUCK_S)
         current[key] = Cause(node, who, track.reason, _one_line(scheduled.get("message")), track.since_wall_ns,
                              track.terminal_wall_ns)
     else:
         tracks.pop(key, None)
         current.pop(key, None)
+    holders = ", ".join(scene.holders.values()) if driver else ""
     for init, statuses in ((True, status.get("initContainerStatuses")), (False, status.get("containerStatuses"))):
         for container in statuses or []:
-            _container(container, init, at, node, who, meta, tracks, current)
+            _container(container, init, at, node, who, meta, holders, tracks, current)
+    if not driver:
+        _blocked(status, at, node, who, meta, scene, tracks, current)
 
 
-def _container(container: dict, init: bool, at: int, node: str, who: str, pod_meta: dict, tracks: dict,
-               current: dict) -> None:
+def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapping[str, Any], scene: _Scene,
+             tracks: dict, current: dict) -> None:
+    """An operand held in an init container that runs (waits), e.g. the validator's wait for the driver."""
+    inits = status.get("initContainerStatuses") or []
+    holding = next((c for c in inits if "running" in (c.get("state") or {})), None)
+    key = (meta.get("uid", ""), OPERAND_BLOCKED)
+    if holding is None or status.get("phase") != "Pending":
+        tracks.pop(key, None)
+        current.pop(key, None)
+        return
+    done = sum(1 for c in inits if ((c.get("state") or {}).get("terminated") or {}).get("exitCode") == 0)
+    track = tracks.setdefault(key, _Track(OPERAND_BLOCKED, at))
+    driver = "the driver pod is Ready" if scene.driver_ready_wall_ns is not None else "the driver is not ready"
+    ready = scene.driver_ready_wall_ns
+    track.outlasted(at, STUCK_S if ready is not None else None, from_wall_ns=ready or 0)
+    current[key] = Cause(node, who, OPERAND_BLOCKED, f"Init:{done}/{len(inits)}, in init container "
+                         f"{holding.get('name', '')} ({driver})", track.since_wall_ns, track.terminal_wall_ns,
+                         meta.get("namespace", ""), meta.get("name", ""), holding.get("name", ""))
+
+
+def _container(container: dict, init: bool, at: int, node: str, who: str, pod_meta: dict, holders: str,
+               tracks: dict, current: dict) -> None:
     name = container.get("name", "")
     uid, namespace, pod = pod_meta.get("uid", ""), pod_meta.get("namespace", ""), pod_meta.get("name", "")
     key = (uid, name)
@@ -145,9 +311,9 @@ def _container(container: dict, init: bool, at: int, node: str, who: str, pod_me
             track.attempts += reason != "ImagePullBackOff"
         track.reason = reason
         tracks[key] = track
-        if track.terminal_wall_ns is None and (reason in NEVER_PULLS or track.attempts >= PULL_ATTEMPTS
-                                               or at - track.since_wall_ns >= PULL_STUCK_S * 1e9):
+        if track.terminal_wall_ns is None and (reason in NEVER_PULLS or track.attempts >= PULL_ATTEMPTS):
             track.terminal_wall_ns = at
+        track.outlasted(at, PULL_STUCK_S)
         image = container.get("image", "")
         message = _one_line(waiting.get("message")) or f"image {image}"
         if image and image not in message:
@@ -165,11 +331,13 @@ def _container(container: dict, init: bool, at: int, node: str, who: str, pod_me
         last = (container.get("lastState") or {}).get("terminated") or {}
         said = _one_line(last.get("message"))
         message = f"exit code {last.get('exitCode', '?')}" + (f" ({last['reason']})" if last.get("reason") else "")
-        current[key] = Cause(node, what, reason, f"{message} after {restarts} restarts" + (f": {said}" if said else ""),
-                             track.since_wall_ns, track.terminal_wall_ns, namespace, pod, name)
+        held = f"; pods on the node hold the driver without a GPU request: {holders}" if holders else ""
+        current[key] = Cause(node, what, reason, f"{message} after {restarts} restarts" + (f": {said}" if said else "")
+                             + held, track.since_wall_ns, track.terminal_wall_ns, namespace, pod, name)
         return
-    tracks.pop(key, None)                        # running, terminated or creating: whatever it was has cleared
-    current.pop(key, None)
+    current.pop(key, None)                       # running, terminated or creating: not a cause now
+    if not (tracks.get(key) and tracks[key].reason == "CrashLoopBackOff" and not container.get("ready")):
+        tracks.pop(key, None)                    # a crash loop's episode ends once the container is ready
 
 
 def log_record(cause: Cause, text: str, *, mono_ns: int, wall_ns: int) -> Record:

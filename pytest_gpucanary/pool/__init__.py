@@ -27,6 +27,7 @@ class Pool:
     driver: str | None          # the NVIDIADriver that drives exactly these nodes (NVIDIADriver mode)
     driver_from: str            # the driver version the pool runs before the upgrade
     service: Path | None = None  # the service manifest its nodes need when the run was given none
+    fence: str = ""              # how tenants are kept off it meanwhile, in words ("" when it is new)
 
 
 class PoolProvider(Protocol):

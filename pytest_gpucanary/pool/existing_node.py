@@ -6,6 +6,15 @@ then marked with the run's id label and an annotation naming the run and the dri
 patch made against the version of the node just read. Giving it back waits for that driver, then
 removes exactly the label and annotation (a forged or stale annotation can make a restore write
 nothing but their removal); labels, taints and cordons that others set meanwhile stay.
+
+The fence: the same patch taints the node `gpucanary.io/run=<run-id>:NoSchedule`, so no tenant pod lands
+there while the policy under test can delete or drain it (the run's pods tolerate exactly that taint).
+The operator's DaemonSets must tolerate it too, or the new driver pod and the operands the driver
+manager evicts could not come back; they tolerate `nvidia.com/gpu` alone by default. So the fence goes
+up only when every operator DaemonSet pod on the node tolerates the key (an administrator adds
+`{key: gpucanary.io/run, operator: Exists, effect: NoSchedule}` to the ClusterPolicy's
+`daemonsets.tolerations` and the NVIDIADriver's `tolerations`); otherwise the run says so and relies on
+the foreign-pod check right before the policy.
 """
 
 from __future__ import annotations
@@ -19,7 +28,9 @@ from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_STATE_LABEL,
     driver_node_selector, driver_version_of, is_driver_pod,
 )
-from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound, patch_as_read, saved_run
+from pytest_gpucanary.kube import (
+    FENCE_TAINT_KEY, RUN_ID_LABEL, Kube, NotFound, fence_taint, patch_as_read, saved_run, tolerated,
+)
 from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
 from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo
@@ -69,16 +80,23 @@ class ExistingNodeProvider:
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         nodes = self._candidates(kube)
-        versions = [self._check(kube, cluster, node) for node in nodes]
+        checked = [self._check(kube, cluster, node) for node in nodes]
         names = tuple(n["metadata"]["name"] for n in nodes)
         driver = self._pool_driver(kube, names) if cluster.nvidiadriver_mode else None
         self.run_id = run_id
-        for node, version in zip(nodes, versions):  # every check passed: only now change anything
-            self._mark(kube, node, run_id, version)
-        self.driver_from = versions[0]
-        return Pool(names, driver, versions[0])
+        unfenceable = [pod for _, pods in checked for pod in pods]
+        for node, (version, _) in zip(nodes, checked):  # every check passed: only now change anything
+            self._mark(kube, node, run_id, version, fence=not unfenceable)
+        self.driver_from = checked[0][0]
+        taint = f"{FENCE_TAINT_KEY}={run_id}:NoSchedule"
+        fence = (f"fenced: {taint}" if not unfenceable else
+                 f"not fenced: operator pod {unfenceable[0]} does not tolerate {FENCE_TAINT_KEY} (add {{key: "
+                 f"{FENCE_TAINT_KEY}, operator: Exists, effect: NoSchedule}} to the ClusterPolicy's daemonsets."
+                 "tolerations and the NVIDIADriver's tolerations); tenant pods are checked again before the policy")
+        return Pool(names, driver, checked[0][0], fence=fence)
 
-    def _check(self, kube: Kube, cluster: ClusterInfo, node: dict) -> str:
+    def _check(self, kube: Kube, cluster: ClusterInfo, node: dict) -> tuple[str, list[str]]:
+        """The node's driver version, and the operator's DaemonSet pods there that would not tolerate a fence."""
         name = node["metadata"]["name"]
         if node["metadata"].get("labels", {}).get(GPU_PRESENT_LABEL) != "true":
             raise ConfigError(f"node {name} is not a GPU node (no {GPU_PRESENT_SELECTOR} label)",
@@ -100,7 +118,12 @@ class ExistingNodeProvider:
             raise ConfigError(f"node {name} is not marked eligible for canary pools (no {POOL_ELIGIBLE_LABEL}=true)",
                               hint=f"an administrator marks the nodes a canary may carve out: "
                                    f"kubectl label node {name} {POOL_ELIGIBLE_LABEL}=true")
-        return driver_version_of(drivers[0])
+        probe = fence_taint("any-run")
+        unfenceable = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node
+                       if p["metadata"]["namespace"] == cluster.operator_namespace
+                       and any(o.get("kind") == "DaemonSet" for o in p["metadata"].get("ownerReferences") or [])
+                       and not tolerated(probe, (p.get("spec") or {}).get("tolerations") or [])]
+        return driver_version_of(drivers[0]), unfenceable
 
     def recheck(self, kube: Kube) -> None:
         """Right before the policy: the carved nodes still run no pods but the canary's and DaemonSets'. A tenant
@@ -127,12 +150,14 @@ class ExistingNodeProvider:
                 return driver["metadata"]["name"]
         raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
 
-    def _mark(self, kube: Kube, node: dict, run_id: str, driver: str) -> None:
+    def _mark(self, kube: Kube, node: dict, run_id: str, driver: str, *, fence: bool) -> None:
         meta = node["metadata"]
         saved = {"run_id": run_id, "driver": driver}
-        kube.patch("v1", "Node", meta["name"], {"metadata": {
-            "labels": {RUN_ID_LABEL: run_id}, "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}},
-            resource_version=meta.get("resourceVersion"))
+        body: dict = {"metadata": {"labels": {RUN_ID_LABEL: run_id},
+                                   "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}}
+        if fence:       # a merge patch replaces the list: safe against the version just read
+            body["spec"] = {"taints": [*((node.get("spec") or {}).get("taints") or []), fence_taint(run_id)]}
+        kube.patch("v1", "Node", meta["name"], body, resource_version=meta.get("resourceVersion"))
         self.carved.append(meta["name"])
 
     def release(self, kube: Kube) -> None:
@@ -164,12 +189,17 @@ def carved_driver(node: dict) -> str:
 
 
 def restore_node(kube: Kube, name: str, run_id: str) -> bool:
-    """Remove the run's label and annotation from the node, and nothing else; False when they are not the run's."""
+    """Remove the run's label, annotation and fence from the node, and nothing else; False when they are not
+    the run's."""
     def decide(node: dict) -> tuple[dict | None, bool]:
         if saved_run(node, SAVED_STATE_ANNOTATION) != run_id:
             return None, False
         labels = {RUN_ID_LABEL: None} if (node["metadata"].get("labels") or {}).get(RUN_ID_LABEL) == run_id else {}
-        return {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: None}}}, True
+        body: dict = {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: None}}}
+        taints = (node.get("spec") or {}).get("taints") or []
+        if fence_taint(run_id) in taints:
+            body["spec"] = {"taints": [t for t in taints if t != fence_taint(run_id)] or None}
+        return body, True
 
     return bool(patch_as_read(kube, "v1", "Node", name, decide, what=f"node {name}"))
 

@@ -1,8 +1,9 @@
 """The HTML launch receipt: one self-contained offline page (inline CSS, inline SVG, no scripts).
 
 Draws what the ladder computed: a band per pool node coloured by upgrade state (the result's state
-spans), eviction markers (its evictions), probe latencies, load per upgrade phase (its phase windows),
-then the stage table and its evidence. Decides nothing itself.
+spans), eviction markers (its evictions), the stall that ended the rollout's wait (the cause the rollout
+rung names, from `ladder.stall`), probe latencies, load per upgrade phase (its phase windows), then the
+stage table and its evidence. Decides nothing itself.
 x is seconds from the upgrade start, client receive time.
 """
 
@@ -12,7 +13,7 @@ import html
 import math
 from dataclasses import dataclass
 
-from pytest_gpucanary.ladder import Eviction, LadderResult, Outcome, ProbeScope, RunEvidence
+from pytest_gpucanary.ladder import Eviction, LadderResult, Outcome, ProbeScope, RunEvidence, stall
 from pytest_gpucanary.ladder.application import allowed_text
 from pytest_gpucanary.ladder.model import CapacityDip, StateSpan
 from pytest_gpucanary.receipt.common import headline, run_rows
@@ -41,7 +42,8 @@ details{{margin:.3em 0}} summary{{cursor:pointer}} .note{{color:#555;font-size:1
 <h2>Run</h2>{run_table}
 <h2>Timeline</h2>{svg}
 <p class="note">x: seconds from the upgrade start (client receive time). Red markers: evictions the policy does not
-allow ({allowed}); grey: allowed ones.</p>
+allow ({allowed}); grey: allowed ones. Purple bracket: a cause that stalled the upgrade, from first seen to the
+moment it could no longer clear by itself.</p>
 <h2>Stages</h2>{stage_table}
 <h2>Evidence</h2>{evidence}
 </body></html>
@@ -121,6 +123,7 @@ def timeline_svg(result: LadderResult, evidence: RunEvidence, *, scale: Scale | 
     for node in evidence.pool_nodes:
         parts += _node_band(evidence, [s for s in result.state_spans if s.node == node], node, scale, y)
         parts += _eviction_marks(evidence, [e for e in result.evictions if e.node == node], scale, y)
+        parts += _stall_mark(evidence, node, scale, y)
         y += BAND_H + LABEL_H
     for dip in result.capacity:
         parts += _capacity_lane(dip, scale, y)
@@ -171,6 +174,20 @@ def _eviction_marks(evidence: RunEvidence, removed: list[Eviction], scale: Scale
                      f'<text x="{x + 4:.1f}" y="{label_y}" font-size="10" fill="{colour}">'
                      f'{html.escape(e.name)} {evidence.offset_s(e.received_wall_ns):+.0f}s</text>')
     return parts
+
+
+def _stall_mark(evidence: RunEvidence, node: str, scale: Scale, y: float) -> list[str]:
+    cause = stall.terminal(evidence.records, [node], since_wall_ns=evidence.upgrade_started_wall_ns,
+                           policy=evidence.upgrade_policy, now_wall_ns=evidence.end_wall_ns())
+    if cause is None or cause.terminal_wall_ns is None:
+        return []
+    since_s, called_s = evidence.offset_s(cause.since_wall_ns), evidence.offset_s(cause.terminal_wall_ns)
+    x0, x1 = scale.x(since_s), scale.x(called_s)
+    title = html.escape(cause.line(since_s))
+    return [f'<path d="M{x0:.1f},{y - 3} v-4 H{x1:.1f} v{BAND_H + 10}" fill="none" stroke="#6a1b9a" stroke-width="2">'
+            f'<title>{title}</title></path>',
+            f'<text x="{x1 + 4:.1f}" y="{y + BAND_H + 22}" font-size="10" fill="#6a1b9a">{html.escape(cause.reason)} '
+            f'from {since_s:+.0f}s, will not clear: {called_s:+.0f}s<title>{title}</title></text>']
 
 
 def _capacity_lane(dip: CapacityDip, scale: Scale, y: float) -> list[str]:

@@ -353,7 +353,9 @@ def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, 
                            f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
                            f"--gpucanary-pool-node={node}", reports=tmp_path / "reports")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-        # the canary takes off only its own label and annotation; GFD's driver labels follow the driver pod back
+        # the fleet's operator tolerates the fence (fixtures/fleet), so the carved node was tainted for the run
+        assert "pool fenced: gpucanary.io/run=" in result.stdout, result.stdout[-3000:]
+        # the canary takes off only its own label, annotation and taint; GFD's driver labels follow the driver pod back
         # (the fleet's node agent writes them), a moment after the run gave the node back
         with contextlib.suppress(TimeoutError):
             kube.wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"] == before["metadata"]["labels"],

@@ -8,6 +8,10 @@ The two policies of the demo, at once on two such nodes (each with its own NVIDI
 policy on v26.7): the field note's on the default pool (pod deletion refuses the job's /dev/shm, the
 drain fallback evicts the service) and the default one on the second node, named with
 --gpucanary-pool-node (only the GPU job is deleted).
+
+Then two upgrades that cannot finish, at once (the tests below the demo's, so after its runs): a driver
+version with no image, and a pod that holds the driver without asking for a GPU. Each must fail at
+rollout in minutes, naming its cause, and leave its node on the old driver.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +88,7 @@ class Run:
     node: str
     reports: Path
     args: tuple[str, ...] = ()
+    target: str = TARGET
     proc: subprocess.Popen | None = None
     stdout: str = ""
     stderr: str = ""
@@ -90,7 +96,7 @@ class Run:
     def start(self, env: dict[str, str]) -> Run:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest_gpucanary.cli", "run", f"--gpucanary-policy={FIXTURES / 'policies' / self.policy}",
-             f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-reports-dir={self.reports}", *self.args],
+             f"--gpucanary-driver-version={self.target}", *FAST, f"--gpucanary-reports-dir={self.reports}", *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(env))
         return self
 
@@ -136,9 +142,9 @@ def _verdict(receipt: dict, stage: str) -> dict:
     return verdict
 
 
-def _operand_pods(kube: Kube) -> dict[str, tuple[str, str]]:
-    """app -> (uid, image of the first container) of each operator pod on the kubelet node."""
-    pods = kube.list("v1", "Pod", namespace="gpu-operator", field_selector=f"spec.nodeName={NODE}")
+def _operand_pods(kube: Kube, node: str = NODE) -> dict[str, tuple[str, str]]:
+    """app -> (uid, image of the first container) of each operator pod on a kubelet node."""
+    pods = kube.list("v1", "Pod", namespace="gpu-operator", field_selector=f"spec.nodeName={node}")
     return {p["metadata"]["labels"].get("app", ""): (p["metadata"]["uid"], p["spec"]["containers"][0]["image"])
             for p in pods if not p["metadata"].get("deletionTimestamp")}
 
@@ -184,6 +190,7 @@ def test_field_note_policy_drains_the_real_service_and_the_gate_fails_at_applica
     run, before = demo_runs["field-note.yaml"], demo_runs["operands"]
     receipt, output = run.receipt, run.output
     assert run.proc.returncode == 1, output
+    assert "pool fenced: gpucanary.io/run=" in run.stdout, output      # the operands tolerate it (fixtures/fleet)
     assert _verdict(receipt, "rollout")["outcome"] == "pass", output
     application = _verdict(receipt, "application")
     assert application["outcome"] == "fail", (application["summary"], receipt["state_spans"], application["evidence"])
@@ -216,3 +223,76 @@ def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(demo_runs: 
     assert any(f"nvidia.com/cuda.driver-version.full={TARGET}" in t for t in texts), texts
     assert run.proc.returncode == 0, output
 
+
+HOLDER = "gpu-monitor"
+
+
+def _holder(node: str) -> dict:
+    """A DaemonSet whose pod gets the GPUs from the runtime (NVIDIA_VISIBLE_DEVICES) without asking the device
+    plugin for one, as monitoring agents do: it holds the driver, pod deletion does not see it, a drain skips it."""
+    pod = node_pod(HOLDER, "default", "exec sleep 3600", restart="Always", grace_s=1)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": HOLDER, "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": HOLDER}},
+                     "template": {"metadata": {"labels": {"app": HOLDER}}, "spec": pod["spec"]}}}
+
+
+@pytest.fixture(scope="module")
+def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """At once: a driver with no image on the first node; on the second, a DaemonSet's pod that holds the driver,
+    so the new driver pod's driver manager cannot unload the old one. The holder goes once that run has judged
+    (its receipt is there), as an administrator would remove it, so the run's restore can finish."""
+    kube, root = _kube(pool_fleet), tmp_path_factory.mktemp("failing-runs")
+    runs = {name: Run("default.yaml", node, root / name, (f"--gpucanary-pool-node={node}",
+                      f"--junitxml={root / name / 'junit.xml'}"), target=target)
+            for name, node, target in (("no-image", NODE, "999.1.1"), ("driver-in-use", SECOND, TARGET))}
+    kube.create(_holder(SECOND))
+    try:
+        deadline = time.monotonic() + 120
+        while not [p for p in kube.list("v1", "Pod", namespace="default", label_selector=f"app={HOLDER}")
+                   if p["status"].get("phase") == "Running"]:
+            assert time.monotonic() < deadline, "the holder's pod did not run"
+            time.sleep(1)
+        for run in runs.values():
+            run.start(pool_fleet)
+        held = runs["driver-in-use"]
+        deadline = time.monotonic() + 900
+        while not list(held.reports.glob("*/receipt.json")) and held.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(2)
+    finally:
+        kube.delete("apps/v1", "DaemonSet", HOLDER, namespace="default")
+    return {name: run.finish() for name, run in runs.items()}
+
+
+@pytest.mark.parametrize("case, words", [
+    ("no-image", "nvcr.io/nvidia/driver:999.1.1-ubuntu22.04"),
+    ("driver-in-use", f"init container k8s-driver-manager on {SECOND}: CrashLoopBackOff"),
+])
+def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_keeps_its_driver(
+        pool_fleet: dict[str, str], failing_runs: dict[str, Run], case: str, words: str) -> None:
+    """No image for the target, or a driver the driver manager cannot unload: the run calls it once it has
+    outlasted the kubelet's back-offs, without waiting out the budget, names it, and puts the node back on
+    its old driver."""
+    run = failing_runs[case]
+    receipt, output = run.receipt, run.output
+    assert run.proc.returncode == 1, output
+    rollout = _verdict(receipt, "rollout")
+    assert rollout["outcome"] == "fail", rollout["summary"]
+    assert words in rollout["summary"] and "it will not clear by itself" in rollout["summary"], rollout["summary"]
+    assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
+    assert any(line.startswith("rollout: driver pod gpu-operator/") for line in run.stdout.splitlines()), \
+        output                                      # the cause reached the progress as it happened
+    if case == "driver-in-use":                     # who holds it, and the driver manager's own words
+        assert f"hold the driver without a GPU request: default/{HOLDER}-" in rollout["summary"], rollout["summary"]
+        assert "(NVIDIA_VISIBLE_DEVICES=all)" in rollout["summary"], rollout["summary"]
+        assert "its log ends: error: failed to uninstall nvidia driver components" in rollout["summary"]
+        junit = (run.reports / "junit.xml").read_text()
+        assert "Could not unload NVIDIA driver kernel modules, driver is in use" in junit, junit[-3000:]
+    kube = _kube(pool_fleet)
+    [driver] = [image for app, (_, image) in _operand_pods(kube, run.node).items() if app.startswith("nvidia-gpu-driver")]
+    assert driver == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"
+    node = kube.get("v1", "Node", run.node)
+    labels = node["metadata"]["labels"]
+    assert labels.get("nvidia.com/gpu-driver-upgrade-state") == "upgrade-done" and RUN_ID_LABEL not in labels, labels
+    assert not node["spec"].get("taints"), node["spec"]                 # the run's fence went with the restore

@@ -16,7 +16,6 @@ from kube_double import FakeKube
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
 from pytest_gpucanary.kube import RUN_ID_LABEL
-from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
@@ -135,7 +134,7 @@ def test_foreign_pods_are_accepted_when_allowed() -> None:
 
     pool = ExistingNodeProvider(node="canary-0", allow_foreign_pods=True).provision(fake, CLUSTER, run_id="r1")
 
-    assert pool == Pool(("canary-0",), "canary", DRIVER_FROM)
+    assert (pool.nodes, pool.driver, pool.driver_from) == (("canary-0",), "canary", DRIVER_FROM)
 
 
 def test_a_good_node_is_marked_and_given_back_exactly_once_its_driver_is_back() -> None:
@@ -145,7 +144,7 @@ def test_a_good_node_is_marked_and_given_back_exactly_once_its_driver_is_back() 
 
     pool = provider.provision(fake, CLUSTER, run_id="r1")
 
-    assert pool == Pool(("canary-0",), "canary", DRIVER_FROM)
+    assert (pool.nodes, pool.driver, pool.driver_from) == (("canary-0",), "canary", DRIVER_FROM)
     marked = fake.get("v1", "Node", "canary-0")["metadata"]
     assert marked["labels"] == {**original["metadata"]["labels"], RUN_ID_LABEL: "r1"}
     assert json.loads(marked["annotations"][SAVED_STATE_ANNOTATION]) == {"run_id": "r1", "driver": DRIVER_FROM}
@@ -194,3 +193,45 @@ def test_a_tenant_pod_that_lands_on_the_pool_after_the_carve_out_stops_the_run_b
 
     with pytest.raises(EnvError, match="pod gpucanary-other/probe-2 landed on pool node canary-0 after it was carved"):
         provider.recheck(fake)
+
+
+def test_the_pool_is_fenced_when_the_operators_pods_tolerate_it_and_the_fence_goes_with_the_restore() -> None:
+    fake = good_cluster()
+    fence = {"key": "gpucanary.io/run", "operator": "Exists", "effect": "NoSchedule"}
+    for name in ("nvidia-driver-canary-0", "device-plugin-canary-0"):
+        fake.patch("v1", "Pod", name, {"spec": {"tolerations": [fence]}}, namespace="gpu-operator")
+    provider = ExistingNodeProvider(node="canary-0", restore_timeout_s=10)
+
+    pool = provider.provision(fake, CLUSTER, run_id="r1")
+
+    assert pool.fence == "fenced: gpucanary.io/run=r1:NoSchedule"
+    taint = {"key": "gpucanary.io/run", "value": "r1", "effect": "NoSchedule"}
+    assert fake.get("v1", "Node", "canary-0")["spec"]["taints"] == TAINTS + [taint]
+    # a health checker taints the node meanwhile: only the fence goes with the restore
+    health = {"key": "gpu-health", "value": "xid-79", "effect": "NoSchedule"}
+    fake.patch("v1", "Node", "canary-0", {"spec": {"taints": TAINTS + [taint, health]}})
+    provider.release(fake)
+    assert fake.get("v1", "Node", "canary-0")["spec"]["taints"] == TAINTS + [health]
+
+
+def test_an_operator_pod_that_would_not_tolerate_the_fence_leaves_the_pool_unfenced_and_says_how() -> None:
+    fake = good_cluster()
+    pool = ExistingNodeProvider(node="canary-0").provision(fake, CLUSTER, run_id="r1")
+
+    assert pool.fence.startswith("not fenced: operator pod gpu-operator/"), pool.fence
+    assert "-canary-0 does not tolerate gpucanary.io/run (add {key: gpucanary.io/run, operator: Exists, effect: " \
+           "NoSchedule} to the ClusterPolicy's daemonsets.tolerations and the NVIDIADriver's tolerations)" in pool.fence
+    assert fake.get("v1", "Node", "canary-0")["spec"]["taints"] == TAINTS
+
+
+def test_every_canary_workload_tolerates_its_own_runs_fence_and_no_other() -> None:
+    from pytest_gpucanary import workloads
+    from pytest_gpucanary.config import Settings
+
+    placement = workloads.Placement("gpucanary-r1", "r1", "canary-0")
+    mine = {"key": "gpucanary.io/run", "operator": "Equal", "value": "r1", "effect": "NoSchedule"}
+    for obj in workloads.rendered(Settings(), placement):
+        if obj["kind"] in ("Pod", "Job", "Deployment"):
+            spec = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+            fences = [t for t in spec.get("tolerations") or [] if t.get("key") == "gpucanary.io/run"]
+            assert fences == [mine], (obj["kind"], spec.get("tolerations"))

@@ -86,3 +86,10 @@ def test_an_event_for_an_object_never_listed_is_recorded_as_the_server_sent_it(t
     assert (deleted.namespace, deleted.name) == ("gpucanary-r1", "probe-x")
     assert deleted.object["spec"] == {"nodeName": "canary-0", "gpus": 1, "emptyDirs": ["shm"]}
     assert fake.objects().keys() == {("v1", "Node", None, "canary-0")}
+
+
+def test_a_pod_that_gets_the_gpus_without_asking_keeps_why_in_its_trimmed_spec() -> None:
+    pod = {"metadata": {"name": "agent"}, "spec": {"nodeName": "n", "runtimeClassName": "nvidia",
+                                                   "containers": [{"name": "c", "image": "x"}]}}
+    assert recorder.trim("Pod", pod)["spec"] == {"nodeName": "n", "gpus": 0, "emptyDirs": [],
+                                                 "holdsDriver": "runtimeClassName nvidia"}

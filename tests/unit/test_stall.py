@@ -159,3 +159,170 @@ def test_a_crash_loops_log_tail_is_quoted_by_the_rung_and_kept_as_evidence() -> 
     assert "CrashLoopBackOff since +30 s: exit code 1 (Error) after 3 restarts; its log ends: rmmod: ERROR: Module " \
            "nvidia is in use; it will not clear by itself" in verdict.summary, verdict.summary
     assert [e.text for e in verdict.evidence if e.kind == "ContainerLog"][-1] == "rmmod: ERROR: Module nvidia is in use"
+
+
+def state(at_s: float, upgrade_state: str) -> Record:
+    obj = {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu-driver-upgrade-state": upgrade_state}},
+           "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    return Record(f"node-{NODE}", "MODIFIED", "Node", None, NODE, int(at_s * S), int(at_s * S), obj)
+
+
+def tenant_pod(at_s: float, *, gpus: int = 0, type_: str = "MODIFIED", name: str = "trainer-0") -> Record:
+    obj = {"metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "labels": {"app": "trainer"},
+                        "ownerReferences": [{"kind": "StatefulSet", "name": "trainer"}]},
+           "spec": {"nodeName": NODE, "gpus": gpus}, "status": {"phase": "Running"}}
+    return Record("pods", type_, "Pod", "team-a", name, int(at_s * S), int(at_s * S), obj)
+
+
+def budget(at_s: float, allowed: int, *, selector: dict | None = None) -> Record:
+    obj = {"metadata": {"name": "trainer", "namespace": "team-a"},
+           "spec": {"selector": selector or {"matchLabels": {"app": "trainer"}}},
+           "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1}}
+    return Record("budgets", "MODIFIED", "PodDisruptionBudget", "team-a", "trainer", int(at_s * S), int(at_s * S), obj)
+
+
+def test_a_budget_that_refuses_the_drain_is_named_and_terminal_at_the_drains_timeout() -> None:
+    records = [budget(0, 0), tenant_pod(1), state(10, "cordon-required"), state(20, "drain-required"), budget(100, 0)]
+    [cause] = stall.causes(records, NODE, since_wall_ns=5 * S, policy={"drain": {"timeoutSeconds": 120}})
+    assert cause.what == "pod team-a/trainer-0" and cause.reason == stall.EVICTION_REFUSED
+    assert cause.message == ("drain cannot evict it: PodDisruptionBudget team-a/trainer allows 0 disruptions "
+                             "(1 healthy, 1 required)")
+    assert cause.since_wall_ns == 20 * S and cause.terminal_wall_ns is None
+    records.append(budget(140, 0))
+    assert stall.terminal(records, [NODE], since_wall_ns=5 * S,
+                          policy={"drain": {"timeoutSeconds": 120}}).terminal_wall_ns == 140 * S
+    # a drain that waits forever: called after STUCK_S
+    assert stall.terminal(records, [NODE], since_wall_ns=5 * S, policy={"drain": {"timeoutSeconds": 0}}) is None
+    assert stall.terminal([*records, budget(200, 0)], [NODE], since_wall_ns=5 * S).terminal_wall_ns == 200 * S
+
+
+def test_a_budget_that_comes_to_allow_the_eviction_clears_the_cause() -> None:
+    records = [budget(0, 0), tenant_pod(1), state(20, "drain-required"), budget(60, 1)]
+    assert stall.causes(records, NODE, since_wall_ns=0) == []
+    evicted = [budget(0, 0), tenant_pod(1), state(20, "drain-required"), tenant_pod(60, type_="DELETED")]
+    assert stall.causes(evicted, NODE, since_wall_ns=0) == []
+
+
+def test_pod_deletion_refusals_count_only_gpu_pods_and_selectors_must_match() -> None:
+    cpu = [budget(0, 0), tenant_pod(1), state(20, "pod-deletion-required")]
+    assert stall.causes(cpu, NODE, since_wall_ns=0) == []
+    gpu = [budget(0, 0), tenant_pod(1, gpus=1), state(20, "pod-deletion-required")]
+    assert stall.causes(gpu, NODE, since_wall_ns=0)[0].message.startswith("podDeletion cannot evict it")
+    other = [budget(0, 0, selector={"matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]}),
+             tenant_pod(1), state(20, "drain-required")]
+    assert stall.causes(other, NODE, since_wall_ns=0) == []
+
+
+def test_the_rung_names_the_budget_when_the_operator_gives_up_the_drain() -> None:
+    import dataclasses
+
+    from test_ladder import T0, run, states
+
+    lead = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns)
+            for r in (budget(0, 0), tenant_pod(1), state(8, "drain-required"))]
+    records = states([(2, "upgrade-required"), (4, "cordon-required"), (8, "drain-required"), (130, "upgrade-failed")],
+                     name=NODE)
+    evidence = run(lead + records, pool_nodes=(NODE,))
+    evidence = dataclasses.replace(evidence, upgrade_policy={"drain": {"enable": True, "timeoutSeconds": 120}})
+    verdict = check_rollout(evidence, Settings())
+    assert verdict.outcome is Outcome.FAIL
+    assert "drain gave up after 122 s: pod team-a/trainer-0: drain cannot evict it: PodDisruptionBudget " \
+           "team-a/trainer allows 0 disruptions" in verdict.summary, verdict.summary
+
+
+def operand_pod(at_s: float, *, holding: bool = True) -> Record:
+    inits = [{"name": "driver-validation", "state": {"running": {}} if holding else {"terminated": {"exitCode": 0}}}]
+    obj = {"metadata": {"name": "nvidia-device-plugin-daemonset-x", "namespace": "gpu-operator", "uid": "op1",
+                        "labels": {"app": "nvidia-device-plugin-daemonset"},
+                        "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-device-plugin-daemonset"}]},
+           "spec": {"nodeName": NODE}, "status": {"phase": "Pending" if holding else "Running",
+                                                  "initContainerStatuses": inits}}
+    return Record("pods", "MODIFIED", "Pod", "gpu-operator", obj["metadata"]["name"], int(at_s * S), int(at_s * S), obj)
+
+
+def ready_driver(at_s: float) -> Record:
+    record = driver_pod(at_s, containers=[running()])
+    record.object["status"].update(phase="Running", conditions=[{"type": "Ready", "status": "True"}])
+    return record
+
+
+def test_an_operand_blocked_behind_the_driver_waits_for_the_driver_then_is_terminal() -> None:
+    records = [operand_pod(10), driver_pod(10, containers=[waiting("ContainerCreating")]), operand_pod(300)]
+    [cause] = [c for c in stall.causes(records, NODE, since_wall_ns=0) if c.reason == stall.OPERAND_BLOCKED]
+    assert cause.terminal_wall_ns is None            # the driver is not there yet: the driver is the one to watch
+    assert cause.message == "Init:0/1, in init container driver-validation (the driver is not ready)"
+    records += [ready_driver(320), operand_pod(400)]
+    assert stall.terminal(records, [NODE], since_wall_ns=0) is None
+    stuck = stall.terminal([*records, operand_pod(500)], [NODE], since_wall_ns=0)
+    assert stuck.reason == stall.OPERAND_BLOCKED and stuck.terminal_wall_ns == 500 * S
+    assert stall.causes([*records, operand_pod(450, holding=False)], NODE, since_wall_ns=0) == []
+
+
+def test_a_crash_loop_keeps_its_first_moment_across_the_runs_between_crashes() -> None:
+    looping = [driver_pod(10, containers=[waiting("CrashLoopBackOff", restarts=1, last={"exitCode": 1})]),
+               driver_pod(20, containers=[running(restarts=1)]),
+               driver_pod(22, containers=[waiting("CrashLoopBackOff", restarts=2, last={"exitCode": 1})])]
+    [cause] = stall.causes(looping, NODE, since_wall_ns=0)
+    assert cause.since_wall_ns == 10 * S
+
+
+def test_the_receipt_picture_brackets_the_stall_from_first_seen_to_the_call() -> None:
+    import dataclasses
+
+    from test_ladder import T0, run, states
+
+    from pytest_gpucanary.ladder import evaluate
+    from pytest_gpucanary.receipt.html import timeline_svg
+
+    pulled = pulls((40, "ErrImagePull"), (41, "ImagePullBackOff"), (52, "ErrImagePull"), (53, "ImagePullBackOff"),
+                   (73, "ErrImagePull"))
+    shifted = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns) for r in pulled]
+    evidence = run(states([(2, "upgrade-required"), (6, "pod-restart-required")], name=NODE) + shifted,
+                   pool_nodes=(NODE,))
+    svg = timeline_svg(evaluate(evidence, Settings()), evidence)
+    assert "ErrImagePull from +40s, will not clear: +73s" in svg
+    slow = run(states([(2, "upgrade-required"), (6, "pod-restart-required")], name=NODE) + shifted[:2],
+               pool_nodes=(NODE,))
+    assert "will not clear" not in timeline_svg(evaluate(slow, Settings()), slow)    # not called: no bracket
+
+
+def holder(at_s: float, why: str = "NVIDIA_VISIBLE_DEVICES=all", phase: str = "Running") -> Record:
+    obj = {"metadata": {"name": "monitor-x", "namespace": "obs", "uid": "h1", "labels": {"app": "monitor"},
+                        "ownerReferences": [{"kind": "DaemonSet", "name": "monitor"}]},
+           "spec": {"nodeName": NODE, "gpus": 0, "holdsDriver": why}, "status": {"phase": phase}}
+    return Record("pods", "MODIFIED", "Pod", "obs", "monitor-x", int(at_s * S), int(at_s * S), obj)
+
+
+def test_a_driver_managers_crash_loop_names_the_pods_that_hold_the_driver() -> None:
+    refused = {"exitCode": 1, "reason": "Error"}
+    looping = [driver_pod(10 + 20 * n, init=[waiting("CrashLoopBackOff", name="k8s-driver-manager", restarts=n,
+                                                     last=refused)]) for n in (1, 2, 3)]
+    cause = stall.terminal([holder(1), *looping], [NODE], since_wall_ns=5 * S)
+    assert cause.message == ("exit code 1 (Error) after 3 restarts; pods on the node hold the driver without a GPU "
+                             "request: obs/monitor-x (NVIDIA_VISIBLE_DEVICES=all)"), cause.message
+    gone = stall.terminal([holder(1), holder(2, phase="Succeeded"), *looping], [NODE], since_wall_ns=5 * S)
+    assert "hold the driver" not in gone.message
+
+
+def test_which_pods_hold_the_driver_without_a_gpu_request() -> None:
+    from pytest_gpucanary.gpu_operator import holds_driver
+
+    def spec(env: dict | None = None, gpus: int = 0, **extra: object) -> dict:
+        container = {"name": "c", "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+                     "resources": {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}}
+        return {"containers": [container], **extra}
+
+    assert holds_driver(spec({"NVIDIA_VISIBLE_DEVICES": "all"})) == "NVIDIA_VISIBLE_DEVICES=all"
+    assert holds_driver(spec(runtimeClassName="nvidia")) == "runtimeClassName nvidia"
+    assert holds_driver(spec({"NVIDIA_VISIBLE_DEVICES": "void"})) == ""
+    assert holds_driver(spec({"NVIDIA_VISIBLE_DEVICES": "all"}, gpus=1)) == ""     # pod deletion sees that one
+    assert holds_driver(spec()) == ""
+
+
+def test_a_cause_that_holds_its_time_is_terminal_then_without_waiting_for_another_record() -> None:
+    records = pulls((40, "ImagePullBackOff"))
+    assert stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=99 * S) is None
+    cause = stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=130 * S)
+    assert cause.terminal_wall_ns == 100 * S                  # when it had held PULL_STUCK_S, not when asked
+    cleared = [*records, driver_pod(90, containers=[running()])]
+    assert stall.terminal(cleared, [NODE], since_wall_ns=0, now_wall_ns=130 * S) is None

@@ -5,6 +5,12 @@
 // node, unloads the driver (removes the marker) and restores the labels; with no driver loaded it
 // only restores them. The real DaemonSet controller removes and recreates the operand pods.
 //
+// The driver's kernel side is what it stands in for: a running pod on the node that asks for no GPU
+// but gets the devices from the runtime (NVIDIA_VISIBLE_DEVICES, the nvidia RuntimeClass) keeps the
+// modules in use, so the unload fails as k8s-driver-manager's does ("Could not unload NVIDIA driver
+// kernel modules, driver is in use", exit 1, the operands rescheduled) and the init container
+// crash-loops until that pod goes.
+//
 // It talks to the apiserver with the pod's own service account token (the driver pod runs with
 // hostNetwork). The apiserver's address is the file /etc/gpucanary/apiserver of the image:
 // in-cluster config would dial the kubernetes Service's ClusterIP, which nothing here routes.
@@ -97,11 +103,74 @@ func (c *client) do(method, path, contentType string, body, out any) error {
 	return nil
 }
 
+type container struct {
+	Env []struct {
+		Name  string `json:"name"`
+		Value string `json:"value"`
+	} `json:"env"`
+	Resources struct {
+		Limits   map[string]string `json:"limits"`
+		Requests map[string]string `json:"requests"`
+	} `json:"resources"`
+}
+
 type object struct {
 	Metadata struct {
-		Name   string            `json:"name"`
-		Labels map[string]string `json:"labels"`
+		Name      string            `json:"name"`
+		Namespace string            `json:"namespace"`
+		Labels    map[string]string `json:"labels"`
 	} `json:"metadata"`
+	Spec struct {
+		RuntimeClassName string      `json:"runtimeClassName"`
+		Containers       []container `json:"containers"`
+		InitContainers   []container `json:"initContainers"`
+	} `json:"spec"`
+	Status struct {
+		Phase string `json:"phase"`
+	} `json:"status"`
+}
+
+// holdsDriver: the pod gets the GPUs from the runtime without asking the device plugin for one.
+func holdsDriver(pod object) bool {
+	all := append(append([]container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
+	for _, c := range all {
+		for key := range c.Resources.Limits {
+			if strings.HasPrefix(key, "nvidia.com/gpu") || strings.HasPrefix(key, "nvidia.com/mig-") {
+				return false
+			}
+		}
+		for key := range c.Resources.Requests {
+			if strings.HasPrefix(key, "nvidia.com/gpu") || strings.HasPrefix(key, "nvidia.com/mig-") {
+				return false
+			}
+		}
+	}
+	if pod.Spec.RuntimeClassName == "nvidia" {
+		return true
+	}
+	for _, c := range all {
+		for _, env := range c.Env {
+			value := strings.ToLower(env.Value)
+			if env.Name == "NVIDIA_VISIBLE_DEVICES" && value != "" && value != "void" && value != "none" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (c *client) driverInUse(name string) (bool, error) {
+	query := url.Values{"fieldSelector": {"spec.nodeName=" + name + ",status.phase=Running"}}
+	var list struct{ Items []object }
+	if err := c.do("GET", "/api/v1/pods?"+query.Encode(), "", nil, &list); err != nil {
+		return false, err
+	}
+	for _, pod := range list.Items {
+		if pod.Metadata.Labels["app.kubernetes.io/component"] != "nvidia-driver" && holdsDriver(pod) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func (c *client) node(name string) (object, error) {
@@ -177,6 +246,19 @@ func driverManager(c *client, name string) error {
 			time.Sleep(time.Second)
 		}
 		fmt.Println("operands gone: unloading the driver")
+		inUse, err := c.driverInUse(name)
+		if err != nil {
+			return err
+		}
+		if inUse {
+			fmt.Println("Could not unload NVIDIA driver kernel modules, driver is in use")
+			fmt.Println("rescheduling the GPU Operator's operands on", name)
+			if err := c.setDeployLabels(name, restore); err != nil {
+				return err
+			}
+			return fmt.Errorf("failed to uninstall nvidia driver components: failed to unload driver: " +
+				"resource temporarily unavailable")
+		}
 		if err := os.Remove(driverMarker); err != nil {
 			return err
 		}

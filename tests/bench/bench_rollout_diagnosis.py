@@ -1,0 +1,47 @@
+"""How soon a failing run says why: from the moment a stall became terminal to the gate's verdict.
+
+Reads what failing runs wrote (reports/<run>/steps.json, evidence.json, timeline.jsonl). Per run: the
+cause the rollout rung names (its class), when the kubelet first reported it, when it became terminal
+(a record that shows it will not clear by itself, or the time it has held), when the verdict was there
+(the end of the evaluate step: the upgrade step's start + upgrade + settle + evaluate), and the run's
+total wall time. Goals: verdict within 60 s of terminal; a failing run on the kubelet pool under 6 minutes.
+
+Failing runs to read: the kubelet pool's e2e (`tests/e2e/test_kubelet_pool.py`, its runs of 999.1.1 and
+574.0.1 land under pytest's basetemp, failing-runs*/), or any `gpucanary run` with
+--gpucanary-reports-dir. Run: python tests/bench/bench_rollout_diagnosis.py <reports>/<run-id> [...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pytest_gpucanary.ladder import stall
+from pytest_gpucanary.ladder.evidence import RunEvidence
+
+BEFORE_UPGRADE = ("preflight", "pool", "workloads", "baseline")
+
+
+def main(dirs: list[str]) -> None:
+    print(f"{'run':<28}{'class':<18}{'seen':>7}{'terminal':>9}{'verdict':>9}{'to verdict':>11}{'total':>8}")
+    for raw in dirs:
+        report = Path(raw)
+        steps = json.loads((report / "steps.json").read_text())["seconds"]
+        evidence = RunEvidence.read(report)
+        cause = stall.terminal(evidence.records, evidence.pool_nodes, since_wall_ns=evidence.upgrade_started_wall_ns,
+                               policy=evidence.upgrade_policy, now_wall_ns=evidence.end_wall_ns())
+        total = sum(steps.values())
+        if cause is None or cause.terminal_wall_ns is None:
+            print(f"{report.name:<28}{'(no stall)':<18}{'':>7}{'':>9}{'':>9}{'':>11}{total:>8.1f}")
+            continue
+        verdict_s = sum(steps.get(s, 0.0) for s in ("upgrade", "settle", "evaluate"))
+        seen_s, terminal_s = evidence.offset_s(cause.since_wall_ns), evidence.offset_s(cause.terminal_wall_ns)
+        print(f"{report.name:<28}{cause.reason:<18}{seen_s:>+7.0f}{terminal_s:>+9.0f}{verdict_s:>+9.0f}"
+              f"{verdict_s - terminal_s:>11.1f}{total:>8.1f}")
+    print("seconds from the upgrade start (client receive times; the verdict from the steps' monotonic clock); "
+          "goals: to verdict <= 60 s, total < 360 s on the kubelet pool")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
