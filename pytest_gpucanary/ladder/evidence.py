@@ -78,6 +78,11 @@ class RunEvidence:
         span = timeline.recording_span(self.records)
         return span[1] if span else self.upgrade_started_wall_ns
 
+    def frozen_wall_ns(self) -> int:
+        """The latest moment the evidence speaks for: when the run froze it, or its last record. A stall
+        that had held its time by then is terminal, as the run saw it (the cluster may send nothing new)."""
+        return max(self.finished_wall_ns, self.end_wall_ns())
+
     # --- what a gate test asks -------------------------------------------------------------------------
 
     def evictions(self, settings: Settings | None = None) -> list[Eviction]:

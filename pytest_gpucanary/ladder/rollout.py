@@ -84,7 +84,7 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
     held = f" ({validator_line(ev, node)})" if current == VALIDATION else ""
     stuck = stall.terminal(ev.records, [node], since_wall_ns=ev.upgrade_started_wall_ns, policy=ev.upgrade_policy,
-                           now_wall_ns=ev.end_wall_ns())
+                           now_wall_ns=ev.frozen_wall_ns())
     if stuck is not None and stuck.terminal_wall_ns is not None:
         said = stall.last_meaningful(stall.log_tail(ev.records, stuck))
         return Finding(Outcome.FAIL, f"node {node} {where}: {stuck.line(ev.offset_s(stuck.since_wall_ns))}"

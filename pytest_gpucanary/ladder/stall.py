@@ -322,22 +322,27 @@ def _container(container: dict, init: bool, at: int, node: str, who: str, pod_me
                              track.terminal_wall_ns, namespace, pod, name)
         return
     restarts = int(container.get("restartCount") or 0)
-    if reason == "CrashLoopBackOff":
-        track = tracks.get(key) or _Track(reason, at)
-        track.reason = reason
+    track = tracks.get(key)
+    # the kubelet shows CrashLoopBackOff only between a crash and the next try: the loop goes on while the
+    # container runs or has just exited again, until it is ready
+    looping = track is not None and track.reason == "CrashLoopBackOff" and not container.get("ready")
+    if reason == "CrashLoopBackOff" or looping:
+        track = track or _Track("CrashLoopBackOff", at)
+        track.reason = "CrashLoopBackOff"
         tracks[key] = track
         if track.terminal_wall_ns is None and restarts >= CRASH_RESTARTS:
             track.terminal_wall_ns = at
-        last = (container.get("lastState") or {}).get("terminated") or {}
+        state = container.get("state") or {}
+        last = state.get("terminated") or (container.get("lastState") or {}).get("terminated") or {}
         said = _one_line(last.get("message"))
         message = f"exit code {last.get('exitCode', '?')}" + (f" ({last['reason']})" if last.get("reason") else "")
         held = f"; pods on the node hold the driver without a GPU request: {holders}" if holders else ""
-        current[key] = Cause(node, what, reason, f"{message} after {restarts} restarts" + (f": {said}" if said else "")
-                             + held, track.since_wall_ns, track.terminal_wall_ns, namespace, pod, name)
+        current[key] = Cause(node, what, "CrashLoopBackOff", f"{message} after {restarts} restarts"
+                             + (f": {said}" if said else "") + held, track.since_wall_ns, track.terminal_wall_ns,
+                             namespace, pod, name)
         return
-    current.pop(key, None)                       # running, terminated or creating: not a cause now
-    if not (tracks.get(key) and tracks[key].reason == "CrashLoopBackOff" and not container.get("ready")):
-        tracks.pop(key, None)                    # a crash loop's episode ends once the container is ready
+    tracks.pop(key, None)                        # running and ready, or creating: whatever it was has cleared
+    current.pop(key, None)
 
 
 def log_record(cause: Cause, text: str, *, mono_ns: int, wall_ns: int) -> Record:

@@ -178,7 +178,7 @@ def _eviction_marks(evidence: RunEvidence, removed: list[Eviction], scale: Scale
 
 def _stall_mark(evidence: RunEvidence, node: str, scale: Scale, y: float) -> list[str]:
     cause = stall.terminal(evidence.records, [node], since_wall_ns=evidence.upgrade_started_wall_ns,
-                           policy=evidence.upgrade_policy, now_wall_ns=evidence.end_wall_ns())
+                           policy=evidence.upgrade_policy, now_wall_ns=evidence.frozen_wall_ns())
     if cause is None or cause.terminal_wall_ns is None:
         return []
     since_s, called_s = evidence.offset_s(cause.since_wall_ns), evidence.offset_s(cause.terminal_wall_ns)

@@ -30,7 +30,7 @@ def main(dirs: list[str]) -> None:
         steps = json.loads((report / "steps.json").read_text())["seconds"]
         evidence = RunEvidence.read(report)
         cause = stall.terminal(evidence.records, evidence.pool_nodes, since_wall_ns=evidence.upgrade_started_wall_ns,
-                               policy=evidence.upgrade_policy, now_wall_ns=evidence.end_wall_ns())
+                               policy=evidence.upgrade_policy, now_wall_ns=evidence.frozen_wall_ns())
         total = sum(steps.values())
         if cause is None or cause.terminal_wall_ns is None:
             print(f"{report.name:<28}{'(no stall)':<18}{'':>7}{'':>9}{'':>9}{'':>11}{total:>8.1f}")

@@ -33,8 +33,8 @@ def waiting(reason: str, message: str = "", *, name: str = "nvidia-driver-ctr", 
             "lastState": {"terminated": last} if last else {}}
 
 
-def running(name: str = "nvidia-driver-ctr", restarts: int = 0) -> dict:
-    return {"name": name, "image": IMAGE, "restartCount": restarts, "state": {"running": {}}}
+def running(name: str = "nvidia-driver-ctr", restarts: int = 0, ready: bool = True) -> dict:
+    return {"name": name, "image": IMAGE, "restartCount": restarts, "state": {"running": {}}, "ready": ready}
 
 
 def node(at_s: float, ready: str, reason: str = "KubeletNotReady") -> Record:
@@ -260,10 +260,15 @@ def test_an_operand_blocked_behind_the_driver_waits_for_the_driver_then_is_termi
 
 def test_a_crash_loop_keeps_its_first_moment_across_the_runs_between_crashes() -> None:
     looping = [driver_pod(10, containers=[waiting("CrashLoopBackOff", restarts=1, last={"exitCode": 1})]),
-               driver_pod(20, containers=[running(restarts=1)]),
+               driver_pod(20, containers=[running(restarts=1, ready=False)]),
                driver_pod(22, containers=[waiting("CrashLoopBackOff", restarts=2, last={"exitCode": 1})])]
     [cause] = stall.causes(looping, NODE, since_wall_ns=0)
     assert cause.since_wall_ns == 10 * S
+    # the third restart is seen running, not backing off: terminal all the same, and still a cause then
+    again = [*looping, driver_pod(40, containers=[running(restarts=3, ready=False)])]
+    [cause] = stall.causes(again, NODE, since_wall_ns=0)
+    assert cause.terminal_wall_ns == 40 * S and cause.reason == "CrashLoopBackOff"
+    assert stall.causes([*again, driver_pod(60, containers=[running(restarts=3)])], NODE, since_wall_ns=0) == []
 
 
 def test_the_receipt_picture_brackets_the_stall_from_first_seen_to_the_call() -> None:
@@ -326,3 +331,19 @@ def test_a_cause_that_holds_its_time_is_terminal_then_without_waiting_for_anothe
     assert cause.terminal_wall_ns == 100 * S                  # when it had held PULL_STUCK_S, not when asked
     cleared = [*records, driver_pod(90, containers=[running()])]
     assert stall.terminal(cleared, [NODE], since_wall_ns=0, now_wall_ns=130 * S) is None
+
+
+def test_the_rung_calls_a_stall_that_had_held_its_time_when_the_run_froze_the_evidence() -> None:
+    import dataclasses
+
+    from test_ladder import T0, run, states
+
+    backing_off = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns)
+                   for r in pulls((40, "ErrImagePull"), (41, "ImagePullBackOff"))]   # then nothing new: back-off
+    evidence = run(states([(2, "upgrade-required"), (6, "pod-restart-required")], name=NODE) + backing_off,
+                   pool_nodes=(NODE,))
+    frozen = dataclasses.replace(evidence, finished_wall_ns=T0 + 105 * S)
+    verdict = check_rollout(frozen, Settings())
+    assert verdict.outcome is Outcome.FAIL and "called at +100s" in verdict.summary, verdict.summary
+    early = dataclasses.replace(evidence, finished_wall_ns=T0 + 90 * S)
+    assert check_rollout(early, Settings()).outcome is Outcome.INCONCLUSIVE

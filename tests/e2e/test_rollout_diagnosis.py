@@ -1,0 +1,50 @@
+"""A drain that a PodDisruptionBudget refuses, on the session fleet's KWOK pool with the real operator,
+scheduler, eviction API and disruption controller: the run names the budget and the pod it guards once
+the drain's own timeout has passed, and the cluster is left as it was.
+
+(The kubelet pool's cases of a driver that cannot come, no image and a driver held by a pod that asked
+for no GPU, are in test_kubelet_pool.py; each cause's rules are unit-tested in tests/unit/test_stall.py.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.kube import Kube
+from test_canary_gate import FAST, TARGET, assert_nothing_left, gpucanary, policy_before, receipt_of  # noqa: F401
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+DRAIN_TIMEOUT_S = 60
+
+
+def test_a_budget_that_refuses_the_drain_fails_at_rollout_naming_it(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    # the field note's policy: pod deletion refuses the job's /dev/shm, the drain fallback must evict the service
+    policy = yaml.safe_load((FIXTURES / "policies" / "field-note.yaml").read_text())
+    policy["spec"]["driver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = DRAIN_TIMEOUT_S
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    # ... whose budget allows no disruption at all
+    service = list(yaml.safe_load_all((FIXTURES / "workloads" / "service.yaml").read_text()))
+    [budget] = [doc for doc in service if doc["kind"] == "PodDisruptionBudget"]
+    budget["spec"] = {"maxUnavailable": 0, "selector": budget["spec"]["selector"]}
+    (tmp_path / "service.yaml").write_text(yaml.safe_dump_all(service))
+
+    result = gpucanary("run", f"--gpucanary-policy={tmp_path / 'policy.yaml'}", f"--gpucanary-driver-version={TARGET}",
+                       *FAST, f"--gpucanary-service={tmp_path / 'service.yaml'}", reports=tmp_path / "reports")
+
+    output = result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.returncode == 1, output
+    receipt = receipt_of(tmp_path / "reports")
+    assert receipt["first_failed"] == "rollout", output
+    [rollout] = [v for v in receipt["verdicts"] if v["stage"] == "rollout"]
+    summary = rollout["summary"]
+    assert "/sched-api-" in summary and "drain cannot evict it: PodDisruptionBudget gpucanary-" in summary, summary
+    assert "/sched-api allows 0 disruptions" in summary, summary
+    # the refusal reached the progress as it happened, before the drain gave up
+    assert any(line.startswith("rollout: pod gpucanary-") and "EvictionRefused" in line
+               for line in result.stdout.splitlines()), output
+    assert_nothing_left(kube, policy_before)
