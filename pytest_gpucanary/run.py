@@ -579,8 +579,10 @@ class CanaryRun:
         bounded: what has not happened by then is reported, not waited for."""
         wait_s = 2 * self.settings.probe_interval_s + 60
         job = run.gpu_job
-        if run.stalled is not None:     # the pool stays cordoned: nothing more will start or finish there
-            self.progress.line("the rollout stalled: not waiting for the GPU job or the probes in flight")
+        failed = [n for n in pool.nodes if timeline.terminal_state(recorder.records, n) == op.UPGRADE_FAILED]
+        if run.stalled is not None or failed:   # the pool stays cordoned: nothing more will start or finish there
+            why = "stalled" if run.stalled is not None else f"failed on {', '.join(failed)}"
+            self.progress.line(f"the rollout {why}: not waiting for the GPU job or the probes in flight")
             probes.stop()
             return
         if all(timeline.terminal_state(recorder.records, n) == "upgrade-done" for n in pool.nodes):

@@ -1,7 +1,8 @@
 """How soon a failing run says why: from the moment a stall became terminal to the gate's verdict.
 
 Reads what failing runs wrote (reports/<run>/steps.json, evidence.json, timeline.jsonl). Per run: the
-cause the rollout rung names (its class), when the kubelet first reported it, when it became terminal
+cause the rollout rung names (its class; upgrade-failed when the operator ended it first, e.g. a drain that
+a PodDisruptionBudget refused until its timeout), when the kubelet first reported it, when it became terminal
 (a record that shows it will not clear by itself, or the time it has held), when the verdict was there
 (the end of the evaluate step: the upgrade step's start + upgrade + settle + evaluate), and the run's
 total wall time. Goals: verdict within 60 s of terminal; a failing run on the kubelet pool under 6 minutes.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from pytest_gpucanary.ladder import stall
 from pytest_gpucanary.ladder.evidence import RunEvidence
+from pytest_gpucanary.ladder.timeline import upgrade_cycle
 
 BEFORE_UPGRADE = ("preflight", "pool", "workloads", "baseline")
 
@@ -32,10 +34,17 @@ def main(dirs: list[str]) -> None:
         cause = stall.terminal(evidence.records, evidence.pool_nodes, since_wall_ns=evidence.upgrade_started_wall_ns,
                                policy=evidence.upgrade_policy, now_wall_ns=evidence.frozen_wall_ns())
         total = sum(steps.values())
-        if cause is None or cause.terminal_wall_ns is None:
-            print(f"{report.name:<28}{'(no stall)':<18}{'':>7}{'':>9}{'':>9}{'':>11}{total:>8.1f}")
-            continue
         verdict_s = sum(steps.get(s, 0.0) for s in ("upgrade", "settle", "evaluate"))
+        if cause is None or cause.terminal_wall_ns is None:     # the operator's own end: upgrade-failed
+            failed = [t for n in evidence.pool_nodes for t in upgrade_cycle(
+                evidence.records, n, since_wall_ns=evidence.upgrade_started_wall_ns) if t.state == "upgrade-failed"]
+            if not failed:
+                print(f"{report.name:<28}{'(no stall)':<18}{'':>7}{'':>9}{'':>9}{'':>11}{total:>8.1f}")
+                continue
+            terminal_s = evidence.offset_s(failed[0].received_wall_ns)
+            print(f"{report.name:<28}{'upgrade-failed':<18}{'':>7}{terminal_s:>+9.0f}{verdict_s:>+9.0f}"
+                  f"{verdict_s - terminal_s:>11.1f}{total:>8.1f}")
+            continue
         seen_s, terminal_s = evidence.offset_s(cause.since_wall_ns), evidence.offset_s(cause.terminal_wall_ns)
         print(f"{report.name:<28}{cause.reason:<18}{seen_s:>+7.0f}{terminal_s:>+9.0f}{verdict_s:>+9.0f}"
               f"{verdict_s - terminal_s:>11.1f}{total:>8.1f}")

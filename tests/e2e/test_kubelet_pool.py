@@ -281,7 +281,7 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
     assert rollout["outcome"] == "fail", rollout["summary"]
     assert words in rollout["summary"] and "it will not clear by itself" in rollout["summary"], rollout["summary"]
     assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
-    assert any(line.startswith("rollout: driver pod gpu-operator/") for line in run.stdout.splitlines()), \
+    assert any("] rollout: driver pod gpu-operator/" in line for line in run.stdout.splitlines()), \
         output                                      # the cause reached the progress as it happened
     if case == "driver-in-use":                     # who holds it, and the driver manager's own words
         assert f"hold the driver without a GPU request: default/{HOLDER}-" in rollout["summary"], rollout["summary"]

@@ -45,6 +45,6 @@ def test_a_budget_that_refuses_the_drain_fails_at_rollout_naming_it(
     assert "/sched-api-" in summary and "drain cannot evict it: PodDisruptionBudget gpucanary-" in summary, summary
     assert "/sched-api allows 0 disruptions" in summary, summary
     # the refusal reached the progress as it happened, before the drain gave up
-    assert any(line.startswith("rollout: pod gpucanary-") and "EvictionRefused" in line
+    assert any("] rollout: pod gpucanary-" in line and "EvictionRefused" in line
                for line in result.stdout.splitlines()), output
     assert_nothing_left(kube, policy_before)

@@ -9,7 +9,8 @@
 // but gets the devices from the runtime (NVIDIA_VISIBLE_DEVICES, the nvidia RuntimeClass) keeps the
 // modules in use, so the unload fails as k8s-driver-manager's does ("Could not unload NVIDIA driver
 // kernel modules, driver is in use", exit 1, the operands rescheduled) and the init container
-// crash-loops until that pod goes.
+// crash-loops until that pod goes. It writes only to stderr, as k8s-driver-manager's logger does: two
+// streams reach the container log in no fixed order, and the last line must be the error.
 //
 // It talks to the apiserver with the pod's own service account token (the driver pod runs with
 // hostNetwork). The apiserver's address is the file /etc/gpucanary/apiserver of the image:
@@ -227,7 +228,7 @@ func (c *client) operandPods(name string) (int, error) {
 
 func driverManager(c *client, name string) error {
 	if _, err := os.Stat(driverMarker); err == nil {
-		fmt.Println("a driver is loaded: evicting the GPU Operator's operands from", name)
+		fmt.Fprintln(os.Stderr, "a driver is loaded: evicting the GPU Operator's operands from", name)
 		if err := c.setDeployLabels(name, pause); err != nil {
 			return err
 		}
@@ -245,14 +246,14 @@ func driverManager(c *client, name string) error {
 			}
 			time.Sleep(time.Second)
 		}
-		fmt.Println("operands gone: unloading the driver")
+		fmt.Fprintln(os.Stderr, "operands gone: unloading the driver")
 		inUse, err := c.driverInUse(name)
 		if err != nil {
 			return err
 		}
 		if inUse {
-			fmt.Println("Could not unload NVIDIA driver kernel modules, driver is in use")
-			fmt.Println("rescheduling the GPU Operator's operands on", name)
+			fmt.Fprintln(os.Stderr, "Could not unload NVIDIA driver kernel modules, driver is in use")
+			fmt.Fprintln(os.Stderr, "rescheduling the GPU Operator's operands on", name)
 			if err := c.setDeployLabels(name, restore); err != nil {
 				return err
 			}
@@ -263,7 +264,7 @@ func driverManager(c *client, name string) error {
 			return err
 		}
 	}
-	fmt.Println("rescheduling the GPU Operator's operands on", name)
+	fmt.Fprintln(os.Stderr, "rescheduling the GPU Operator's operands on", name)
 	return c.setDeployLabels(name, restore)
 }
 
