@@ -95,7 +95,7 @@ class _Scene:
 
     state: str = ""
     driver_ready_wall_ns: int | None = None
-    budgets: dict[tuple[str, str], dict] = field(default_factory=dict)
+    budgets: dict[str, dict[str, dict]] = field(default_factory=dict)  # namespace -> name -> budget
     pods: dict[str, dict] = field(default_factory=dict)           # uid -> the latest pod not of a DaemonSet
     holders: dict[str, str] = field(default_factory=dict)         # uid -> "ns/name (why it holds the driver)"
 
@@ -117,7 +117,8 @@ def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: 
             continue
         at = record.received_wall_ns
         if record.kind == "PodDisruptionBudget":
-            _budget(record, scene)
+            if not _budget(record, scene):
+                continue
         elif record.kind == "Node" and record.name == node:
             scene.state = ((record.object.get("metadata") or {}).get("labels") or {}).get(op.UPGRADE_STATE_LABEL, "")
             if at >= since_wall_ns:
@@ -147,12 +148,14 @@ def terminal(records: Iterable[Record], nodes: Iterable[str], *, since_wall_ns: 
     return min(found, key=lambda c: c.terminal_wall_ns or 0) if found else None
 
 
-def _budget(record: Record, scene: _Scene) -> None:
-    key = (record.namespace or "", record.name or "")
+def _budget(record: Record, scene: _Scene) -> bool:
+    """Keep the budget; True when a pod on the node could be one it guards (a cluster has many budgets)."""
+    namespace, name = record.namespace or "", record.name or ""
     if record.type == "DELETED":
-        scene.budgets.pop(key, None)
+        scene.budgets.get(namespace, {}).pop(name, None)
     else:
-        scene.budgets[key] = record.object
+        scene.budgets.setdefault(namespace, {})[name] = record.object
+    return any((p.get("metadata") or {}).get("namespace") == namespace for p in scene.pods.values())
 
 
 def _scene_pod(record: Record, at: int, scene: _Scene) -> None:
@@ -208,9 +211,10 @@ def _refused(at: int, node: str, scene: _Scene, policy: Mapping[str, Any], track
         meta = pod.get("metadata") or {}
         if gpus_only and not (pod.get("spec") or {}).get("gpus"):
             continue
-        for (namespace, name), budget in scene.budgets.items():
+        namespace = meta.get("namespace", "")
+        for name, budget in scene.budgets.get(namespace, {}).items():
             status = budget.get("status") or {}
-            if namespace == meta.get("namespace") and int(status.get("disruptionsAllowed", 1)) == 0 \
+            if int(status.get("disruptionsAllowed", 1)) == 0 \
                     and selects((budget.get("spec") or {}).get("selector"), meta.get("labels") or {}):
                 refused[uid] = (meta, (namespace, name), status)
                 break
