@@ -20,7 +20,7 @@ from pytest_gpucanary.ladder.model import (
     StageVerdict, UpgradePhase, WorkloadRef, decide, summarize,
 )
 from pytest_gpucanary.ladder.network import check_network
-from pytest_gpucanary.ladder.rollout import check_rollout
+from pytest_gpucanary.ladder.rollout import check_rollout, stall_of
 from pytest_gpucanary.ladder.scheduler import check_scheduler
 
 __all__ = ["CHECKS", "CapacityDip", "Evidence", "Eviction", "LadderResult", "MetricCheck", "Outcome", "PhaseStats", "ProbeScope",
@@ -42,4 +42,5 @@ def evaluate(evidence: RunEvidence, settings: Settings = DEFAULTS) -> LadderResu
                                                              since_wall_ns=evidence.upgrade_started_wall_ns)),
                   state_spans=tuple(span for node in evidence.pool_nodes
                                     for span in timeline.state_spans(evidence.records, node)),
-                  capacity=capacity_dips(evidence))
+                  capacity=capacity_dips(evidence),
+                  stalls=tuple(c for node in evidence.pool_nodes if (c := stall_of(evidence, node)) is not None))

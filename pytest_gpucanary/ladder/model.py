@@ -17,6 +17,7 @@ from pytest_gpucanary.gpu_operator import (
 
 if TYPE_CHECKING:
     from pytest_gpucanary.config import Settings
+    from pytest_gpucanary.ladder.stall import Cause
 
 
 class Stage(str, Enum):
@@ -280,6 +281,7 @@ class LadderResult:
     phase_windows: tuple[PhaseWindow, ...] = ()     # of the first pool node, as the service load is cut
     state_spans: tuple[StateSpan, ...] = ()
     capacity: tuple[CapacityDip, ...] = ()          # per pool node
+    stalls: tuple[Cause, ...] = ()                  # per pool node, the cause that would not clear (rollout)
 
     def verdict(self, stage: Stage | str) -> StageVerdict:
         return next(v for v in self.verdicts if v.stage is Stage(stage))

@@ -60,6 +60,12 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
     return f"{knob} failed after {waited_s:.0f} s"
 
 
+def stall_of(ev: RunEvidence, node: str) -> stall.Cause | None:
+    """The cause on the node that would not clear by itself, judged when the run froze its evidence."""
+    return stall.terminal(ev.records, [node], since_wall_ns=ev.upgrade_started_wall_ns, policy=ev.upgrade_policy,
+                          now_wall_ns=ev.frozen_wall_ns())
+
+
 def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Finding, float | None]:
     """One node's finding, and its time to upgrade-done (s from upgrade start) when it got there."""
     budget = f"budget {settings.upgrade_budget_s:.0f} s"
@@ -83,9 +89,7 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
     current = states[-1] if states else (every[-1].state or "unlabelled")
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
     held = f" ({validator_line(ev, node)})" if current == VALIDATION else ""
-    stuck = stall.terminal(ev.records, [node], since_wall_ns=ev.upgrade_started_wall_ns, policy=ev.upgrade_policy,
-                           now_wall_ns=ev.frozen_wall_ns())
-    if stuck is not None and stuck.terminal_wall_ns is not None:
+    if (stuck := stall_of(ev, node)) is not None and stuck.terminal_wall_ns is not None:
         said = stall.last_meaningful(stall.log_tail(ev.records, stuck))
         return Finding(Outcome.FAIL, f"node {node} {where}: {stuck.line(ev.offset_s(stuck.since_wall_ns))}"
                                      f"{f'; its log ends: {said}' if said else ''}; it will not clear by itself "

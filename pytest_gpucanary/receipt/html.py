@@ -1,8 +1,7 @@
 """The HTML launch receipt: one self-contained offline page (inline CSS, inline SVG, no scripts).
 
 Draws what the ladder computed: a band per pool node coloured by upgrade state (the result's state
-spans), eviction markers (its evictions), the stall that ended the rollout's wait (the cause the rollout
-rung names, from `ladder.stall`), probe latencies, load per upgrade phase (its phase windows), then the
+spans), eviction markers (its evictions), the stall the rollout rung named (its stalls), probe latencies, load per upgrade phase (its phase windows), then the
 stage table and its evidence. Decides nothing itself.
 x is seconds from the upgrade start, client receive time.
 """
@@ -13,9 +12,10 @@ import html
 import math
 from dataclasses import dataclass
 
-from pytest_gpucanary.ladder import Eviction, LadderResult, Outcome, ProbeScope, RunEvidence, stall
+from pytest_gpucanary.ladder import Eviction, LadderResult, Outcome, ProbeScope, RunEvidence
 from pytest_gpucanary.ladder.application import allowed_text
 from pytest_gpucanary.ladder.model import CapacityDip, StateSpan
+from pytest_gpucanary.ladder.stall import Cause
 from pytest_gpucanary.receipt.common import headline, run_rows
 
 OUTCOME_COLOURS = {Outcome.PASS: "#2e7d32", Outcome.FAIL: "#c62828", Outcome.INCONCLUSIVE: "#e65100",
@@ -123,7 +123,8 @@ def timeline_svg(result: LadderResult, evidence: RunEvidence, *, scale: Scale | 
     for node in evidence.pool_nodes:
         parts += _node_band(evidence, [s for s in result.state_spans if s.node == node], node, scale, y)
         parts += _eviction_marks(evidence, [e for e in result.evictions if e.node == node], scale, y)
-        parts += _stall_mark(evidence, node, scale, y)
+        for cause in (c for c in result.stalls if c.node == node):
+            parts += _stall_mark(evidence, cause, scale, y)
         y += BAND_H + LABEL_H
     for dip in result.capacity:
         parts += _capacity_lane(dip, scale, y)
@@ -176,10 +177,8 @@ def _eviction_marks(evidence: RunEvidence, removed: list[Eviction], scale: Scale
     return parts
 
 
-def _stall_mark(evidence: RunEvidence, node: str, scale: Scale, y: float) -> list[str]:
-    cause = stall.terminal(evidence.records, [node], since_wall_ns=evidence.upgrade_started_wall_ns,
-                           policy=evidence.upgrade_policy, now_wall_ns=evidence.frozen_wall_ns())
-    if cause is None or cause.terminal_wall_ns is None:
+def _stall_mark(evidence: RunEvidence, cause: Cause, scale: Scale, y: float) -> list[str]:
+    if cause.terminal_wall_ns is None:
         return []
     since_s, called_s = evidence.offset_s(cause.since_wall_ns), evidence.offset_s(cause.terminal_wall_ns)
     x0, x1 = scale.x(since_s), scale.x(called_s)

@@ -1,5 +1,5 @@
 """The JSON receipt: the gate, the run, the thresholds, every verdict with its evidence, and what the
-ladder computed (evictions, phase windows, state spans, GPU capacity per node) and the collective
+ladder computed (evictions, phase windows, state spans, GPU capacity and stalls per node) and the collective
 probe's runs. `parse_json` reads it back."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 
 from pytest_gpucanary.ladder import Evidence, Eviction, LadderResult, Outcome, RunEvidence, Stage, StageVerdict
 from pytest_gpucanary.ladder.model import CapacityDip, PhaseWindow, StateSpan
+from pytest_gpucanary.ladder.stall import Cause
 from pytest_gpucanary.receipt.common import utc
 
 SCHEMA = "gpucanary-receipt/1"
@@ -36,6 +37,7 @@ def render_json(result: LadderResult, evidence: RunEvidence) -> str:
         "phase_windows": [dataclasses.asdict(w) for w in result.phase_windows],
         "state_spans": [dataclasses.asdict(s) for s in result.state_spans],
         "capacity": [{**dataclasses.asdict(c), "gone_s": c.gone_s} for c in result.capacity],
+        "stalls": [dataclasses.asdict(c) for c in result.stalls],
         "collective": {"note": evidence.collective_note,
                        "runs": [{**dataclasses.asdict(c), "took_s": c.took_s,
                                  "started_offset_s": evidence.offset_s(c.started_wall_ns)} for c in evidence.collective]},
@@ -55,4 +57,5 @@ def parse_json(text: str) -> LadderResult:
                         tuple(StateSpan(**s) for s in document["state_spans"]),
                         tuple(CapacityDip(**{**{k: v for k, v in c.items() if k != "gone_s"},
                                              "series": tuple(tuple(point) for point in c["series"])})
-                              for c in document.get("capacity", [])))
+                              for c in document.get("capacity", [])),
+                        stalls=tuple(Cause(**c) for c in document.get("stalls", [])))

@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from pytest_gpucanary.ladder import stall
 from pytest_gpucanary.ladder.evidence import RunEvidence
+from pytest_gpucanary.ladder.rollout import stall_of
 from pytest_gpucanary.ladder.timeline import upgrade_cycle
 
 BEFORE_UPGRADE = ("preflight", "pool", "workloads", "baseline")
@@ -31,8 +31,7 @@ def main(dirs: list[str]) -> None:
         report = Path(raw)
         steps = json.loads((report / "steps.json").read_text())["seconds"]
         evidence = RunEvidence.read(report)
-        cause = stall.terminal(evidence.records, evidence.pool_nodes, since_wall_ns=evidence.upgrade_started_wall_ns,
-                               policy=evidence.upgrade_policy, now_wall_ns=evidence.frozen_wall_ns())
+        cause = next((c for n in evidence.pool_nodes if (c := stall_of(evidence, n)) is not None), None)
         total = sum(steps.values())
         verdict_s = sum(steps.get(s, 0.0) for s in ("upgrade", "settle", "evaluate"))
         if cause is None or cause.terminal_wall_ns is None:     # the operator's own end: upgrade-failed

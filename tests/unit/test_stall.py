@@ -278,14 +278,18 @@ def test_the_receipt_picture_brackets_the_stall_from_first_seen_to_the_call() ->
 
     from pytest_gpucanary.ladder import evaluate
     from pytest_gpucanary.receipt.html import timeline_svg
+    from pytest_gpucanary.receipt.json import parse_json, render_json
 
     pulled = pulls((40, "ErrImagePull"), (41, "ImagePullBackOff"), (52, "ErrImagePull"), (53, "ImagePullBackOff"),
                    (73, "ErrImagePull"))
     shifted = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns) for r in pulled]
     evidence = run(states([(2, "upgrade-required"), (6, "pod-restart-required")], name=NODE) + shifted,
                    pool_nodes=(NODE,))
-    svg = timeline_svg(evaluate(evidence, Settings()), evidence)
+    result = evaluate(evidence, Settings())
+    svg = timeline_svg(result, evidence)
     assert "ErrImagePull from +40s, will not clear: +73s" in svg
+    assert [c.reason for c in result.stalls] == ["ErrImagePull"]
+    assert parse_json(render_json(result, evidence)) == result      # the receipt keeps it for the gate's pictures
     slow = run(states([(2, "upgrade-required"), (6, "pod-restart-required")], name=NODE) + shifted[:2],
                pool_nodes=(NODE,))
     assert "will not clear" not in timeline_svg(evaluate(slow, Settings()), slow)    # not called: no bracket
