@@ -82,6 +82,11 @@ def release_series(release: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
+def of_daemonset(meta: Mapping[str, Any]) -> bool:
+    """A DaemonSet's pod (the operator's operands among them): it belongs on every node it selects."""
+    return any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
+
+
 def is_driver_pod(labels: Mapping[str, str]) -> bool:
     return any(labels.get(key) == value for key, value in DRIVER_POD_LABELS)
 

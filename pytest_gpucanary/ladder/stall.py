@@ -168,7 +168,7 @@ def _scene_pod(record: Record, at: int, scene: _Scene) -> None:
         scene.holders[meta.get("uid", "")] = f"{meta.get('namespace', '')}/{meta.get('name', '')} ({why})"
     else:
         scene.holders.pop(meta.get("uid", ""), None)
-    if _of_daemonset(meta):
+    if op.of_daemonset(meta):
         if op.is_driver_pod(meta.get("labels") or {}):
             ready = not gone and _ready(pod)
             if not ready:
@@ -179,10 +179,6 @@ def _scene_pod(record: Record, at: int, scene: _Scene) -> None:
         scene.pods.pop(meta.get("uid", ""), None)
     else:
         scene.pods[meta.get("uid", "")] = pod
-
-
-def _of_daemonset(meta: Mapping[str, Any]) -> bool:
-    return any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -253,7 +249,7 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
     pod = record.object
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     uid = meta.get("uid", "")
-    if not _of_daemonset(meta):
+    if not op.of_daemonset(meta):
         return                                   # others' pods matter only when an eviction of them is refused
     driver = op.is_driver_pod(meta.get("labels") or {})
     who = (f"{'driver' if driver else 'operator'} pod "
@@ -293,8 +289,8 @@ def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapp
         return
     done = sum(1 for c in inits if ((c.get("state") or {}).get("terminated") or {}).get("exitCode") == 0)
     track = tracks.setdefault(key, _Track(OPERAND_BLOCKED, at))
-    driver = "the driver pod is Ready" if scene.driver_ready_wall_ns is not None else "the driver is not ready"
     ready = scene.driver_ready_wall_ns
+    driver = "the driver pod is Ready" if ready is not None else "the driver is not ready"
     track.outlasted(at, STUCK_S if ready is not None else None, from_wall_ns=ready or 0)
     current[key] = Cause(node, who, OPERAND_BLOCKED, f"Init:{done}/{len(inits)}, in init container "
                          f"{holding.get('name', '')} ({driver})", track.since_wall_ns, track.terminal_wall_ns,

@@ -26,7 +26,7 @@ from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_STATE_LABEL,
-    driver_node_selector, driver_version_of, is_driver_pod,
+    driver_node_selector, driver_version_of, is_driver_pod, of_daemonset,
 )
 from pytest_gpucanary.kube import (
     FENCE_TAINT_KEY, RUN_ID_LABEL, Kube, NotFound, fence_taint, patch_as_read, saved_run, tolerated,
@@ -121,7 +121,7 @@ class ExistingNodeProvider:
         probe = fence_taint("any-run")
         unfenceable = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node
                        if p["metadata"]["namespace"] == cluster.operator_namespace
-                       and any(o.get("kind") == "DaemonSet" for o in p["metadata"].get("ownerReferences") or [])
+                       and of_daemonset(p["metadata"])
                        and not tolerated(probe, (p.get("spec") or {}).get("tolerations") or [])]
         return driver_version_of(drivers[0]), unfenceable
 
@@ -207,10 +207,9 @@ def restore_node(kube: Kube, name: str, run_id: str) -> bool:
 def _expected(pod: dict, run_id: str | None) -> bool:
     """DaemonSet pods belong on every node; the canary's own pods carry its run id (before the carve-out, when
     `run_id` is None: no other run's pods either, which `_check` refuses through the node's run id label)."""
-    owners = pod["metadata"].get("ownerReferences", [])
     labels = pod["metadata"].get("labels", {})
     ours = RUN_ID_LABEL in labels if run_id is None else labels.get(RUN_ID_LABEL) == run_id
-    return any(o.get("kind") == "DaemonSet" for o in owners) or ours
+    return of_daemonset(pod["metadata"]) or ours
 
 
 def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float) -> None:
