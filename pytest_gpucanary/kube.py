@@ -191,17 +191,19 @@ def saved_run(obj: dict, annotation: str) -> str | None:
         return f"<unreadable {str(raw)[:32]!r}>"
 
 
-RESTORE_RETRIES = 3      # a 409 on a conditional restore: read again and decide again, this often
+AS_READ_TRIES = 3        # a 409 on a conditional write: read again and decide again, this often
 
 
 def patch_as_read(kube: Kube, api_version: str, kind: str, name: str,
-                  decide: Callable[[dict], tuple[dict | None, T]], *, what: str) -> T | None:
-    """Read the object, let `decide` make the patch from what it read, and write it only if the object is
-    still as read (its resourceVersion); on a 409 read and decide again. `decide` returns (None, result) to
-    write nothing. None when the object is gone; EnvError when it keeps changing."""
-    for _ in range(RESTORE_RETRIES):
+                  decide: Callable[[dict], tuple[dict | None, T]], *, what: str,
+                  hint: str = "run `gpucanary cleanup` again", read: dict | None = None) -> T | None:
+    """Read the object (or take `read`, a copy just listed), let `decide` make the patch from what it read, and
+    write it only if the object is still as read (its resourceVersion); on a 409 read and decide again.
+    `decide` returns (None, result) to write nothing. None when the object is gone; EnvError when it keeps
+    changing."""
+    for _ in range(AS_READ_TRIES):
         try:
-            obj = kube.get(api_version, kind, name)
+            obj, read = read or kube.get(api_version, kind, name), None
         except NotFound:
             return None
         body, result = decide(obj)
@@ -212,8 +214,9 @@ def patch_as_read(kube: Kube, api_version: str, kind: str, name: str,
             return result
         except Conflict:
             continue        # changed between the read and the write: judge it again
-    raise EnvError(f"{what} kept changing while it was restored ({RESTORE_RETRIES} tries)",
-                   hint="run `gpucanary cleanup` again")
+        except NotFound:
+            return None
+    raise EnvError(f"{what} kept changing between each read and write ({AS_READ_TRIES} tries)", hint=hint)
 
 
 def owned_labels(run_id: str) -> dict[str, str]:

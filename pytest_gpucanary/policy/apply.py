@@ -9,13 +9,14 @@ Where the operator reads the policy depends on its mode and version:
 Every prior value is saved in an annotation on the object it came from, naming the run and what it
 wrote, so `gpucanary cleanup` can restore it after a crash.
 
-Invariant: the saved copy reaches the cluster before the change it undoes. A spec is saved by one
-patch of the annotation and changed by a second, later one; a held-back node gets its skip label and
+Invariant: the saved copy never reaches the cluster after the change it undoes. A spec is saved and
+changed in one patch (the annotation and the new values); a held-back node gets its skip label and
 the annotation saying so in one patch; each restore is one patch that writes the saved value back
 and drops the annotation together. A process killed between any two of these writes leaves either
 nothing changed, or a change whose undo is on the object itself (see run.py).
 
-Every write carries the resourceVersion it read, so a concurrent change is never overwritten (409).
+Every write carries the resourceVersion it read, so a concurrent change is never overwritten: on a 409
+the object is read and judged again (a node's kubelet writes it often).
 A run never adopts another run's saved state: it refuses. A restore acts only on the annotation of its
 own run, and puts a field back only while it still holds the value the canary wrote; a field someone
 changed since (an emergency driver change) is left as it is and reported.
@@ -70,13 +71,16 @@ def refuse_foreign(obj: dict, annotation: str, run_id: str) -> None:
 
 def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: dict, prior: dict,
                     applied: AppliedUpgrade, run_id: str) -> None:
-    obj = kube.get(*kind, name)
-    refuse_foreign(obj, SAVED_SPEC_ANNOTATION, run_id)
+    """The saved spec and the change in one write: the object never carries one without the other."""
     saved = json.dumps({"run_id": run_id, "spec": prior, "wrote": spec_patch})
-    obj = kube.patch(*kind, name, {"metadata": {"annotations": {SAVED_SPEC_ANNOTATION: saved}}},
-                     resource_version=obj["metadata"]["resourceVersion"])
+
+    def decide(obj: dict) -> tuple[dict, bool]:
+        refuse_foreign(obj, SAVED_SPEC_ANNOTATION, run_id)
+        return {"metadata": {"annotations": {SAVED_SPEC_ANNOTATION: saved}}, "spec": spec_patch}, True
+
+    if not patch_as_read(kube, *kind, name, decide, what=f"{kind[1]} {name}", hint="run again"):
+        raise EnvError(f"{kind[1]} {name} was deleted while the run changed it", hint="is the GPU Operator ready?")
     applied.saved.append((kind, name))
-    kube.patch(*kind, name, {"spec": spec_patch}, resource_version=obj["metadata"]["resourceVersion"])
     knobs = spec_patch.get("driver", spec_patch)
     applied.where.append(f"{kind[1]} {name}: {' and '.join(sorted(knobs))}")
 
@@ -134,18 +138,21 @@ def driver_nodes(kube: Kube) -> dict[str, dict]:
 
 
 def _hold_back(kube: Kube, node_obj: dict, applied: AppliedUpgrade, run_id: str) -> None:
-    """The skip label keeps the node in upgrade-required; its prior state is saved to put back."""
-    meta = node_obj["metadata"]
-    refuse_foreign(node_obj, SKIP_SET_ANNOTATION, run_id)
-    labels = meta.get("labels") or {}
-    if labels.get(SKIP_LABEL) == "true":
-        return  # someone else holds it back already; leave their label alone
-    saved = json.dumps({"run_id": run_id, "state": labels.get(UPGRADE_STATE_LABEL, ""),
-                        "version": applied.prior_version, "namespace": applied.operator_namespace})
-    kube.patch("v1", "Node", meta["name"], {"metadata": {"labels": {SKIP_LABEL: "true"},
-                                                         "annotations": {SKIP_SET_ANNOTATION: saved}}},
-               resource_version=meta.get("resourceVersion"))
-    applied.skipped_nodes.append(meta["name"])
+    """The skip label keeps the node in upgrade-required; its prior state is saved to put back. A node that
+    changed since it was listed (its kubelet writes it often) is read and judged again."""
+    name = node_obj["metadata"]["name"]
+
+    def decide(node: dict) -> tuple[dict | None, bool]:
+        refuse_foreign({"kind": "Node", **node}, SKIP_SET_ANNOTATION, run_id)
+        labels = node["metadata"].get("labels") or {}
+        if labels.get(SKIP_LABEL) == "true":
+            return None, False      # someone else holds it back already; leave their label alone
+        saved = json.dumps({"run_id": run_id, "state": labels.get(UPGRADE_STATE_LABEL, ""),
+                            "version": applied.prior_version, "namespace": applied.operator_namespace})
+        return {"metadata": {"labels": {SKIP_LABEL: "true"}, "annotations": {SKIP_SET_ANNOTATION: saved}}}, True
+
+    if patch_as_read(kube, "v1", "Node", name, decide, what=f"node {name}", hint="run again", read=node_obj):
+        applied.skipped_nodes.append(name)
 
 
 def restore(kube: Kube, applied: AppliedUpgrade, *, report: Callable[[str], None] = print) -> None:

@@ -109,15 +109,7 @@ class ExistingNodeProvider:
         if foreign and not self.allow_foreign_pods:
             raise ConfigError(f"node {name} runs {len(foreign)} pods the canary did not put there ({foreign[0]}...)",
                               hint=f"drain it first or pass {flag('allow_foreign_pods')}")
-        if other := node["metadata"].get("labels", {}).get(RUN_ID_LABEL):
-            raise EnvError(f"node {name} is already in canary run {other}",
-                           hint=f"wait for it, or run `gpucanary cleanup --run-id {other}` if it was killed")
-        for annotation in (SAVED_STATE_ANNOTATION, SKIP_SET_ANNOTATION):
-            refuse_foreign({"kind": "Node", **node}, annotation, run_id="")
-        if node["metadata"].get("labels", {}).get(POOL_ELIGIBLE_LABEL) != "true":
-            raise ConfigError(f"node {name} is not marked eligible for canary pools (no {POOL_ELIGIBLE_LABEL}=true)",
-                              hint=f"an administrator marks the nodes a canary may carve out: "
-                                   f"kubectl label node {name} {POOL_ELIGIBLE_LABEL}=true")
+        _check_marks(node)
         probe = fence_taint("any-run")
         unfenceable = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node
                        if p["metadata"]["namespace"] == cluster.operator_namespace
@@ -151,14 +143,21 @@ class ExistingNodeProvider:
         raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
 
     def _mark(self, kube: Kube, node: dict, run_id: str, driver: str, *, fence: bool) -> None:
-        meta = node["metadata"]
-        saved = {"run_id": run_id, "driver": driver}
-        body: dict = {"metadata": {"labels": {RUN_ID_LABEL: run_id},
-                                   "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}}
-        if fence:       # a merge patch replaces the list: safe against the version just read
-            body["spec"] = {"taints": [*((node.get("spec") or {}).get("taints") or []), fence_taint(run_id)]}
-        kube.patch("v1", "Node", meta["name"], body, resource_version=meta.get("resourceVersion"))
-        self.carved.append(meta["name"])
+        """Label, annotate and fence the node in one patch against the version read; the kubelet and the
+        operator change a node often, so a 409 reads it again and checks its marks again."""
+        name, saved = node["metadata"]["name"], {"run_id": run_id, "driver": driver}
+
+        def decide(node: dict) -> tuple[dict, bool]:
+            _check_marks(node)
+            body: dict = {"metadata": {"labels": {RUN_ID_LABEL: run_id},
+                                       "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}}
+            if fence:   # a merge patch replaces the list: safe against the version just read
+                body["spec"] = {"taints": [*((node.get("spec") or {}).get("taints") or []), fence_taint(run_id)]}
+            return body, True
+
+        if not patch_as_read(kube, "v1", "Node", name, decide, what=f"node {name}", hint="run again", read=node):
+            raise EnvError(f"node {name} was deleted while it was carved out", hint="pick another node")
+        self.carved.append(name)
 
     def release(self, kube: Kube) -> None:
         """Wait until each node runs its original driver again (the restored version rolls back through
@@ -167,6 +166,20 @@ class ExistingNodeProvider:
         for name in list(self.carved):
             give_back(kube, name, self.run_id, self.driver_from, timeout_s=self.restore_timeout_s)
             self.carved.remove(name)
+
+
+def _check_marks(node: dict) -> None:
+    """The node is marked eligible for canary pools and carries nothing of another run."""
+    name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
+    if other := labels.get(RUN_ID_LABEL):
+        raise EnvError(f"node {name} is already in canary run {other}",
+                       hint=f"wait for it, or run `gpucanary cleanup --run-id {other}` if it was killed")
+    for annotation in (SAVED_STATE_ANNOTATION, SKIP_SET_ANNOTATION):
+        refuse_foreign({"kind": "Node", **node}, annotation, run_id="")
+    if labels.get(POOL_ELIGIBLE_LABEL) != "true":
+        raise ConfigError(f"node {name} is not marked eligible for canary pools (no {POOL_ELIGIBLE_LABEL}=true)",
+                          hint=f"an administrator marks the nodes a canary may carve out: "
+                               f"kubectl label node {name} {POOL_ELIGIBLE_LABEL}=true")
 
 
 def give_back(kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: float) -> bool:

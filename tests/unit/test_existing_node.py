@@ -183,6 +183,53 @@ def test_a_good_node_is_marked_and_given_back_exactly_once_its_driver_is_back() 
     assert fake.get("v1", "Node", "canary-0") == restored
 
 
+class ChangedBeforeTheMark(FakeKube):
+    """The node changes between the carve-out's read and its write, once, as the kubelet or another run changes it."""
+
+    def __init__(self, change: dict) -> None:
+        super().__init__()
+        self.change: dict | None = change
+
+    def patch(self, api_version: str, kind: str, name: str, body: dict, **kwargs) -> dict:
+        if kind == "Node" and kwargs.get("resource_version") and self.change:
+            change, self.change = self.change, None
+            super().patch("v1", "Node", name, change)
+        return super().patch(api_version, kind, name, body, **kwargs)
+
+
+def test_a_node_that_changes_under_the_carve_out_is_read_and_checked_again_not_given_up() -> None:
+    """The kubelet writes its node often: a 409 on the mark reads the node again and marks what it reads, keeping
+    the change (a taint the node got meanwhile stays, the fence goes on top of it)."""
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    fake = ChangedBeforeTheMark({"metadata": {"labels": {"heartbeat": "1"}}, "spec": {"taints": TAINTS + [gpu_taint]}})
+    for obj in good_cluster().objects().values():
+        fake.create(obj)
+    fence = {"key": "gpucanary.io/run", "operator": "Exists", "effect": "NoSchedule"}
+    for name in ("nvidia-driver-canary-0", "device-plugin-canary-0"):
+        fake.patch("v1", "Pod", name, {"spec": {"tolerations": [fence]}}, namespace="gpu-operator")
+
+    pool = ExistingNodeProvider(node="canary-0").provision(fake, CLUSTER, run_id="r1")
+
+    marked = fake.get("v1", "Node", "canary-0")
+    assert fake.change is None and pool.fence.startswith("fenced:")
+    assert marked["metadata"]["labels"]["heartbeat"] == "1" and marked["metadata"]["labels"][RUN_ID_LABEL] == "r1"
+    assert marked["spec"]["taints"] == TAINTS + [gpu_taint, {"key": "gpucanary.io/run", "value": "r1",
+                                                             "effect": "NoSchedule"}]
+
+
+def test_a_node_another_run_took_between_the_read_and_the_mark_is_refused_and_keeps_that_runs_mark() -> None:
+    fake = ChangedBeforeTheMark({"metadata": {"labels": {RUN_ID_LABEL: "other-run"}}})
+    for obj in good_cluster().objects().values():
+        fake.create(obj)
+    provider = ExistingNodeProvider(node="canary-0")
+
+    with pytest.raises(EnvError, match="node canary-0 is already in canary run other-run"):
+        provider.provision(fake, CLUSTER, run_id="r1")
+    marked = fake.get("v1", "Node", "canary-0")["metadata"]
+    assert marked["labels"][RUN_ID_LABEL] == "other-run" and "annotations" not in marked
+    assert provider.carved == []
+
+
 def test_a_tenant_pod_that_lands_on_the_pool_after_the_carve_out_stops_the_run_before_the_policy() -> None:
     fake = good_cluster()
     provider = ExistingNodeProvider(node="canary-0")
