@@ -23,7 +23,7 @@ from pytest_gpucanary import lease
 from pytest_gpucanary.config import run_id_rule
 from pytest_gpucanary.errors import EnvError, GpucanaryError
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
-from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Kube, NotFound, saved_run
+from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Conflict, Kube, NotFound, saved_run
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, carved_driver, give_back
 
@@ -155,7 +155,8 @@ def _clean_run(kube: Kube, run: str, left: RunLeftovers, result: CleanupResult, 
             continue  # a carved-out node is given back, never deleted
         if kind == "Namespace" and meta["name"] in (owner, lock, *workload_namespaces):
             continue  # gone already, or (the Lease, the lock) goes last
-        if attempt(f"delete {kind} {meta['name']}", lambda: _delete(kube, api_version, kind, meta["name"])):
+        if attempt(f"delete {kind} {meta['name']}",
+                   lambda: _delete(kube, api_version, kind, meta["name"], uid=meta.get("uid"))):
             report(f"deleted {kind} {meta['name']}")
             result.restored += 1
     if len(result.problems) > problems_before:
@@ -181,11 +182,12 @@ def _release_holds(kube: Kube, run: str, holds: list[dict], report: Callable[[st
                           cluster_policy=policies[0]["metadata"]["name"] if policies else None, report=report)
 
 
-def _delete(kube: Kube, api_version: str, kind: str, name: str) -> bool:
+def _delete(kube: Kube, api_version: str, kind: str, name: str, *, uid: str | None = None) -> bool:
+    """Delete the object (the one listed, by `uid`); False when it is gone or was replaced since."""
     try:
-        kube.delete(api_version, kind, name)
+        kube.delete(api_version, kind, name, uid=uid)
         return True
-    except NotFound:
+    except (NotFound, Conflict):
         return False
 
 

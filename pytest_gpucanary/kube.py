@@ -312,10 +312,12 @@ class Kube:
             if not token:
                 return
 
-    def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:
+    def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None,
+               uid: str | None = None) -> None:
+        """With `uid` the apiserver deletes only that object, not one made since under the same name (else 409)."""
         resource = self._resource(api_version, kind)
-        self._call(f"delete {kind} {name}", resource.delete, name=name, namespace=namespace,
-                   body={"propagationPolicy": "Background"})
+        body: dict = {"propagationPolicy": "Background", **({"preconditions": {"uid": uid}} if uid else {})}
+        self._call(f"delete {kind} {name}", resource.delete, name=name, namespace=namespace, body=body)
         _crash_hook.wrote(kind)
 
     def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None,

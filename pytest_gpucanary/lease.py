@@ -158,12 +158,12 @@ def take_cluster_lock(kube: Kube, run_id: str) -> None:
 
 
 def release_cluster_lock(kube: Kube, run_id: str) -> None:
-    """Delete the lock if `run_id` holds it."""
+    """Delete the lock if `run_id` holds it: that very object, not one another run took since (uid precondition)."""
     try:
-        labels = kube.get("v1", "Namespace", CLUSTER_LOCK_NAMESPACE)["metadata"].get("labels") or {}
-        if labels.get(RUN_ID_LABEL) == run_id:
-            kube.delete("v1", "Namespace", CLUSTER_LOCK_NAMESPACE)
-    except NotFound:
+        meta = kube.get("v1", "Namespace", CLUSTER_LOCK_NAMESPACE)["metadata"]
+        if (meta.get("labels") or {}).get(RUN_ID_LABEL) == run_id:
+            kube.delete("v1", "Namespace", CLUSTER_LOCK_NAMESPACE, uid=meta["uid"])
+    except (NotFound, Conflict):
         pass
 
 

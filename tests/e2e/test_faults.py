@@ -161,9 +161,9 @@ def test_a_run_stopped_at_a_step_boundary_leaves_the_cluster_as_it_found_it(
 
 
 @pytest.mark.parametrize("crash_after", [
-    pytest.param("3:NVIDIADriver", id="after-the-pool-version-patch"),
-    pytest.param("1:ClusterPolicy", id="after-the-saved-spec-before-the-policy", marks=pytest.mark.kill_matrix),
-    pytest.param("2:ClusterPolicy", id="after-the-policy-before-the-version", marks=pytest.mark.kill_matrix),
+    pytest.param("2:NVIDIADriver", id="after-the-pool-version-patch"),    # write 1 creates the pool's NVIDIADriver
+    pytest.param("1:ClusterPolicy", id="after-the-cluster-wide-policy-before-the-version",
+                 marks=pytest.mark.kill_matrix),
 ])
 def test_a_run_dying_right_after_a_write_is_restored_by_cleanup(gpucanary_fleet, kube: Kube, tmp_path: Path,
                                                                 crash_after: str) -> None:

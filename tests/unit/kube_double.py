@@ -178,10 +178,13 @@ class FakeKube:
         """The same objects as `list`: the store is read at once, so paging would change nothing here."""
         yield from self.list(api_version, kind, label_selector=label_selector)
 
-    def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> None:
+    def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None,
+               uid: str | None = None) -> None:
         self._fault("delete", kind)
         with self._cond:
             old = self._find(api_version, kind, name, namespace)
+            if uid and old["metadata"].get("uid") != uid:
+                raise Conflict(f"delete {kind} {name}: 409 Precondition failed: UID in precondition: {uid}")
             self._write(api_version, kind, "DELETED", old, None)
             if kind == "Namespace":   # the namespace controller empties it; here at once
                 for (api, other), objects in list(self._store.items()):

@@ -72,6 +72,7 @@ def driver_daemonset(version: str) -> dict:
 
 
 POOL_TAINTS = [{"key": "dedicated", "value": "canary", "effect": "NoSchedule"}]
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
 
 def cluster_as_found() -> FakeKube:
@@ -104,8 +105,8 @@ def leave_two_killed_runs(fake: FakeKube) -> None:
     # The operator got as far as cordoning the pool node and marking a held-back one.
     fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "cordon-required"}},
                                           "spec": {"unschedulable": True, "taints": [
-                                              *POOL_TAINTS, {"key": "node.kubernetes.io/unschedulable",
-                                                             "effect": "NoSchedule"}]}})
+                                              *fake.get("v1", "Node", "canary-0")["spec"].get("taints", []),
+                                              UNSCHEDULABLE_TAINT]}})
     fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
 
     upgrade.apply(fake, ClusterInfo("cluster-policy", nvidiadriver_mode=True, per_driver_policy=True,
@@ -146,9 +147,10 @@ class Operator:
             if any(o["spec"]["driver"]["version"] == "570.172.08" for o in objects):
                 node = self.fake.get("v1", "Node", "canary-0")
                 if node["metadata"]["labels"].get(UPGRADE_STATE_LABEL) != "upgrade-done":
+                    taints = [t for t in node["spec"].get("taints") or [] if t["key"] != UNSCHEDULABLE_TAINT["key"]]
                     self.fake.patch("v1", "Node", "canary-0", {
                         "metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-done"}},
-                        "spec": {"unschedulable": None, "taints": POOL_TAINTS}})
+                        "spec": {"unschedulable": None, "taints": taints}})
 
 
 def no_wait(seconds: float) -> None:
@@ -427,6 +429,49 @@ def test_a_forged_node_annotation_makes_cleanup_write_nothing_but_its_removal() 
     after = fake.get("v1", "Node", "gpu-2")
     assert after["metadata"]["labels"] == before["metadata"]["labels"]
     assert after["spec"] == before["spec"]
+
+
+def test_cleanup_takes_a_killed_runs_fence_off_and_keeps_a_taint_set_since() -> None:
+    """The operator's pods tolerate the fence, so run-a fenced canary-0; a health checker tainted it after the
+    kill. Cleanup gives the node back with the checker's taint and without the fence."""
+    fake = cluster_as_found()
+    fake.patch("v1", "Pod", "nvidia-driver-daemonset-canary-0", {"spec": {"tolerations": [
+        {"key": "gpucanary.io/run", "operator": "Exists", "effect": "NoSchedule"}]}}, namespace=OPERATOR_NS)
+    leave_two_killed_runs(fake)
+    fence = {"key": "gpucanary.io/run", "value": "run-a", "effect": "NoSchedule"}
+    assert fake.get("v1", "Node", "canary-0")["spec"]["taints"] == [*POOL_TAINTS, fence, UNSCHEDULABLE_TAINT]
+    health = {"key": "gpu-health", "value": "xid-79", "effect": "NoSchedule"}
+    fake.patch("v1", "Node", "canary-0", {"spec": {"taints": [*POOL_TAINTS, fence, UNSCHEDULABLE_TAINT, health]}})
+
+    with Operator(fake):
+        result = cleanup(fake, run_id="run-a", report=lambda line: None, sleep=no_wait)
+
+    assert result.problems == []
+    canary = fake.get("v1", "Node", "canary-0")
+    assert canary["spec"]["taints"] == [*POOL_TAINTS, health]
+    assert "gpucanary.io/run-id" not in canary["metadata"]["labels"] and "annotations" not in canary["metadata"]
+
+
+def test_the_clusterpolicy_lock_released_is_the_one_read_not_one_another_run_took_since() -> None:
+    """Between a release's read of the lock and its delete, the lock changed hands (a cleanup released it and
+    the next run took it): the uid precondition keeps the next run's lock."""
+    fake = FakeKube()
+    lease.take_cluster_lock(fake, "run-a")
+    taken_by_b: dict = {}
+    real_delete = fake.delete
+
+    def delete_after_the_handover(api_version: str, kind: str, name: str, **kwargs) -> None:
+        if name == lease.CLUSTER_LOCK_NAMESPACE and not taken_by_b:
+            real_delete(api_version, kind, name)
+            lease.take_cluster_lock(fake, "run-b")
+            taken_by_b.update(fake.get("v1", "Namespace", name)["metadata"])
+        real_delete(api_version, kind, name, **kwargs)
+
+    fake.delete = delete_after_the_handover
+    lease.release_cluster_lock(fake, "run-a")
+
+    assert fake.get("v1", "Namespace", lease.CLUSTER_LOCK_NAMESPACE)["metadata"] == taken_by_b
+    assert taken_by_b["labels"]["gpucanary.io/run-id"] == "run-b"
 
 
 def test_a_wait_that_runs_out_leaves_the_node_held_and_says_so() -> None:
