@@ -524,7 +524,7 @@ class CanaryRun:
             records = recorder.records
             found = [c for n in pool.nodes
                      for c in stall.causes(records, n, since_wall_ns=started_wall_ns, policy=run.upgrade_policy,
-                                           now_wall_ns=time.time_ns())]
+                                           now_wall_ns=time.time_ns(), stuck_s=self.settings.stall_s)]
             for cause in found:
                 if (cause.what, cause.reason) not in said:          # a change of cause, printed once
                     said.add((cause.what, cause.reason))

@@ -43,4 +43,4 @@ def evaluate(evidence: RunEvidence, settings: Settings = DEFAULTS) -> LadderResu
                   state_spans=tuple(span for node in evidence.pool_nodes
                                     for span in timeline.state_spans(evidence.records, node)),
                   capacity=capacity_dips(evidence),
-                  stalls=tuple(c for node in evidence.pool_nodes if (c := stall_of(evidence, node)) is not None))
+                  stalls=tuple(c for node in evidence.pool_nodes if (c := stall_of(evidence, node, settings)) is not None))

@@ -60,10 +60,10 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
     return f"{knob} failed after {waited_s:.0f} s"
 
 
-def stall_of(ev: RunEvidence, node: str) -> stall.Cause | None:
+def stall_of(ev: RunEvidence, node: str, settings: Settings) -> stall.Cause | None:
     """The cause on the node that would not clear by itself, judged when the run froze its evidence."""
     return stall.terminal(ev.records, [node], since_wall_ns=ev.upgrade_started_wall_ns, policy=ev.upgrade_policy,
-                          now_wall_ns=ev.frozen_wall_ns())
+                          now_wall_ns=ev.frozen_wall_ns(), stuck_s=settings.stall_s)
 
 
 def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Finding, float | None]:
@@ -89,7 +89,7 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
     current = states[-1] if states else (every[-1].state or "unlabelled")
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
     held = f" ({validator_line(ev, node)})" if current == VALIDATION else ""
-    if (stuck := stall_of(ev, node)) is not None and stuck.terminal_wall_ns is not None:
+    if (stuck := stall_of(ev, node, settings)) is not None and stuck.terminal_wall_ns is not None:
         said = stall.last_meaningful(stall.log_tail(ev.records, stuck))
         return Finding(Outcome.FAIL, f"node {node} {where}: {stuck.line(ev.offset_s(stuck.since_wall_ns))}"
                                      f"{f'; its log ends: {said}' if said else ''}; it will not clear by itself "

@@ -39,6 +39,7 @@ PULL_ATTEMPTS = 3        # ErrImagePull, back-off, ErrImagePull, back-off, ErrIm
 PULL_STUCK_S = 60        # or failing this long without a break (a status that shows only the back-offs)
 CRASH_RESTARTS = 3       # the kubelet's back-off is 10, 20, 40 s: about 70 s of crash loop
 STUCK_S = 180            # unschedulable, the node NotReady, an operand blocked behind a Ready driver this long
+                         # (the default of the stall_s knob)
 EVICTION_REFUSED = "EvictionRefused"
 OPERAND_BLOCKED = "BlockedInInit"
 # the upgrade state in which the operator evicts, the policy knob it reads, and whether only GPU pods go
@@ -93,6 +94,7 @@ class _Track:
 class _Scene:
     """What the causes that span objects read: the node's upgrade state, the budgets, the pods there."""
 
+    stuck_s: float = STUCK_S     # how long a state that could clear by itself may last
     state: str = ""
     driver_ready_wall_ns: int | None = None
     budgets: dict[str, dict[str, dict]] = field(default_factory=dict)  # namespace -> name -> budget
@@ -105,13 +107,14 @@ def _one_line(text: object, limit: int = 300) -> str:
 
 
 def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: Mapping[str, Any] | None = None,
-           now_wall_ns: int | None = None) -> list[Cause]:
+           now_wall_ns: int | None = None, stuck_s: float = STUCK_S) -> list[Cause]:
     """What holds the node's upgrade up now, each with when it became terminal (None: may still clear).
     `policy` is the upgradePolicy applied: its pod deletion and drain timeouts bound a refused eviction.
-    `now_wall_ns` (the watch's present, or a recording's end) ends the causes that have held their time."""
+    `now_wall_ns` (the watch's present, or a recording's end) ends the causes that have held their time;
+    `stuck_s` is that time for the states without a count of their own (STUCK_S above)."""
     tracks: dict[tuple[str, str], _Track] = {}
     current: dict[tuple[str, str], Cause] = {}
-    scene = _Scene()
+    scene = _Scene(stuck_s=stuck_s)
     for record in records:
         if record.type in SKIP_TYPES:
             continue
@@ -122,7 +125,7 @@ def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: 
         elif record.kind == "Node" and record.name == node:
             scene.state = ((record.object.get("metadata") or {}).get("labels") or {}).get(op.UPGRADE_STATE_LABEL, "")
             if at >= since_wall_ns:
-                _node(record, at, tracks, current)
+                _node(record, at, scene.stuck_s, tracks, current)
         elif record.kind == "Pod" and (record.object.get("spec") or {}).get("nodeName") == node:
             _scene_pod(record, at, scene)
             if at >= since_wall_ns:
@@ -140,10 +143,12 @@ def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: 
 
 
 def terminal(records: Iterable[Record], nodes: Iterable[str], *, since_wall_ns: int,
-             policy: Mapping[str, Any] | None = None, now_wall_ns: int | None = None) -> Cause | None:
+             policy: Mapping[str, Any] | None = None, now_wall_ns: int | None = None,
+             stuck_s: float = STUCK_S) -> Cause | None:
     """The first cause on any of the nodes that will not clear by itself, if there is one."""
     found = [c for n in nodes
-             for c in causes(records, n, since_wall_ns=since_wall_ns, policy=policy, now_wall_ns=now_wall_ns)
+             for c in causes(records, n, since_wall_ns=since_wall_ns, policy=policy, now_wall_ns=now_wall_ns,
+                             stuck_s=stuck_s)
              if c.terminal_wall_ns]
     return min(found, key=lambda c: c.terminal_wall_ns or 0) if found else None
 
@@ -217,7 +222,7 @@ def _refused(at: int, node: str, scene: _Scene, policy: Mapping[str, Any], track
     for key in [k for k in tracks if k[1] == EVICTION_REFUSED and k[0] not in refused]:
         tracks.pop(key)
         current.pop(key, None)
-    timeout_s = float(((policy.get(knob) or {}) if knob else {}).get("timeoutSeconds") or 0) or STUCK_S
+    timeout_s = float(((policy.get(knob) or {}) if knob else {}).get("timeoutSeconds") or 0) or scene.stuck_s
     for uid, (meta, (namespace, name), status) in refused.items():
         key = (uid, EVICTION_REFUSED)
         track = tracks.setdefault(key, _Track(EVICTION_REFUSED, at))
@@ -229,7 +234,7 @@ def _refused(at: int, node: str, scene: _Scene, policy: Mapping[str, Any], track
                              meta.get("name", ""))
 
 
-def _node(record: Record, at: int, tracks: dict, current: dict) -> None:
+def _node(record: Record, at: int, stuck_s: float, tracks: dict, current: dict) -> None:
     node = record.name or ""
     key = ("Node", node)
     ready = next((c for c in (record.object.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
@@ -239,7 +244,7 @@ def _node(record: Record, at: int, tracks: dict, current: dict) -> None:
         current.pop(key, None)
         return
     track = tracks.setdefault(key, _Track("NotReady", at))
-    track.outlasted(at, STUCK_S)
+    track.outlasted(at, stuck_s)
     current[key] = Cause(node, f"node {node}", "NotReady", _one_line(f"{ready.get('reason', '')}: "
                                                                       f"{ready.get('message', '')}".strip(": ")),
                          track.since_wall_ns, track.terminal_wall_ns)
@@ -263,7 +268,7 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
     key = (uid, "")
     if scheduled is not None and scheduled.get("status") == "False":
         track = tracks.setdefault(key, _Track(scheduled.get("reason", "Unschedulable"), at))
-        track.outlasted(at, STUCK_S)
+        track.outlasted(at, scene.stuck_s)
         current[key] = Cause(node, who, track.reason, _one_line(scheduled.get("message")), track.since_wall_ns,
                              track.terminal_wall_ns)
     else:
@@ -291,7 +296,7 @@ def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapp
     track = tracks.setdefault(key, _Track(OPERAND_BLOCKED, at))
     ready = scene.driver_ready_wall_ns
     driver = "the driver pod is Ready" if ready is not None else "the driver is not ready"
-    track.outlasted(at, STUCK_S if ready is not None else None, from_wall_ns=ready or 0)
+    track.outlasted(at, scene.stuck_s if ready is not None else None, from_wall_ns=ready or 0)
     current[key] = Cause(node, who, OPERAND_BLOCKED, f"Init:{done}/{len(inits)}, in init container "
                          f"{holding.get('name', '')} ({driver})", track.since_wall_ns, track.terminal_wall_ns,
                          meta.get("namespace", ""), meta.get("name", ""), holding.get("name", ""))

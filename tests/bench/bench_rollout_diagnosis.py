@@ -8,7 +8,7 @@ a PodDisruptionBudget refused until its timeout), when the kubelet first reporte
 total wall time. Goals: verdict within 60 s of terminal; a failing run on the kubelet pool under 6 minutes.
 
 Failing runs to read: the kubelet pool's e2e (`tests/e2e/test_kubelet_pool.py`, its runs of 999.1.1 and
-574.0.1 land under pytest's basetemp, failing-runs*/), or any `gpucanary run` with
+the driver-in-use case land under pytest's basetemp, failing-runs*/), or any `gpucanary run` with
 --gpucanary-reports-dir. Run: python tests/bench/bench_rollout_diagnosis.py <reports>/<run-id> [...]
 """
 
@@ -18,9 +18,11 @@ import json
 import sys
 from pathlib import Path
 
+from pytest_gpucanary.config import DEFAULTS
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.rollout import stall_of
 from pytest_gpucanary.ladder.timeline import upgrade_cycle
+from pytest_gpucanary.receipt import FILES
 
 BEFORE_UPGRADE = ("preflight", "pool", "workloads", "baseline")
 
@@ -31,7 +33,8 @@ def main(dirs: list[str]) -> None:
         report = Path(raw)
         steps = json.loads((report / "steps.json").read_text())["seconds"]
         evidence = RunEvidence.read(report)
-        cause = next((c for n in evidence.pool_nodes if (c := stall_of(evidence, n)) is not None), None)
+        settings = DEFAULTS.with_thresholds(json.loads((report / FILES["json"]).read_text())["thresholds"])
+        cause = next((c for n in evidence.pool_nodes if (c := stall_of(evidence, n, settings)) is not None), None)
         total = sum(steps.values())
         verdict_s = sum(steps.get(s, 0.0) for s in ("upgrade", "settle", "evaluate"))
         if cause is None or cause.terminal_wall_ns is None:     # the operator's own end: upgrade-failed

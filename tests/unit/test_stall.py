@@ -118,6 +118,20 @@ def test_a_node_not_ready_and_an_unschedulable_pod_are_terminal_after_three_minu
     assert cause.reason == "Unschedulable" and "Insufficient memory" in cause.message
 
 
+def test_the_time_a_stuck_state_may_last_is_the_stall_knob_in_the_run_and_the_rung_alike() -> None:
+    from test_ladder import T0, run, states
+
+    records = [node(10, "False"), node(50, "False")]
+    assert stall.terminal(records, [NODE], since_wall_ns=0) is None
+    assert stall.terminal(records, [NODE], since_wall_ns=0, stuck_s=30).terminal_wall_ns == 40 * S
+    assert stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=45 * S, stuck_s=30) is not None
+    shifted = [node(T0 / S + t, "False") for t in (10, 50)]
+    ladder_run = run(states([(2, "upgrade-required"), (4, "cordon-required")], name=NODE) + shifted, pool_nodes=(NODE,))
+    assert check_rollout(ladder_run, Settings(stall_s=30)).outcome is Outcome.FAIL
+    assert "NotReady" in check_rollout(ladder_run, Settings(stall_s=30)).summary
+    assert "NotReady" not in check_rollout(ladder_run, Settings()).summary
+
+
 def test_causes_before_the_upgrade_are_not_counted() -> None:
     records = pulls((1, "ErrImagePull"), (2, "ErrImagePull"), (3, "ErrImagePull"))
     assert stall.terminal(records, [NODE], since_wall_ns=10 * S) is None
