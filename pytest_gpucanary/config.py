@@ -175,6 +175,10 @@ class Settings:
     probe: Path | None = knob(None, "Manifest of a customer start probe pod (default fixtures/workloads/probe.yaml)")
     collective_probe: Path | None = knob(None, "Manifest of the collective probe pod, run on two nodes across the "
                                                "upgrade boundary (default fixtures/workloads/collective-probe.yaml)")
+    holder: Path | None = knob(None, "Manifest of a workload that holds the driver without a GPU request "
+                                     "(NVIDIA_VISIBLE_DEVICES or RuntimeClass nvidia), placed on the pool with the "
+                                     "others to show what the policy does with such pods (fixtures/workloads/"
+                                     "holder.yaml is one; default none; not on a kwok pool, whose driver is simulated)")
     peer_node: str | None = knob(None, "Node outside a one-node pool for the collective probe (default on the local "
                                        "fleet: the first Ready, schedulable GPU node on the pool's driver with a free "
                                        "GPU, whose taints the probe tolerates and that no run holds; on a real "

@@ -207,6 +207,10 @@ class CanaryRun:
         check_peer(self.kube, settings)                                                      # read-only
         cluster = checked.cluster
         assert cluster is not None, "a preflight without problems found the operator"
+        if settings.holder and self.provider.name == "kwok":
+            raise ConfigError("a kwok pool's driver is simulated: nothing there can hold it, so a driver holder "
+                              "would prove nothing", hint=f"use the kubelet pool or an existing node with "
+                                                       f"{flag('holder')}")
         run_id = settings.run_id or new_run_id()
         report_dir = settings.reports_dir / run_id
         self.progress.line(f"run {run_id}: operator in {cluster.mode} mode, namespace {cluster.operator_namespace}, "
@@ -255,6 +259,11 @@ class CanaryRun:
                 clock.next("upgrade")
                 if recheck := getattr(self.provider, "recheck", None):
                     recheck(self.kube)                   # a tenant pod that landed on the pool since
+                for node in pool.nodes:
+                    if holders := stall.holders(recorder.records, node):
+                        self.progress.line(f"warning: pods on {node} hold the driver without a GPU request: "
+                                           f"{', '.join(holders)}; pod deletion leaves them, as they request no GPU "
+                                           "(NVIDIA/gpu-operator #2570), so the driver cannot unload while they run")
                 applied = upgrade.AppliedUpgrade()     # its restore is registered before its first write
                 cleanup.callback(self._restore, applied, placement)
                 upgrade.apply(self.kube, cluster, pool, run.upgrade_policy, driver_to=settings.driver_version,
@@ -455,9 +464,13 @@ class CanaryRun:
             self.kube.create(manifest)
             if manifest["kind"] == "Deployment":
                 run.service = WorkloadRef(placement.namespace, manifest["metadata"]["name"])
+        holders = workloads.holder(settings.holder, placement, images=images) if settings.holder else []
+        for manifest in holders:
+            self.kube.create(manifest)
+        held = f", driver holder {', '.join(m['metadata']['name'] for m in holders)}" if holders else ""
         self.progress.line(f"workloads placed on {placement.node}: job {job['metadata']['name']}, "
-                           f"service {run.service.name}; waiting for them to run")
-        for role in ("gpu-job", "service"):
+                           f"service {run.service.name}{held}; waiting for them to run")
+        for role in ("gpu-job", "service", *((workloads.HOLDER_ROLE,) if holders else ())):
             recorder.wait_for(lambda rs, role=role: _running(rs, placement.namespace, role),
                               timeout_s=WORKLOAD_READY_TIMEOUT_S, what=f"the {role} pod Running on {placement.node}")
 

@@ -20,7 +20,7 @@ from typing import Mapping
 
 from pytest_gpucanary.config import FIXTURES, Settings, read_text, yaml_documents
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
-from pytest_gpucanary.gpu_operator import GPU_RESOURCE
+from pytest_gpucanary.gpu_operator import GPU_RESOURCE, holds_driver
 from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, Kube, fence_toleration, owned_labels
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import ProbeSeen
@@ -35,10 +35,12 @@ WORK_UNTIL_ENV = "GPUCANARY_WORK_UNTIL_EPOCH_S"   # the GPU job's deadline, Unix
 PROBE_SCOPE_LABEL = "gpucanary.io/probe-scope"
 ROLE_LABEL = "gpucanary.io/role"
 IMAGE_PULL_ROLE = "image-pull"
+HOLDER_ROLE = "holder"
 COLLECTIVE_ROLE = "collective-probe"
 COLLECTIVE_LABEL = "gpucanary.io/collective"      # baseline or after: the two ranks of one probe run
 RANK_LABEL = "gpucanary.io/rank"
 COLLECTIVE_PORT = "29500"     # GPUCANARY_MASTER_PORT unless the manifest sets it
+POD_KINDS = ("Pod", "Job", "Deployment", "DaemonSet", "StatefulSet")
 
 
 def load_manifests(path: Path) -> list[dict]:
@@ -62,7 +64,7 @@ def _containers(spec: dict) -> list[dict]:
 def _with_images(obj: dict, images: Mapping[str, str]) -> dict:
     """Every container that runs a shipped default image gets the image the run chose for it
     (its override or the mirror); a user's own images stay as they are."""
-    if obj.get("kind") in ("Pod", "Job", "Deployment"):
+    if obj.get("kind") in POD_KINDS:
         _, spec = _pod_spec(obj)
         for container in _containers(spec):
             container["image"] = images.get(container.get("image", ""), container.get("image", ""))
@@ -73,7 +75,7 @@ def images_of(manifests: list[dict]) -> list[str]:
     """The images the manifests' pods run, each once, in order."""
     found: list[str] = []
     for obj in manifests:
-        if obj.get("kind") in ("Pod", "Job", "Deployment"):
+        if obj.get("kind") in POD_KINDS:
             _, spec = _pod_spec(obj)
             found += [c["image"] for c in _containers(spec) if c.get("image") and c["image"] not in found]
     return found
@@ -169,6 +171,17 @@ def service(path: Path | None, placement: Placement, *, images: Mapping[str, str
             else _stamp(d, placement, "service") for d in docs]
 
 
+def holder(path: Path, placement: Placement, *, images: Mapping[str, str] | None = None) -> list[dict]:
+    """The user's driver holder on the pool node: each workload in the file whose pods get the GPUs from the
+    runtime without asking for one (`gpu_operator.holds_driver`)."""
+    docs = [d for d in load_manifests(path) if d["kind"] in POD_KINDS and d["kind"] != "Job"]
+    if not docs or not all(holds_driver(_pod_spec(d)[1]) for d in docs):
+        raise ConfigError(f"holder manifest {path} has a workload whose pods do not hold the driver",
+                          hint="set NVIDIA_VISIBLE_DEVICES (or runtimeClassName: nvidia) and request no GPU, "
+                               "as fixtures/workloads/holder.yaml does")
+    return [_with_images(_pin(d, placement, HOLDER_ROLE), images or {}) for d in docs]
+
+
 def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool_nodes: tuple[str, ...],
           images: Mapping[str, str] | None = None) -> dict:
     [job] = [d for d in load_manifests(path or WORKLOADS / "probe.yaml") if d["kind"] == "Job"] or [None]
@@ -228,6 +241,7 @@ def rendered(settings: Settings, placement: Placement) -> list[dict]:
     images = settings.images()
     return [gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s, images=images),
             *service(settings.service, placement, images=images),
+            *(holder(settings.holder, placement, images=images) if settings.holder else ()),
             probe(settings.probe, placement, scope="fleet", seq=0, pool_nodes=(placement.node,), images=images)]
 
 

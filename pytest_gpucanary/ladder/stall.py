@@ -17,7 +17,8 @@ blocked behind the driver: an operand pod held in an init container (the validat
 device plugin's wait for the driver); terminal STUCK_S after the node's driver pod became Ready,
 since only then is the operand itself the cause. A driver pod's crash loop names the pods on the node
 that hold the driver without asking for a GPU (`gpu_operator.holds_driver`): the driver manager cannot
-unload a driver they hold, and neither pod deletion nor a drain removes them.
+unload a driver they hold; pod deletion leaves them (they request no GPU), and a drain runs only when
+pod deletion fails and never evicts DaemonSet pods.
 
 The run stops waiting at the first terminal cause; the rollout rung judges the same records, so
 `gpucanary evaluate` names the same cause.
@@ -151,6 +152,16 @@ def terminal(records: Iterable[Record], nodes: Iterable[str], *, since_wall_ns: 
                              stuck_s=stuck_s)
              if c.terminal_wall_ns]
     return min(found, key=lambda c: c.terminal_wall_ns or 0) if found else None
+
+
+def holders(records: Iterable[Record], node: str) -> list[str]:
+    """The pods running on the node now that hold the driver without a GPU request: "ns/name (why)"."""
+    scene = _Scene()
+    for record in records:
+        if record.kind == "Pod" and record.type not in SKIP_TYPES \
+                and (record.object.get("spec") or {}).get("nodeName") == node:
+            _scene_pod(record, record.received_wall_ns, scene)
+    return list(scene.holders.values())
 
 
 def _budget(record: Record, scene: _Scene) -> bool:

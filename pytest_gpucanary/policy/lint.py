@@ -92,6 +92,19 @@ def _drain_evicts_non_gpu(p: UpgradePolicy) -> _Flag | None:
                                  "or narrow drain.podSelector")
 
 
+@_rule("driver-holders-not-freed", "drain.enable")
+def _driver_holders_not_freed(p: UpgradePolicy) -> _Flag | None:
+    # k8s-driver-manager's own ENABLE_AUTO_DRAIN is superseded once an upgrade policy is on (its
+    # autoDrainSupersededByPolicyMsg), so no knob here frees them (NVIDIA/gpu-operator #2570, #2509)
+    then = ("a drain evicts them only after a GPU pod deletion failed, and never DaemonSet pods" if p.drain.enable
+            else "drain is off")
+    return _Flag(Severity.INFO, "pod deletion removes only pods that request a GPU: a pod that holds the driver "
+                                "without one (NVIDIA_VISIBLE_DEVICES, RuntimeClass nvidia) keeps it loaded, the new "
+                                f"driver pod crash-loops and the node never reaches upgrade-done ({then}; "
+                                "NVIDIA/gpu-operator #2570); keep such pods off GPU nodes during the upgrade, and "
+                                "show it with --gpucanary-holder")
+
+
 @_rule("emptydir-blocks-pod-deletion", "podDeletion.deleteEmptyDir", "drain.enable")
 def _emptydir_blocks_pod_deletion(p: UpgradePolicy) -> _Flag | None:
     if p.pod_deletion.delete_empty_dir:

@@ -19,6 +19,7 @@ run moves on at once) and upgrade-done once the prior version is back.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from kube_double import Crashed, FakeKube
 from pytest_gpucanary import lease
 from pytest_gpucanary.cleanup import cleanup
 from pytest_gpucanary.config import FIXTURES, Settings
+from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_RESOURCE, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
@@ -270,3 +272,13 @@ def test_a_driver_pod_at_the_target_outside_the_pool_is_a_breach() -> None:
     assert len(watch.breaches) == 1 and watch.breaches[0].startswith(
         f"blast radius: driver pod {OPERATOR_NS}/nvidia-driver-daemonset-gpu-2 on node gpu-2, outside the pool, runs "
         f"the target {DRIVER_TO}")
+
+
+def test_a_driver_holder_on_a_kwok_pool_is_refused_before_any_write(tmp_path: Path) -> None:
+    """A KWOK node's driver is simulated: a holder there could not keep it loaded, so its run would prove nothing."""
+    fake = cluster(nvidiadriver_mode=True)
+    wanted = dataclasses.replace(settings(tmp_path, "held"), holder=FIXTURES / "workloads" / "holder.yaml")
+    run = CanaryRun(wanted, fake, KwokPoolProvider(), progress=ProgressLine(write=lambda line: None))
+    with pytest.raises(ConfigError, match="a kwok pool's driver is simulated"):
+        run.execute()
+    assert fake.writes == []

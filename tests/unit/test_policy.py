@@ -89,6 +89,14 @@ def test_lint_of_the_field_note_policy_predicts_the_non_gpu_eviction() -> None:
     assert "falls back to a full drain" in findings["emptydir-blocks-pod-deletion"].message
 
 
+def test_lint_says_no_policy_frees_a_pod_that_holds_the_driver_without_a_gpu_request() -> None:
+    default = {f.code: f for f in lint_policy(load_policy(POLICIES / "default.yaml"))}["driver-holders-not-freed"]
+    drains = {f.code: f for f in lint_policy(load_policy(POLICIES / "field-note.yaml"))}["driver-holders-not-freed"]
+    assert default.severity is Severity.INFO and "(drain is off; NVIDIA/gpu-operator #2570)" in default.message
+    assert "a drain evicts them only after a GPU pod deletion failed, and never DaemonSet pods" in drains.message
+    assert "--gpucanary-holder" in default.message
+
+
 @pytest.mark.parametrize("name", ["default.yaml", "nvidiadriver.yaml"])
 def test_the_default_policy_has_no_error_findings(name: str) -> None:
     findings = lint_policy(load_policy(POLICIES / name))

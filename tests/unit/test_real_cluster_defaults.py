@@ -37,6 +37,23 @@ def test_an_image_knob_wins_over_the_mirror_and_the_mirror_keeps_each_path() -> 
     assert mirrored("busybox:1.36", "m.local") == "m.local/library/busybox:1.36"
 
 
+def test_the_shipped_holder_holds_the_driver_on_the_pool_and_a_workload_that_does_not_is_refused(tmp_path) -> None:
+    from pytest_gpucanary.gpu_operator import holds_driver
+
+    settings = Settings(holder=FIXTURES / "workloads" / "holder.yaml", probe_image="registry.local/tools/busybox:1")
+    [holder] = workloads.holder(settings.holder, PLACEMENT, images=settings.images())
+    spec = holder["spec"]["template"]["spec"]
+    assert holds_driver(spec) == "NVIDIA_VISIBLE_DEVICES=all"
+    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "canary-r1-0"}
+    assert spec["containers"][0]["image"] == "registry.local/tools/busybox:1"      # the probe image's knob
+    assert holder["metadata"]["labels"]["gpucanary.io/role"] == "holder"
+    assert "registry.local/tools/busybox:1" in workloads.images_of(workloads.rendered(settings, PLACEMENT))
+    plain = tmp_path / "plain.yaml"
+    plain.write_text((FIXTURES / "workloads" / "holder.yaml").read_text().replace("NVIDIA_VISIBLE_DEVICES", "OTHER"))
+    with pytest.raises(ConfigError, match="holder manifest .*plain.yaml has a workload whose pods do not hold"):
+        workloads.check(Settings(holder=plain))
+
+
 def test_a_bad_image_or_registry_is_refused_naming_the_option() -> None:
     with pytest.raises(ConfigError, match="--gpucanary-gpu-job-image='Bad Image' must be an image reference"):
         Settings(gpu_job_image="Bad Image")

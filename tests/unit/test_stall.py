@@ -327,6 +327,12 @@ def test_a_driver_managers_crash_loop_names_the_pods_that_hold_the_driver() -> N
     assert "hold the driver" not in gone.message
 
 
+def test_the_pods_that_hold_the_driver_now_are_listed_for_the_runs_warning() -> None:
+    assert stall.holders([holder(1)], NODE) == ["obs/monitor-x (NVIDIA_VISIBLE_DEVICES=all)"]
+    assert stall.holders([holder(1)], "other-node") == []
+    assert stall.holders([holder(1), holder(2, phase="Succeeded")], NODE) == []
+
+
 def test_which_pods_hold_the_driver_without_a_gpu_request() -> None:
     from pytest_gpucanary.gpu_operator import holds_driver
 
