@@ -10,8 +10,9 @@ drain fallback evicts the service) and the default one on the second node, named
 --gpucanary-pool-node (only the GPU job is deleted).
 
 Then two upgrades that cannot finish, at once (the tests below the demo's, so after its runs): a driver
-version with no image, and a pod that holds the driver without asking for a GPU. Each must fail at
-rollout in minutes, naming its cause, and leave its node on the old driver.
+version with no image, and the canary's own driver holder (`--gpucanary-holder`: a pod that holds the driver
+without asking for a GPU). Each must fail at rollout in minutes, naming its cause, and leave its node on
+the old driver.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,44 +224,19 @@ def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(demo_runs: 
     assert run.proc.returncode == 0, output
 
 
-HOLDER = "gpu-monitor"
-
-
-def _holder(node: str) -> dict:
-    """A DaemonSet whose pod gets the GPUs from the runtime (NVIDIA_VISIBLE_DEVICES) without asking the device
-    plugin for one, as monitoring agents do: it holds the driver, pod deletion does not see it, a drain skips it."""
-    pod = node_pod(HOLDER, "default", "exec sleep 3600", restart="Always", grace_s=1)
-    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
-    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": HOLDER, "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": HOLDER}},
-                     "template": {"metadata": {"labels": {"app": HOLDER}}, "spec": pod["spec"]}}}
-
-
 @pytest.fixture(scope="module")
 def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """At once: a driver with no image on the first node; on the second, a DaemonSet's pod that holds the driver,
-    so the new driver pod's driver manager cannot unload the old one. The holder goes once that run has judged
-    (its receipt is there), as an administrator would remove it, so the run's restore can finish."""
-    kube, root = _kube(pool_fleet), tmp_path_factory.mktemp("failing-runs")
+    """At once: a driver with no image on the first node; on the second, the canary's own driver holder
+    (`--gpucanary-holder`, a pod with NVIDIA_VISIBLE_DEVICES and no GPU request), so the new driver pod's driver
+    manager cannot unload the old one. The run's restore takes its workloads, the holder with them, off first."""
+    root = tmp_path_factory.mktemp("failing-runs")
+    holder = (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
     runs = {name: Run("default.yaml", node, root / name, (f"--gpucanary-pool-node={node}",
-                      f"--junitxml={root / name / 'junit.xml'}"), target=target)
-            for name, node, target in (("no-image", NODE, "999.1.1"), ("driver-in-use", SECOND, TARGET))}
-    kube.create(_holder(SECOND))
-    try:
-        deadline = time.monotonic() + 120
-        while not [p for p in kube.list("v1", "Pod", namespace="default", label_selector=f"app={HOLDER}")
-                   if p["status"].get("phase") == "Running"]:
-            assert time.monotonic() < deadline, "the holder's pod did not run"
-            time.sleep(1)
-        for run in runs.values():
-            run.start(pool_fleet)
-        held = runs["driver-in-use"]
-        deadline = time.monotonic() + 900
-        while not list(held.reports.glob("*/receipt.json")) and held.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(2)
-    finally:
-        kube.delete("apps/v1", "DaemonSet", HOLDER, namespace="default")
+                      f"--junitxml={root / name / 'junit.xml'}", *args), target=target)
+            for name, node, target, args in (("no-image", NODE, "999.1.1", ()),
+                                             ("driver-in-use", SECOND, TARGET, holder))}
+    for run in runs.values():
+        run.start(pool_fleet)
     return {name: run.finish() for name, run in runs.items()}
 
 
@@ -284,8 +259,10 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
     assert any("] rollout: driver pod gpu-operator/" in line for line in run.stdout.splitlines()), \
         output                                      # the cause reached the progress as it happened
     if case == "driver-in-use":                     # who holds it, and the driver manager's own words
-        assert f"hold the driver without a GPU request: default/{HOLDER}-" in rollout["summary"], rollout["summary"]
+        holder = f"hold the driver without a GPU request: gpucanary-{receipt['run']['run_id']}/gpu-monitor-"
+        assert holder in rollout["summary"], rollout["summary"]
         assert "(NVIDIA_VISIBLE_DEVICES=all)" in rollout["summary"], rollout["summary"]
+        assert f"warning: pods on {SECOND} {holder}" in run.stdout, output      # said before the policy
         assert "its log ends: error: failed to uninstall nvidia driver components" in rollout["summary"]
         junit = (run.reports / "junit.xml").read_text()
         assert "Could not unload NVIDIA driver kernel modules, driver is in use" in junit, junit[-3000:]
