@@ -175,7 +175,10 @@ def holder(path: Path, placement: Placement, *, images: Mapping[str, str] | None
     """The user's driver holder on the pool node: each workload in the file whose pods get the GPUs from the
     runtime without asking for one (`gpu_operator.holds_driver`)."""
     docs = [d for d in load_manifests(path) if d["kind"] in POD_KINDS and d["kind"] != "Job"]
-    if not docs or not all(holds_driver(_pod_spec(d)[1]) for d in docs):
+    if not docs:
+        raise ConfigError(f"holder manifest {path} has no Pod, Deployment, DaemonSet or StatefulSet",
+                          hint="a holder runs as long as the run: see fixtures/workloads/holder.yaml")
+    if not all(holds_driver(_pod_spec(d)[1]) for d in docs):
         raise ConfigError(f"holder manifest {path} has a workload whose pods do not hold the driver",
                           hint="set NVIDIA_VISIBLE_DEVICES (or runtimeClassName: nvidia) and request no GPU, "
                                "as fixtures/workloads/holder.yaml does")
