@@ -34,6 +34,7 @@ T = TypeVar("T")
 OWNER_LABEL = "app.kubernetes.io/managed-by"
 OWNER = "gpucanary"
 RUN_ID_LABEL = "gpucanary.io/run-id"
+POD_SECURITY_LABEL = "pod-security.kubernetes.io/enforce"
 # A carved node's fence: NoSchedule for every pod but the run's own (and DaemonSets that tolerate the key)
 FENCE_TAINT_KEY = "gpucanary.io/run"
 PAGE_SIZE = 100   # objects per page where the canary reads one per node (`Kube.each`)
@@ -51,6 +52,12 @@ class KubeError(GpucanaryError):
 
 class NotFound(KubeError):
     status = 404
+
+
+class Forbidden(KubeError):
+    """403: RBAC, or an admission policy (deploy/admission.yaml), refused the request."""
+
+    status = 403
 
 
 class Conflict(KubeError):
@@ -77,7 +84,7 @@ class Unauthorized(KubeError):
     status = 401
 
 
-_BY_STATUS = {cls.status: cls for cls in (Unauthorized, NotFound, Conflict, Gone, Throttled)}
+_BY_STATUS = {cls.status: cls for cls in (Unauthorized, Forbidden, NotFound, Conflict, Gone, Throttled)}
 
 
 def _message(exc: ApiException) -> str:
@@ -221,6 +228,14 @@ def patch_as_read(kube: Kube, api_version: str, kind: str, name: str,
 
 def owned_labels(run_id: str) -> dict[str, str]:
     return {OWNER_LABEL: OWNER, RUN_ID_LABEL: run_id}
+
+
+def owned_namespace(name: str, run_id: str, *, pod_security: str = "baseline") -> dict:
+    """A namespace of the run's, enforcing Pod Security `pod_security` on its pods (deploy/admission.yaml lets the
+    canary's ServiceAccount create only gpucanary-* namespaces that carry the run id and enforce baseline or
+    restricted)."""
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {**owned_labels(run_id), POD_SECURITY_LABEL: pod_security}}}
 
 
 @dataclass

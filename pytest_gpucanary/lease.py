@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, owned_labels
+from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, owned_labels, owned_namespace
 
 LEASE = ("coordination.k8s.io/v1", "Lease")
 LEASE_NAME = "gpucanary-run"
@@ -114,8 +114,7 @@ def take_over(kube: Kube, run_id: str, seen: LeaseSeen | None, holder: str) -> b
 
 def _create_lease(kube: Kube, run_id: str, holder: str, duration_s: int) -> dict:
     try:
-        kube.create({"apiVersion": "v1", "kind": "Namespace",
-                     "metadata": {"name": namespace_of(run_id), "labels": owned_labels(run_id)}})
+        kube.create(owned_namespace(namespace_of(run_id), run_id))
     except Conflict:
         pass         # a run killed right after its first write left the namespace without its Lease
     now = _micro_time()
@@ -135,8 +134,7 @@ CLUSTER_LOCK_NAMESPACE = "gpucanary-cluster-policy-lock"
 def take_cluster_lock(kube: Kube, run_id: str) -> None:
     """Exit 6 (EnvError) naming the holder when another run holds the lock. A lock on its way out (a namespace
     terminating) is waited for, up to a minute."""
-    lock = {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": CLUSTER_LOCK_NAMESPACE, "labels": owned_labels(run_id)}}
+    lock = owned_namespace(CLUSTER_LOCK_NAMESPACE, run_id)
     holder = "?"
     for attempt in range(2):
         try:

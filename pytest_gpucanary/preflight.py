@@ -20,19 +20,24 @@ from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary import metrics
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.lease import LEASE_NAME
 from pytest_gpucanary.workloads import PRIORITY_CLASS
 
 if TYPE_CHECKING:
     from pytest_gpucanary.pool import PoolProvider
 
 RBAC_FILE = "deploy/rbac.yaml"
+RBAC_CLUSTER_POLICY_FILE = "deploy/rbac-clusterpolicy-mode.yaml"
+CHART_CLUSTER_POLICY = "cluster-policy"     # the ClusterPolicy's name as the operator's chart creates it
 
 
 @dataclass(frozen=True)
 class Permission:
     """One verb on one resource, where the run needs it: `cluster` (cluster-scoped kinds, or namespaced
     kinds in every namespace: the run's namespaces do not exist before it runs, so no Role can name
-    them), or `operator` (the GPU Operator's namespace; ClusterPolicy mode only)."""
+    them; deploy/admission.yaml pins those writes to them), or `operator` (the GPU Operator's namespace;
+    ClusterPolicy mode only). `writes_cluster_policy`: only runs that write the ClusterPolicy need it
+    (deploy/rbac-clusterpolicy-mode.yaml)."""
 
     verb: str
     resource: str                 # plural; `kind/sub` for a subresource
@@ -40,6 +45,11 @@ class Permission:
     why: str = ""
     scope: str = "cluster"
     name: str = ""                # a resourceName the rule is limited to
+    writes_cluster_policy: bool = False
+
+    @property
+    def file(self) -> str:
+        return RBAC_CLUSTER_POLICY_FILE if self.writes_cluster_policy else RBAC_FILE
 
     def text(self) -> str:
         where = " in the operator's namespace" if self.scope == "operator" else ""
@@ -47,13 +57,14 @@ class Permission:
         return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''}{named}{where}"
 
 
-def _perms(verbs: str, resource: str, group: str = "", *, why: str, **kw: str) -> tuple[Permission, ...]:
+def _perms(verbs: str, resource: str, group: str = "", *, why: str, **kw: str | bool) -> tuple[Permission, ...]:
     return tuple(Permission(verb, resource, group, why, **kw) for verb in verbs.split())
 
 
 PERMISSIONS: tuple[Permission, ...] = (
-    *_perms("get list patch", "clusterpolicies", "nvidia.com", why="read the operator's mode; apply and restore "
-                                                                  "the policy"),
+    *_perms("get list", "clusterpolicies", "nvidia.com", why="read the operator's mode"),
+    *_perms("patch", "clusterpolicies", "nvidia.com", name=CHART_CLUSTER_POLICY, writes_cluster_policy=True,
+            why="apply and restore the policy (ClusterPolicy mode; NVIDIADriver mode before operator v26.7)"),
     *_perms("get list patch", "nvidiadrivers", "nvidia.com", why="find the pool's NVIDIADriver; set its version"),
     *_perms("get", "customresourcedefinitions", "apiextensions.k8s.io", name=op.NVIDIADRIVER_CRD,
             why="tell whether NVIDIADrivers carry their own upgradePolicy"),
@@ -67,14 +78,16 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("list watch", "events", why="record the upgrade's events"),
     *_perms("create delete get list watch", "namespaces",
             why="the run's own namespaces, found again by cleanup; the ClusterPolicy lock's holder"),
-    *_perms("create get patch", "leases", "coordination.k8s.io", why="say the run is alive"),
+    *_perms("create", "leases", "coordination.k8s.io", why="say the run is alive"),
+    *_perms("get patch", "leases", "coordination.k8s.io", name=LEASE_NAME, why="say the run is alive"),
     *_perms("list watch", "serviceaccounts", why="wait for the run namespace's default ServiceAccount"),
     *_perms("create list watch", "jobs", "batch", why="the GPU job and the start probes"),
     *_perms("create", "deployments", "apps", why="the non-GPU service"),
     *_perms("create", "services", why="the non-GPU service"),
     *_perms("create", "poddisruptionbudgets", "policy", why="the non-GPU service's budget"),
     *_perms("list watch", "poddisruptionbudgets", "policy", why="name the budget that refuses an eviction on the pool"),
-    *_perms("list watch", "daemonsets", "apps", scope="operator", why="wait for the driver DaemonSets on restore"),
+    *_perms("list watch", "daemonsets", "apps", scope="operator", writes_cluster_policy=True,
+            why="wait for the driver DaemonSets on restore"),
 )
 
 
@@ -164,16 +177,18 @@ def _nvidiadriver_has_upgrade_policy(kube: Kube) -> bool:
 
 
 
-def missing_permissions(kube: Kube, permissions: Iterable[Permission], *, operator_namespace: str,
-                        cluster_policy_mode: bool) -> list[Problem]:
+def missing_permissions(kube: Kube, permissions: Iterable[Permission], cluster: ClusterInfo) -> list[Problem]:
+    writes_cluster_policy = not (cluster.nvidiadriver_mode and cluster.per_driver_policy)
     problems = []
     for perm in permissions:
-        if perm.scope == "operator" and not cluster_policy_mode:
+        if (perm.scope == "operator" and cluster.nvidiadriver_mode) or (
+                perm.writes_cluster_policy and not writes_cluster_policy):
             continue
-        namespace = operator_namespace if perm.scope == "operator" else None
-        if not kube.can_i(perm.verb, perm.resource, group=perm.group, namespace=namespace, name=perm.name or None):
+        namespace = cluster.operator_namespace if perm.scope == "operator" else None
+        name = cluster.cluster_policy if perm.name == CHART_CLUSTER_POLICY else perm.name
+        if not kube.can_i(perm.verb, perm.resource, group=perm.group, namespace=namespace, name=name or None):
             problems.append(Problem(f"missing permission: {perm.text()} (to {perm.why}); grant the rules of "
-                                    f"{RBAC_FILE}"))
+                                    f"{perm.file}"))
     return problems
 
 
@@ -241,9 +256,7 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
         cluster = discover(kube)
     except GpucanaryError as err:
         return PreflightReport(None, (Problem(str(err), isinstance(err, ConfigError)),))
-    problems = missing_permissions(kube, (*PERMISSIONS, *getattr(provider, "permissions", ())),
-                                   operator_namespace=cluster.operator_namespace,
-                                   cluster_policy_mode=not cluster.nvidiadriver_mode)
+    problems = missing_permissions(kube, (*PERMISSIONS, *getattr(provider, "permissions", ())), cluster)
     try:
         provider.check(kube, cluster)
     except GpucanaryError as err:

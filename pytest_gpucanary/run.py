@@ -37,7 +37,7 @@ from pytest_gpucanary.cleanup import leftovers
 from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
-from pytest_gpucanary.kube import Kube, NotFound, owned_labels
+from pytest_gpucanary.kube import Kube, NotFound, owned_namespace
 from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, stall, timeline
 from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
@@ -242,8 +242,8 @@ class CanaryRun:
                     self.progress.line(f"pool {pool.fence}")
                 clock.next("workloads")
                 placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
-                self._create_namespace(placement, cleanup)
-                self._pull_images(placement)
+                self._create_namespace(placement, pool, cleanup)
+                self._pull_images(placement, pool)
                 recorder = Recorder(self.kube, report_dir / "timeline.jsonl", self._streams(pool, placement))
                 cleanup.enter_context(recorder)
                 self._place_workloads(placement, run, recorder)
@@ -367,9 +367,13 @@ class CanaryRun:
             self.progress.status(f"baseline: load and probes before the change, {left_s:.0f} s left")
             time.sleep(min(1.0, left_s))
 
-    def _create_namespace(self, placement: workloads.Placement, cleanup: contextlib.ExitStack) -> None:
-        self.kube.create({"apiVersion": "v1", "kind": "Namespace",
-                          "metadata": {"name": placement.namespace, "labels": owned_labels(placement.run_id)}})
+    def _create_namespace(self, placement: workloads.Placement, pool: Pool, cleanup: contextlib.ExitStack) -> None:
+        settings = self.settings
+        may_place = [*workloads.rendered(settings, placement, service_path=pool.service),
+                     workloads.collective_pod(settings.collective_probe, placement, when="check", rank=0,
+                                              node=placement.node, master_addr="", images=settings.images())]
+        self.kube.create(owned_namespace(placement.namespace, placement.run_id,
+                                         pod_security=workloads.pod_security(may_place)))
         cleanup.callback(self._delete_quietly, "v1", "Namespace", placement.namespace)
         self.kube.wait_for("v1", "ServiceAccount", "default", lambda sa: True, namespace=placement.namespace,
                            timeout_s=60)
@@ -405,10 +409,10 @@ class CanaryRun:
         with contextlib.suppress(NotFound):
             self.kube.delete(api_version, kind, name, namespace=namespace)
 
-    def _pull_images(self, placement: workloads.Placement) -> None:
+    def _pull_images(self, placement: workloads.Placement, pool: Pool) -> None:
         """Before the policy is touched: every workload image pulled on the pool node by a short pod of the
         run's own; one that cannot be pulled (a missing tag, an unreachable registry) stops the run."""
-        images = workloads.images_of(workloads.rendered(self.settings, placement))
+        images = workloads.images_of(workloads.rendered(self.settings, placement, service_path=pool.service))
         timeout_s = self.settings.image_pull_timeout_s
         self.progress.line(f"pulling {len(images)} image(s) on {placement.node}: {', '.join(images)}")
         pods = [workloads.image_pull_pod(image, placement, index=i) for i, image in enumerate(images)]

@@ -41,6 +41,7 @@ COLLECTIVE_LABEL = "gpucanary.io/collective"      # baseline or after: the two r
 RANK_LABEL = "gpucanary.io/rank"
 COLLECTIVE_PORT = "29500"     # GPUCANARY_MASTER_PORT unless the manifest sets it
 POD_KINDS = ("Pod", "Job", "Deployment", "DaemonSet", "StatefulSet")
+SERVICE_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
 
 
 def load_manifests(path: Path) -> list[dict]:
@@ -69,6 +70,20 @@ def _with_images(obj: dict, images: Mapping[str, str]) -> dict:
         for container in _containers(spec):
             container["image"] = images.get(container.get("image", ""), container.get("image", ""))
     return obj
+
+
+def pod_security(manifests: list[dict]) -> str:
+    """The Pod Security level the run's namespace enforces: `baseline`, unless one of its own pods needs the
+    host (the local fleet's default service on a kubelet node serves on the host's 127.0.0.1), which only an
+    administrator's credentials may run: deploy/admission.yaml refuses the canary's ServiceAccount both."""
+    for obj in manifests:
+        if obj.get("kind") in POD_KINDS:
+            _, spec = _pod_spec(obj)
+            if (any(spec.get(key) for key in ("hostNetwork", "hostPID", "hostIPC"))
+                    or any("hostPath" in (v or {}) for v in spec.get("volumes") or [])
+                    or any((c.get("securityContext") or {}).get("privileged") for c in _containers(spec))):
+                return "privileged"
+    return "baseline"
 
 
 def images_of(manifests: list[dict]) -> list[str]:
@@ -167,6 +182,10 @@ def service(path: Path | None, placement: Placement, *, images: Mapping[str, str
     docs = load_manifests(path or WORKLOADS / "service.yaml")
     if not any(d["kind"] == "Deployment" for d in docs):
         raise ConfigError(f"{path} holds no Deployment", hint="the service must be a Deployment (+ Service, PDB)")
+    if other := [d["kind"] for d in docs if d["kind"] not in SERVICE_KINDS]:
+        raise ConfigError(f"service manifest {path} holds a {other[0]}: the canary creates only "
+                          f"{', '.join(SERVICE_KINDS)} for its service (what deploy/rbac.yaml grants)",
+                          hint="leave the rest out of the manifest")
     return [_with_images(_pin(d, placement, "service"), images or {}) if d["kind"] == "Deployment"
             else _stamp(d, placement, "service") for d in docs]
 
@@ -239,11 +258,12 @@ def collective_pod(path: Path | None, placement: Placement, *, when: str, rank: 
     return pod
 
 
-def rendered(settings: Settings, placement: Placement) -> list[dict]:
-    """Every workload the run places, rendered (the GPU job, the service's objects, one probe)."""
+def rendered(settings: Settings, placement: Placement, *, service_path: Path | None = None) -> list[dict]:
+    """Every workload the run places, rendered (the GPU job, the service's objects, one probe); the service from
+    `service_path` where the pool brings its own."""
     images = settings.images()
     return [gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s, images=images),
-            *service(settings.service, placement, images=images),
+            *service(settings.service or service_path, placement, images=images),
             *(holder(settings.holder, placement, images=images) if settings.holder else ()),
             probe(settings.probe, placement, scope="fleet", seq=0, pool_nodes=(placement.node,), images=images)]
 

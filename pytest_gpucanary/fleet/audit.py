@@ -45,6 +45,8 @@ class AuditRecord:
     stage_s: float             # stageTimestamp, same clock
     sets_phase: str = ""       # a pod status write: the status.phase its body sets ("" when none or not logged)
     request_object: object = None   # the request body, logged only for Node and pod status writes
+    user: str = ""             # the authenticated user, e.g. system:serviceaccount:gpucanary:gpucanary
+    authorization: str = ""    # RBAC's decision: allow, or forbid (a 403 with allow: an admission policy refused)
 
     @property
     def is_write(self) -> bool:
@@ -78,7 +80,9 @@ def parse_event(event: dict) -> AuditRecord:
         code=int((event.get("responseStatus") or {}).get("code") or 0),
         received_s=_unix_s(event.get("requestReceivedTimestamp", "")),
         stage_s=_unix_s(event.get("stageTimestamp", "")), request_object=event.get("requestObject"),
-        sets_phase=str(((event.get("requestObject") or {}).get("status") or {}).get("phase") or ""))
+        sets_phase=str(((event.get("requestObject") or {}).get("status") or {}).get("phase") or ""),
+        user=str((event.get("user") or {}).get("username") or ""),
+        authorization=str((event.get("annotations") or {}).get("authorization.k8s.io/decision") or ""))
 
 
 def log_files(path: Path) -> list[Path]:

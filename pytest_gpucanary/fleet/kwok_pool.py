@@ -18,12 +18,14 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
 from pytest_gpucanary.fleet.operator import gpus_allocatable
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL, Pool
+from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo, Permission
 
 
 FLEET_DRIVER = "fleet"                   # the NVIDIADriver of the fleet's own nodes (fixtures/fleet/nvidiadriver.yaml)
 NETWORKING_KEYS = ("rdma", "gds", "gdrcopy")
+# on the pool's own nodes and NVIDIADriver: deploy/local-fleet-kwok-pool.yaml's admission bindings leave them out
+KWOK_POOL_LABEL = "gpucanary.io/kwok-pool"
 GPUS_TIMEOUT_S = 180.0    # a fresh node: driver pod, its driver manager, then validator and device plugin
 
 
@@ -42,7 +44,8 @@ class KwokPool:
         """Create the nodes, and the pool's NVIDIADriver at `driver_version` unless it is None."""
         for index in range(self.size):
             manifest = node("gpu-node.yaml", f"{self.name}-{index}")
-            manifest["metadata"]["labels"].update({**owned_labels(self.run_id), DRIVER_POOL_LABEL: self.name})
+            manifest["metadata"]["labels"].update({**owned_labels(self.run_id), DRIVER_POOL_LABEL: self.name,
+                                                   KWOK_POOL_LABEL: self.name})
             self.kube.create(manifest)
             self.nodes.append(manifest["metadata"]["name"])
         if driver_version is not None:
@@ -52,7 +55,8 @@ class KwokPool:
 
     def _driver(self, version: str) -> dict:
         driver = copy.deepcopy(yaml.safe_load((FLEET_FIXTURES / "nvidiadriver.yaml").read_text()))
-        driver["metadata"] = {"name": self.name, "labels": owned_labels(self.run_id)}
+        driver["metadata"] = {"name": self.name, "labels": {**owned_labels(self.run_id), KWOK_POOL_LABEL: self.name,
+                                                            POOL_ELIGIBLE_LABEL: "true"}}
         driver["spec"].update(version=version, nodeSelector={DRIVER_POOL_LABEL: self.name})
         with contextlib.suppress(NotFound):     # a fresh node of the fleet: its GPU networking too
             fleet_spec = self.kube.get(*NVIDIADRIVER, FLEET_DRIVER)["spec"]

@@ -20,7 +20,7 @@ from pytest_gpucanary.fleet import waits
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL
+from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
 
 Kubectl = Callable[..., str]
 # v26.7.0 keeps the ClusterPolicy notReady, with only this reason, while any NVIDIADriver-owned node
@@ -82,7 +82,7 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
     if driver_mode == "nvidiadriver":
         kubectl(*apply, "-", stdin=json.dumps(driver))
         for name in pool_nodes:
-            own = {**driver, "metadata": {**driver["metadata"], "name": name},
+            own = {**driver, "metadata": {**driver["metadata"], "name": name, "labels": {POOL_ELIGIBLE_LABEL: "true"}},
                    "spec": {**driver["spec"], "nodeSelector": {DRIVER_POOL_LABEL: name},
                             # the driver manager reaches the apiserver on 127.0.0.1
                             "hostNetwork": True,

@@ -135,11 +135,16 @@ class ExistingNodeProvider:
         for driver in kube.list(*NVIDIADRIVER):
             selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=driver_node_selector(driver))}
             if set(names) & selected:
+                name = driver["metadata"]["name"]
                 if selected != set(names):
-                    raise ConfigError(f"NVIDIADriver {driver['metadata']['name']} drives {len(selected)} nodes, "
-                                      f"not only the pool {list(names)}",
+                    raise ConfigError(f"NVIDIADriver {name} drives {len(selected)} nodes, not only the pool {list(names)}",
                                       hint="give the canary pool an NVIDIADriver whose nodeSelector picks only it")
-                return driver["metadata"]["name"]
+                if (driver["metadata"].get("labels") or {}).get(POOL_ELIGIBLE_LABEL) != "true":
+                    raise ConfigError(f"NVIDIADriver {name} of the pool is not marked eligible for canary pools "
+                                      f"(no {POOL_ELIGIBLE_LABEL}=true)",
+                                      hint=f"an administrator marks the NVIDIADrivers a canary may change: kubectl "
+                                           f"label nvidiadriver {name} {POOL_ELIGIBLE_LABEL}=true")
+                return name
         raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
 
     def _mark(self, kube: Kube, node: dict, run_id: str, driver: str, *, fence: bool) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from pytest_gpucanary.config import REPO_ROOT
 from pytest_gpucanary.kube import Conflict, Kube, NotFound
@@ -33,13 +35,16 @@ def namespace(kube: Kube) -> Iterator[str]:
 
 # --- the canary as least privilege sees it: a ServiceAccount bound to deploy/'s roles ------------------
 
-DEPLOY_FILES = ("rbac.yaml", "local-fleet-kwok-pool.yaml")   # the fleet's kwok pools need the second
+# in the order the README applies them; the fleet's kwok pools need the last
+DEPLOY_FILES = ("rbac.yaml", "rbac-clusterpolicy-mode.yaml", "admission.yaml", "local-fleet-kwok-pool.yaml")
+# the admission policies match every ServiceAccount of namespace gpucanary: one set for the session, kept
+ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
 
 def _renamed(doc: dict, account: str) -> dict:
     """deploy/'s objects for ServiceAccount `account` (several in one session must not share roles)."""
     doc = copy.deepcopy(doc)
-    if doc["kind"] != "Namespace":
+    if doc["kind"] not in ("Namespace", *ADMISSION_KINDS):
         doc["metadata"]["name"] = doc["metadata"]["name"].replace("gpucanary", account, 1)
     if "roleRef" in doc:
         doc["roleRef"]["name"] = doc["roleRef"]["name"].replace("gpucanary", account, 1)
@@ -65,9 +70,11 @@ def canary_service_account(kube: Kube, gpucanary_fleet, tmp_path: Path) -> Itera
                 try:
                     kube.create(doc)
                 except Conflict:
+                    if doc["kind"] in ADMISSION_KINDS:   # the local fleet's bindings replace admission.yaml's
+                        kube.patch(doc["apiVersion"], doc["kind"], doc["metadata"]["name"], {"spec": doc["spec"]})
                     continue           # the namespace, shared by every account
-                if doc["kind"] != "Namespace":   # kept: deleting it races the next test's ServiceAccount
-                    made.append(doc)
+                if doc["kind"] not in ("Namespace", *ADMISSION_KINDS):   # kept: deleting the namespace races
+                    made.append(doc)                                     # the next test's ServiceAccount
         token = kube.request_token(account, namespace="gpucanary", expiration_s=7200)   # a run's worst case, as the README says
         config = yaml.safe_load(gpucanary_fleet.fleet.kubeconfig.read_text())
         config["users"] = [{"name": account, "user": {"token": token}}]
@@ -75,6 +82,7 @@ def canary_service_account(kube: Kube, gpucanary_fleet, tmp_path: Path) -> Itera
         path = tmp_path / f"{account}.kubeconfig"
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
+        _wait_for_admission(Kube.connect(path))
         return path
 
     yield make
@@ -82,6 +90,46 @@ def canary_service_account(kube: Kube, gpucanary_fleet, tmp_path: Path) -> Itera
         with contextlib.suppress(NotFound):
             kube.delete(doc["apiVersion"], doc["kind"], doc["metadata"]["name"],
                         namespace=doc["metadata"].get("namespace"))
+
+
+@pytest.fixture
+def refused() -> Callable[..., bool]:
+    return refused_request
+
+
+def refused_request(kube: Kube, verb: str, api_version: str, kind: str, *, name: str = "", body: dict | None = None,
+            namespace: str | None = None) -> bool:
+    """Whether the apiserver answers 403 to the request; a write is asked as a dry run, so nothing is stored
+    either way (a policy that let it through changes nothing)."""
+    resource = kube.dynamic.resources.get(api_version=api_version, kind=kind)
+    try:
+        if verb == "create":
+            resource.create(body=body, namespace=namespace, dry_run="All")
+        elif verb == "patch":
+            kube.dynamic.patch(resource, body=body, name=name, namespace=namespace, dry_run="All",
+                               content_type="application/merge-patch+json")
+        elif verb == "delete":
+            resource.delete(name=name, namespace=namespace, dry_run="All")
+        else:
+            resource.get(name=name or None, namespace=namespace)
+    except ApiException as exc:
+        if exc.status == 403:
+            return True
+        raise
+    return False
+
+
+def _wait_for_admission(canary: Kube, timeout_s: float = 30) -> None:
+    """The apiserver enforces a new policy or binding once its informer has it (about a second): until the
+    policies refuse what they must, and the local fleet's binding lets a kwok pool's own node through."""
+    foreign = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "not-the-canarys"}}
+    kwok_node = {"apiVersion": "v1", "kind": "Node",
+                 "metadata": {"name": "admission-probe", "labels": {"gpucanary.io/kwok-pool": "probe"}}}
+    deadline = time.monotonic() + timeout_s
+    while not (refused_request(canary, "create", "v1", "Namespace", body=foreign)
+               and not refused_request(canary, "create", "v1", "Node", body=kwok_node)):
+        assert time.monotonic() < deadline, f"deploy/admission.yaml not in force after {timeout_s} s"
+        time.sleep(0.5)
 
 
 # marker -> the environment setting that runs its tests (each from its own make target)

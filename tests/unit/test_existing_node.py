@@ -50,8 +50,9 @@ def driver_pod(node_name: str, version: str = DRIVER_FROM) -> dict:
                labels={"app.kubernetes.io/component": "nvidia-driver", "app": "nvidia-driver-daemonset"})
 
 
-def nvidiadriver(name: str, pool: str) -> dict:
-    return {"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": name},
+def nvidiadriver(name: str, pool: str, *, eligible: bool) -> dict:
+    labels = {POOL_ELIGIBLE_LABEL: "true"} if eligible else {}
+    return {"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": name, "labels": labels},
             "spec": {"version": DRIVER_FROM, "nodeSelector": {POOL_LABEL: pool}}}
 
 
@@ -62,7 +63,7 @@ def good_cluster() -> FakeKube:
                 driver_pod("canary-0"), driver_pod("gpu-1"),
                 pod("device-plugin-canary-0", "canary-0"),                           # DaemonSet pods belong
                 pod("probe-1", "canary-0", namespace="gpucanary-r0", labels={RUN_ID_LABEL: "r0"}, daemonset=False),
-                nvidiadriver("canary", "canary"), nvidiadriver("fleet", "fleet")):
+                nvidiadriver("canary", "canary", eligible=True), nvidiadriver("fleet", "fleet", eligible=False)):
         fake.create(obj)
     return fake
 
@@ -87,6 +88,10 @@ def not_marked_eligible(fake: FakeKube) -> None:
     fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: None}}})
 
 
+def driver_not_marked_eligible(fake: FakeKube) -> None:
+    fake.patch(*NVIDIADRIVER, "canary", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: None}}})
+
+
 def already_in_a_run(fake: FakeKube) -> None:
     fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {RUN_ID_LABEL: "other-run"}}})
 
@@ -98,8 +103,11 @@ def already_in_a_run(fake: FakeKube) -> None:
     (driver_selects_more_than_the_pool, "canary-0", "NVIDIADriver canary drives 2 nodes, not only the pool"),
     (not_marked_eligible, "canary-0", f"node canary-0 is not marked eligible for canary pools (no "
                                       f"{POOL_ELIGIBLE_LABEL}=true)"),
+    (driver_not_marked_eligible, "canary-0", f"NVIDIADriver canary of the pool is not marked eligible for canary "
+                                             f"pools (no {POOL_ELIGIBLE_LABEL}=true)"),
     (lambda fake: None, "gpu-9", "node 'gpu-9' does not exist in the cluster"),
-], ids=["not-gpu", "no-driver-pod", "foreign-pods", "shared-nvidiadriver", "not-eligible", "unknown-node"])
+], ids=["not-gpu", "no-driver-pod", "foreign-pods", "shared-nvidiadriver", "not-eligible", "driver-not-eligible",
+        "unknown-node"])
 def test_a_node_the_canary_must_not_take_is_refused_in_one_line_and_left_alone(spoil, node_name: str,
                                                                               message: str) -> None:
     fake = good_cluster()
