@@ -61,11 +61,11 @@ def read_source(source: str, *, into: Path, label: str, repo: Path | None = None
     if not source.startswith(GIT_PREFIX):
         return Path(source)
     ref, sep, path = source[len(GIT_PREFIX):].partition(":")
-    if not (ref and sep and path):
+    if not (ref and sep and path) or ref.startswith("-"):
         raise ConfigError(f"{source!r} is not git:REF:PATH", hint="e.g. git:origin/main:gpu-operator/upgrade-policy.yaml")
-    try:
-        shown = subprocess.run(["git", "show", f"{ref}:{path}"], capture_output=True, text=True, cwd=repo,
-                               timeout=60, check=False)
+    try:   # --end-of-options: whatever the user wrote is a revision, never an option of git's
+        shown = subprocess.run(["git", "show", "--end-of-options", f"{ref}:{path}"], capture_output=True, text=True,
+                               cwd=repo, timeout=60, check=False)
     except FileNotFoundError as err:
         raise EnvError("git is not installed", hint="install git or give the policy as a file") from err
     if shown.returncode != 0:
@@ -86,7 +86,8 @@ def check_run_args(run_args: Sequence[str]) -> None:
 
 
 def _command(spec: RunSpec, run_args: Sequence[str], runs_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "pytest_gpucanary.cli", "run", *run_args, f"{flag('policy')}={spec.policy}",
+    # -P: the installed package, never a pytest_gpucanary/ folder in the current directory (a checkout's)
+    return [sys.executable, "-P", "-m", "pytest_gpucanary.cli", "run", *run_args, f"{flag('policy')}={spec.policy}",
             f"{flag('run_id')}={spec.run_id}", f"{flag('reports_dir')}={runs_dir}", "-p", "no:cacheprovider"]
 
 

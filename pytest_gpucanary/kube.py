@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -127,36 +126,6 @@ def _translate(exc: Exception, what: str) -> KubeError:
     else:
         error = Unavailable(f"{what}: cannot reach the apiserver ({type(exc).__name__})")
     return error
-
-
-CRASH_HOOK_ENV = "GPUCANARY_TEST_CRASH_AFTER_WRITE"
-
-
-class _CrashAfterWrite:
-    """A fault-injection hook for tests, not a setting: with GPUCANARY_TEST_CRASH_AFTER_WRITE=N (or
-    N:Kind) in its environment, the process ends with os._exit(137), as a SIGKILL would (no unwinding,
-    no cleanup, no flush), right after its N-th successful write (create, patch, delete, evict; of Kind
-    only, when given), counted over all threads. The tests kill a run between every pair of its
-    writes with it, to prove each one leaves what undoes it on the cluster first. Unset: one dict
-    lookup per write, nothing else."""
-
-    def __init__(self, spec: str | None) -> None:
-        count, _, kind = (spec or "").partition(":")
-        self.after = int(count) if count.strip().isdigit() else 0
-        self.kind = kind.strip() or None
-        self.seen = 0
-        self._lock = threading.Lock()
-
-    def wrote(self, kind: str) -> None:
-        if self.after <= 0 or (self.kind is not None and kind != self.kind):
-            return
-        with self._lock:
-            self.seen += 1
-            if self.seen == self.after:
-                os._exit(137)
-
-
-_crash_hook = _CrashAfterWrite(os.environ.get(CRASH_HOOK_ENV))
 
 
 def with_resource_version(body: dict, resource_version: str | None) -> dict:
@@ -298,7 +267,6 @@ class Kube:
         meta = manifest["metadata"]
         what = f"create {manifest['kind']} {meta.get('namespace', '')}/{meta.get('name', meta.get('generateName'))}"
         created = self._call(what, resource.create, body=manifest, namespace=meta.get("namespace"), serializer=_plain)
-        _crash_hook.wrote(manifest["kind"])
         return created
 
     def get(self, api_version: str, kind: str, name: str, *, namespace: str | None = None) -> dict:
@@ -333,7 +301,6 @@ class Kube:
         resource = self._resource(api_version, kind)
         body: dict = {"propagationPolicy": "Background", **({"preconditions": {"uid": uid}} if uid else {})}
         self._call(f"delete {kind} {name}", resource.delete, name=name, namespace=namespace, body=body)
-        _crash_hook.wrote(kind)
 
     def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None,
               status: bool = False, resource_version: str | None = None) -> dict:
@@ -346,7 +313,6 @@ class Kube:
         patched = self._call(f"patch {kind} {name}{'/status' if status else ''}", self.dynamic.patch, target,
                              body=body, name=name, namespace=namespace,
                              content_type="application/merge-patch+json", serializer=_plain)
-        _crash_hook.wrote(kind)
         return patched
 
     def pod_log(self, name: str, *, namespace: str, tail_lines: int = 50, container: str | None = None,
@@ -365,7 +331,6 @@ class Kube:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         self._call(f"evict pod {namespace}/{name}", self.dynamic.request, "post", path, body=body)
-        _crash_hook.wrote("Pod")
 
     def can_i(self, verb: str, resource: str, *, group: str = "", namespace: str | None = None,
               name: str | None = None) -> bool:

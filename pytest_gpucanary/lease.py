@@ -30,15 +30,6 @@ from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, owned_
 LEASE = ("coordination.k8s.io/v1", "Lease")
 LEASE_NAME = "gpucanary-run"
 DURATION_S = 60          # a run that has not renewed for this long is gone
-RENEW_EVERY_S = 15       # four chances to renew within one duration, even with a slow apiserver
-# A test hook, not a setting: the kill tests shorten the Lease of the run they kill, so that
-# `gpucanary cleanup` sees it gone after seconds, not a minute.
-TEST_DURATION_ENV = "GPUCANARY_TEST_LEASE_DURATION_S"
-
-
-def _duration_s() -> int:
-    raw = os.environ.get(TEST_DURATION_ENV, "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else DURATION_S
 
 
 def namespace_of(run_id: str) -> str:
@@ -180,8 +171,8 @@ class RunLease:
     def __init__(self, kube: Kube, run_id: str, *, say: Callable[[str], None] = print) -> None:
         self.kube, self.run_id, self.say = kube, run_id, say
         self.holder = identity()
-        self.duration_s = _duration_s()
-        self.renew_every_s = RENEW_EVERY_S * self.duration_s / DURATION_S   # a quarter of the duration
+        self.duration_s = DURATION_S
+        self.renew_every_s = self.duration_s / 4   # four chances to renew within one duration, even with a slow apiserver
         self.lost = ""            # why the run no longer owns its changes, once it does not
         self._version = ""
         self._renewed = 0.0       # time.monotonic() of the last renewal

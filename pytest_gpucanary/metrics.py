@@ -21,6 +21,7 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from pytest_gpucanary.errors import GpucanaryError
+from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.ladder import MetricCheck, Outcome, Stage
 
 CONNECT_TIMEOUT_S = 5.0
@@ -63,6 +64,7 @@ class Prometheus:
     def __init__(self, url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  read_timeout_s: float = READ_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)    # what messages say: never a password or token in the URL
         self.timeout = (connect_timeout_s, read_timeout_s)
         # read=False: a read timeout surfaces as itself (not wrapped as a connection error) and is not retried
         retry = Retry(total=1, read=False, backoff_factor=0.5, status_forcelist=(502, 503, 504))
@@ -76,16 +78,16 @@ class Prometheus:
         try:
             result = self._client.custom_query(promql, params=params, timeout=self.timeout)
         except (requests.exceptions.JSONDecodeError, KeyError, TypeError) as exc:  # something else on that port
-            raise MetricsError(f"{self.url} did not answer like Prometheus (no JSON data.result)") from exc
+            raise MetricsError(f"{self.shown} did not answer like Prometheus (no JSON data.result)") from exc
         except requests.Timeout as exc:
-            raise MetricsError(f"Prometheus at {self.url} timed out ({self.timeout[0]:g} s to connect, "
+            raise MetricsError(f"Prometheus at {self.shown} timed out ({self.timeout[0]:g} s to connect, "
                                f"{self.timeout[1]:g} s to answer)") from exc
         except requests.exceptions.RetryError as exc:
-            raise MetricsError(f"Prometheus at {self.url} answered 5xx twice") from exc
+            raise MetricsError(f"Prometheus at {self.shown} answered 5xx twice") from exc
         except requests.RequestException as exc:
-            raise MetricsError(f"Prometheus at {self.url} is unreachable ({type(exc).__name__})") from exc
+            raise MetricsError(f"Prometheus at {self.shown} is unreachable ({type(exc).__name__})") from exc
         except PrometheusApiClientException as exc:
-            raise MetricsError(f"Prometheus at {self.url} refused the query: {_error_line(exc)}") from exc
+            raise MetricsError(f"Prometheus at {self.shown} refused the query: {_error_line(exc)}") from exc
         return _vector(result)
 
     def close(self) -> None:
@@ -249,7 +251,7 @@ def missing_series(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
             except MetricsError as err:
                 return [f"Prometheus does not answer: {err}"]
             if not found or not any(s.value > 0 for s in found):
-                lines.append(f"Prometheus at {prom.url} has no {series} series ({needed_by} needs it); {fix}")
+                lines.append(f"Prometheus at {prom.shown} has no {series} series ({needed_by} needs it); {fix}")
     return lines
 
 

@@ -21,6 +21,7 @@ from pytest_gpucanary import metrics
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.lease import LEASE_NAME
+from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.workloads import PRIORITY_CLASS
 
 if TYPE_CHECKING:
@@ -265,7 +266,7 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
         problems.append(Problem(problem))
     notes = []
     if service_url and (why := answers_http(service_url)):
-        problems.append(Problem(f"service URL {service_url} does not answer ({why})"))
+        problems.append(Problem(f"service URL {redact_url(service_url)} does not answer ({why})"))
     if prometheus_url:
         problems += [Problem(line) for line in metrics.missing_series(prometheus_url)]
     else:

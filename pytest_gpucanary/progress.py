@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
+from pytest_gpucanary.safe_text import one_line
+
 STEPS_FILE = "steps.json"
 
 
@@ -58,7 +60,8 @@ class ProgressLine:
             self._last = text
 
     def _emit(self, text: str, *, final: bool) -> None:
-        stamped = f"[gpucanary +{time.monotonic() - self._started:5.0f}s] {text}"
+        # cluster text reaches these lines: one line, so none can pose as a CI system's own command
+        stamped = f"[gpucanary +{time.monotonic() - self._started:5.0f}s] {one_line(text)}"
         if self._write is not None:
             self._write(stamped)
         elif self._tty:

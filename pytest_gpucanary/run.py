@@ -17,7 +17,7 @@ change is. Every write is one of
 So a process killed between any two writes (SIGKILL, OOM, a lost machine) leaves only objects that
 `gpucanary cleanup` finds by label or annotation and restores exactly, once the run's Lease is no
 longer renewed. tests/unit/test_crash_sweep.py kills a run after each of its writes;
-kube.CRASH_HOOK_ENV is the hook that does it on a real cluster.
+tests/fault_hooks.py is the hook that does it on a real cluster.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_namespace
+from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, stall, timeline
 from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
@@ -497,7 +498,7 @@ class CanaryRun:
         while sum(s.ok for s in load.samples()) < WARM_UP_REQUESTS and time.monotonic() < deadline and load.running():
             time.sleep(0.5)  # reads the load generator's own files; the cluster is not polled
         run.load_measured_from_ns = time.time_ns()  # warm-up (connections, the ingress's first list) excluded
-        self.progress.line(f"load: {settings.load_users} users on {url}")
+        self.progress.line(f"load: {settings.load_users} users on {redact_url(url)}")
         return load
 
     def _collect_load(self, load: LoadRun | None, run: _Measured,

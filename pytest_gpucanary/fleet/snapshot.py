@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from pytest_gpucanary.fleet.audit import read_log
 from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fence, new_run_id
@@ -69,12 +69,13 @@ def differences(before: Snapshot, after: Snapshot) -> list[str]:
 
 def run_killed(fleet: Fleet, args: list[str], *, reports: Path, cue: Callable[[str], bool], sig: signal.Signals,
                env: dict[str, str] | None = None, timeout_s: float = 1200,
-               on_start: Callable[[subprocess.Popen], None] | None = None) -> CanaryResult:
+               on_start: Callable[[subprocess.Popen], None] | None = None,
+               command: Sequence[str] = (sys.executable, "-m", "pytest_gpucanary.cli")) -> CanaryResult:
     """`gpucanary run ARGS`, sent `sig` right after the first output line for which `cue` is true (never, if
-    no line is). SIGKILL goes to its whole process group (its locust too), as a lost machine would."""
+    no line is). SIGKILL goes to its whole process group (its locust too), as a lost machine would. `command`
+    runs the CLI (the tests' fault hooks wrap it)."""
     run_id = new_run_id()
-    argv = [sys.executable, "-m", "pytest_gpucanary.cli", "run", *args, f"--gpucanary-run-id={run_id}",
-            f"--gpucanary-reports-dir={reports}"]
+    argv = [*command, "run", *args, f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}"]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1",
                 "GPUCANARY_FLEET_DIR": str(fleet.layout.root), "GPUCANARY_FLEET_PORT_BASE": str(fleet.layout.port_base),
                 "GPUCANARY_FLEET_GPU_NODES": str(fleet.layout.gpu_nodes), **(env or {})}

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pytest_gpucanary.ladder import LadderResult, RunEvidence
 from pytest_gpucanary.receipt.common import headline, offset, run_rows
+from pytest_gpucanary.safe_text import markdown as _cell
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def render_markdown(result: LadderResult, evidence: RunEvidence) -> str:
@@ -26,6 +25,6 @@ def render_markdown(result: LadderResult, evidence: RunEvidence) -> str:
     for v in result.verdicts:
         if v.evidence:
             lines += ["", f"### {v.stage.value}: evidence ({v.outcome.value})", ""]
-            lines += [f"- `{offset(e) or 'n/a'}` {e.kind} {e.ref}: {e.text}" for e in v.evidence]
+            lines += [f"- `{offset(e) or 'n/a'}` {_cell(e.kind)} {_cell(e.ref)}: {_cell(e.text)}" for e in v.evidence]
     lines += ["", "Times are client receive times (wall clock); offsets are seconds from the upgrade start."]
     return "\n".join(lines) + "\n"

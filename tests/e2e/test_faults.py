@@ -7,7 +7,7 @@ write), requires the same snapshot again and no write outside the pool, its name
 policy objects in the audit log (fleet/audit.py `outside`; the cleanup's requests are held to the
 dead run's scope too).
 
-A killed run's Lease is shortened to LEASE_S through lease.TEST_DURATION_ENV, so that cleanup
+A killed run's Lease is shortened to LEASE_S through fault_hooks.LEASE_DURATION_ENV, so that cleanup
 without a run id, as an operator would run it, sees the owner gone after seconds, not a minute: cleanup
 watches the Lease for that duration on its own clock and calls the run dead when it did not move.
 
@@ -27,13 +27,13 @@ from typing import Callable
 
 import pytest
 
-from pytest_gpucanary import lease
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.audit import RunScope, outside, read_log
 from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fence
 from pytest_gpucanary.fleet.snapshot import differences, run_killed, snapshot
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
-from pytest_gpucanary.kube import CRASH_HOOK_ENV, RUN_ID_LABEL, Kube
+from pytest_gpucanary.kube import RUN_ID_LABEL, Kube
+import fault_hooks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -150,7 +150,7 @@ def test_a_run_stopped_at_a_step_boundary_leaves_the_cluster_as_it_found_it(
         state_cue(kube, boundary, fire, stop)
     result = run_killed(fleet, ARGS, reports=tmp_path / "reports",
                         cue=(lambda line: LINES[boundary] in line) if boundary in LINES else (lambda _: False),
-                        sig=sig, env={lease.TEST_DURATION_ENV: str(LEASE_S)},
+                        sig=sig, env={fault_hooks.LEASE_DURATION_ENV: str(LEASE_S)}, command=fault_hooks.argv(),
                         on_start=lambda proc: holder.__setitem__("proc", proc))
     stop.set()
     sent = f"[test] sending {sig.name}" in result.output or fired.is_set()
@@ -168,10 +168,11 @@ def test_a_run_stopped_at_a_step_boundary_leaves_the_cluster_as_it_found_it(
 def test_a_run_dying_right_after_a_write_is_restored_by_cleanup(gpucanary_fleet, kube: Kube, tmp_path: Path,
                                                                 crash_after: str) -> None:
     """The e2e sample of tests/unit/test_crash_sweep.py: the process ends with os._exit(137) after the
-    named write (kube.CRASH_HOOK_ENV), its locust with it, and cleanup puts everything back."""
+    named write (fault_hooks.CRASH_AFTER_WRITE_ENV), its locust with it, and cleanup puts everything back."""
     before = snapshot(kube)
     result = run_killed(gpucanary_fleet.fleet, ARGS, reports=tmp_path / "reports", cue=lambda _: False,
-                        sig=signal.SIGKILL, env={lease.TEST_DURATION_ENV: str(LEASE_S), CRASH_HOOK_ENV: crash_after})
+                        sig=signal.SIGKILL, command=fault_hooks.argv(),
+                        env={fault_hooks.LEASE_DURATION_ENV: str(LEASE_S), fault_hooks.CRASH_AFTER_WRITE_ENV: crash_after})
     assert result.returncode == 137, result.output[-3000:]
     assert "cleanup done" not in result.output
     assert_restored_and_in_scope(gpucanary_fleet, kube, before, result, killed=True)

@@ -311,7 +311,7 @@ def test_two_cleanups_at_once_take_a_dead_run_over_once() -> None:
 def test_a_run_whose_renewals_stall_is_taken_over_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cleanup judges a run dead on its own clock when the Lease did not move for a whole duration; the run,
     renewing late, loses the compare-and-swap and stops instead of writing on."""
-    monkeypatch.setenv(lease.TEST_DURATION_ENV, "4")     # renewed every second
+    monkeypatch.setattr(lease, "DURATION_S", 4)     # renewed every second
     fake = FakeKube()
     said: list[str] = []
     held: list[lease.RunLease] = []
@@ -341,7 +341,7 @@ def test_a_run_whose_renewals_stall_is_taken_over_and_stops(monkeypatch: pytest.
 
 
 def test_the_renewal_loop_outlives_any_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(lease.TEST_DURATION_ENV, "4")     # renewed every second: three failures stay within it
+    monkeypatch.setattr(lease, "DURATION_S", 4)     # renewed every second: three failures stay within it
     fake = FakeKube()
     held: list[lease.RunLease] = []
     starter = threading.Thread(target=lambda: held.append(lease.RunLease(fake, "run-r", say=lambda line: None).acquire()))
@@ -368,7 +368,7 @@ def test_the_renewal_loop_outlives_any_exception(monkeypatch: pytest.MonkeyPatch
 def test_a_renewal_that_fails_while_the_run_releases_stops_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run is over once it releases: a renewal still in flight that then finds the Lease gone must not
     report a lost Lease or interrupt whatever the process does next."""
-    monkeypatch.setenv(lease.TEST_DURATION_ENV, "4")
+    monkeypatch.setattr(lease, "DURATION_S", 4)
     fake = FakeKube()
     said: list[str] = []
     held: list[lease.RunLease] = []

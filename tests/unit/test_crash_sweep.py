@@ -209,7 +209,7 @@ def run_once(tmp_path: Path, mode: str, run_id: str, *, crash_after: int | None)
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_a_run_killed_after_any_write_is_restored_by_cleanup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              mode: str) -> None:
-    monkeypatch.setenv(lease.TEST_DURATION_ENV, "1")
+    monkeypatch.setattr(lease, "DURATION_S", 1)
     before, whole, lines = run_once(tmp_path, mode, "whole", crash_after=None)
     assert content(whole.objects()) == before, lines     # a run that lives restores everything itself
     kinds = {kind for _, kind, _, _ in whole.writes}

@@ -185,6 +185,18 @@ def test_a_git_source_is_read_with_git_show_and_a_bad_ref_is_a_config_error(tmp_
         read_source("git:main", into=tmp_path / "out", label="base", repo=repo)
 
 
+def test_a_git_source_never_passes_an_option_to_git(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path)
+    written = tmp_path / "written-by-git"
+    for source in (f"git:--output={written}:x", f"git:-o{written}:x"):
+        with pytest.raises(ConfigError, match="is not git:REF:PATH"):
+            read_source(source, into=tmp_path / "out", label="base", repo=repo)
+    # a revision that only looks like an option after the first character is still read as a revision
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_source(f"git:main^{{/--output={written}}}:x", into=tmp_path / "out", label="base", repo=repo)
+    assert not written.exists()
+
+
 def test_the_gate_names_each_run_itself() -> None:
     with pytest.raises(ConfigError, match="gate sets --gpucanary-policy for each run itself"):
         check_run_args(["--gpucanary-policy=x.yaml"])

@@ -14,12 +14,15 @@ from test_ladder import NEW, OLD, T0, at, clean_run, field_note_run, probes  # c
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.ladder import LadderResult, PhaseStats, RunEvidence, Stage, WorkloadRef, evaluate
+from pytest_gpucanary.metrics import MetricsError, query
+from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.receipt import write_receipt
 from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.receipt.html import render_html
 from pytest_gpucanary.receipt.json import parse_json, render_json
 from pytest_gpucanary.receipt.junit import render_stage_junit
 from pytest_gpucanary.receipt.markdown import render_markdown
+from pytest_gpucanary.safe_text import redact_url
 
 
 def with_identity(evidence: RunEvidence) -> RunEvidence:
@@ -165,3 +168,28 @@ def test_a_helm_rendered_policy_shows_its_chart_notes_in_every_readable_receipt(
     markdown = render_markdown(result, evidence)
     assert "| policy render | driver.upgradePolicy.drain.force: not in values -> false (chart default) |" in markdown
     assert "not in values -&gt; false (chart default)" in render_html(result, evidence)
+
+
+def test_cluster_text_is_one_escaped_line_in_markdown_and_one_plain_line_in_progress() -> None:
+    """Whoever can create an event writes its message: it must not render a link or image in a job summary,
+    break a table, or start a line a CI system reads as its own command."""
+    hostile = "Pulling ![x](https://evil.example/p.png) [click](https://evil.example) <img src=x> a|b\n::error::owned"
+    result, evidence = judged(field_note_run())
+    verdict = dataclasses.replace(result.verdicts[0], summary=hostile)
+    result = dataclasses.replace(result, verdicts=(verdict, *result.verdicts[1:]))
+    text = render_markdown(result, evidence)
+    row = next(line for line in text.splitlines() if line.startswith(f"| {verdict.stage.value} |"))
+    assert "!\\[x\\](https://evil.example/p.png) \\[click\\](https://evil.example) \\<img src=x> a\\|b ::error::owned" in row
+    assert not any(line.startswith("::error::") for line in text.splitlines())
+    lines: list[str] = []
+    ProgressLine(lines.append).line(hostile + "\x1b[2J\r")
+    assert len(lines) == 1 and "\n" not in lines[0] and "\x1b" not in lines[0] and "\r" not in lines[0]
+    assert lines[0].endswith("a|b ::error::owned")
+
+
+def test_a_url_is_written_without_its_credentials() -> None:
+    assert redact_url("https://ci:s3cret@prom.example:9443/api?token=abc&step=5") == \
+        "https://***@prom.example:9443/api?token=***&step=5"
+    with pytest.raises(MetricsError) as unreachable:
+        query("up", url="http://ci:s3cret@127.0.0.1:9", connect_timeout_s=0.5, read_timeout_s=0.5)
+    assert "s3cret" not in str(unreachable.value) and "***@127.0.0.1:9" in str(unreachable.value)
