@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Iterable
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary import metrics
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
-from pytest_gpucanary.kube import Kube, NotFound
-from pytest_gpucanary.lease import LEASE_NAME
+from pytest_gpucanary.kube import Forbidden, Kube, NotFound
+from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE, LEASE_NAME
 from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.workloads import PRIORITY_CLASS
 
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 RBAC_FILE = "deploy/rbac.yaml"
 RBAC_CLUSTER_POLICY_FILE = "deploy/rbac-clusterpolicy-mode.yaml"
+# deploy/admission.yaml's policies, each bound under its own name
+ADMISSION_POLICIES = ("gpucanary-namespaces", "gpucanary-namespaced-writes", "gpucanary-pods", "gpucanary-services",
+                      "gpucanary-nodes", "gpucanary-driver-policy")
 CHART_CLUSTER_POLICY = "cluster-policy"     # the ClusterPolicy's name as the operator's chart creates it
 
 
@@ -77,8 +80,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("get", "pods/log", why="the collective probe's rank 0 output, when it left no termination message; "
                                    "a crash-looping operand's last words"),
     *_perms("list watch", "events", why="record the upgrade's events"),
-    *_perms("create delete get list watch", "namespaces",
-            why="the run's own namespaces, found again by cleanup; the ClusterPolicy lock's holder"),
+    *_perms("create delete list watch", "namespaces", why="the run's own namespaces, found again by cleanup"),
+    *_perms("get", "namespaces", name=CLUSTER_LOCK_NAMESPACE, why="the ClusterPolicy lock's holder"),
     *_perms("create", "leases", "coordination.k8s.io", why="say the run is alive"),
     *_perms("get patch", "leases", "coordination.k8s.io", name=LEASE_NAME, why="say the run is alive"),
     *_perms("list watch", "serviceaccounts", why="wait for the run namespace's default ServiceAccount"),
@@ -87,6 +90,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("create", "services", why="the non-GPU service"),
     *_perms("create", "poddisruptionbudgets", "policy", why="the non-GPU service's budget"),
     *_perms("list watch", "poddisruptionbudgets", "policy", why="name the budget that refuses an eviction on the pool"),
+    *(perm for name in ADMISSION_POLICIES for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+      for perm in _perms("get", kind, "admissionregistration.k8s.io", name=name,
+                         why="say whether the apiserver enforces deploy/admission.yaml")),
     *_perms("list watch", "daemonsets", "apps", scope="operator", writes_cluster_policy=True,
             why="wait for the driver DaemonSets on restore"),
 )
@@ -214,6 +220,23 @@ def exposure(cluster: ClusterInfo, *, pool_nodes: Iterable[str] = (), target: st
             "canary pool alone, so a run touches nothing beyond its pool")
 
 
+def admission_note(kube: Kube) -> str:
+    """Whether the apiserver itself holds the canary to its own objects (deploy/admission.yaml): a note, since
+    clusters before Kubernetes 1.30 have no ValidatingAdmissionPolicy and RBAC alone still limits the verbs."""
+    missing = []
+    for name in ADMISSION_POLICIES:
+        for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+            try:
+                kube.get("admissionregistration.k8s.io/v1", kind, name)
+            except (NotFound, Forbidden):
+                missing.append(f"{kind} {name}")
+    if not missing:
+        return f"the apiserver enforces deploy/admission.yaml ({len(ADMISSION_POLICIES)} policies, bound)"
+    return (f"the apiserver does not enforce deploy/admission.yaml ({len(missing)} of {2 * len(ADMISSION_POLICIES)} "
+            f"objects missing, e.g. {missing[0]}): "
+            "apply it, so that a stolen token can do no more than a run does")
+
+
 def answers_http(url: str, *, timeout_s: float = 5.0) -> str | None:
     """None when something answers HTTP at `url` (any status: the run's own service does not exist yet),
     else why not."""
@@ -264,7 +287,7 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
         problems.append(Problem(str(err), isinstance(err, ConfigError)))
     if problem := priority_class_problem(kube):
         problems.append(Problem(problem))
-    notes = []
+    notes = [admission_note(kube)]
     if service_url and (why := answers_http(service_url)):
         problems.append(Problem(f"service URL {redact_url(service_url)} does not answer ({why})"))
     if prometheus_url:

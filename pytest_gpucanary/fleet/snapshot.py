@@ -60,11 +60,20 @@ def differences(before: Snapshot, after: Snapshot) -> list[str]:
         old, new = before.get(section), after.get(section)
         if isinstance(old, dict) and isinstance(new, dict):
             for key in sorted(old.keys() | new.keys()):
-                if old.get(key) != new.get(key):
-                    lines.append(f"{section}/{key}: {str(old.get(key))[:300]} -> {str(new.get(key))[:300]}")
+                lines += _changed(f"{section}/{key}", old.get(key), new.get(key))
         elif old != new:
             lines.append(f"{section}: {old} -> {new}")
     return lines
+
+
+def _changed(path: str, old: object, new: object) -> list[str]:
+    """The leaves that differ, by path (a node's one label, not the whole node)."""
+    if old == new:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [line for key in sorted(old.keys() | new.keys(), key=str)
+                for line in _changed(f"{path}.{key}", old.get(key), new.get(key))]
+    return [f"{path}: {str(old)[:300]} -> {str(new)[:300]}"]
 
 
 def run_killed(fleet: Fleet, args: list[str], *, reports: Path, cue: Callable[[str], bool], sig: signal.Signals,

@@ -7,11 +7,15 @@ wheel: test_installed_package.py.)
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 
 import pytest
 
+from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.audit import read_log
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels, owned_namespace
@@ -33,7 +37,14 @@ def pod(name: str, namespace: str, *, container: dict | None = None, **spec: obj
 
 def test_writes_outside_the_pool_are_refused_by_the_apiserver(
         canary_service_account, gpucanary_fleet, kube: Kube, refused) -> None:
-    canary = Kube.connect(canary_service_account(ACCOUNT), user_agent=USER_AGENT)
+    kubeconfig = canary_service_account(ACCOUNT)
+    canary = Kube.connect(kubeconfig, user_agent=USER_AGENT)
+    # the preflight, under the same token, says the apiserver enforces them
+    preflight = subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", "preflight", f"--gpucanary-kubeconfig={kubeconfig}",
+                                "--gpucanary-pool-provider=kwok", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                                "--gpucanary-driver-version=580.95.05"], capture_output=True, text=True, timeout=120)
+    assert preflight.returncode == 0, preflight.stdout + preflight.stderr
+    assert "the apiserver enforces deploy/admission.yaml (6 policies, bound)" in json.loads(preflight.stdout)["notes"]
     cluster = discover(kube)
     ops = cluster.operator_namespace
     tag = uuid.uuid4().hex[:6]

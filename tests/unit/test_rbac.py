@@ -12,8 +12,9 @@ from pytest_gpucanary import workloads
 from pytest_gpucanary.config import REPO_ROOT
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.fleet.kwok_pool import KWOK_POOL_PERMISSIONS
-from pytest_gpucanary.kube import owned_namespace
-from pytest_gpucanary.preflight import PERMISSIONS, ClusterInfo, Permission, missing_permissions
+from pytest_gpucanary.kube import NotFound, owned_namespace
+from pytest_gpucanary.preflight import (ADMISSION_POLICIES, PERMISSIONS, ClusterInfo, Permission, admission_note,
+                                        missing_permissions)
 from pytest_gpucanary.workloads import PRIORITY_CLASS_MANIFEST, WORKLOADS
 
 
@@ -154,3 +155,32 @@ def test_run_namespaces_enforce_baseline_unless_a_pod_of_the_run_needs_the_host(
     namespace = owned_namespace("gpucanary-r", "r")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     assert namespace["metadata"]["labels"]["gpucanary.io/run-id"] == "r"
+
+
+def test_the_preflight_reads_back_every_shipped_admission_policy_and_its_binding() -> None:
+    docs = list(yaml.safe_load_all((REPO_ROOT / "deploy" / "admission.yaml").read_text()))
+    policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {d["metadata"]["name"]: d["spec"]["policyName"] for d in docs
+                if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert policies == set(ADMISSION_POLICIES) and bindings == {name: name for name in ADMISSION_POLICIES}
+
+
+class Holds:
+    """A client whose cluster holds exactly the named admission objects."""
+
+    def __init__(self, *names: tuple[str, str]) -> None:
+        self.names = set(names)
+
+    def get(self, api_version: str, kind: str, name: str) -> dict:
+        if (kind, name) not in self.names:
+            raise NotFound(f"get {kind} {name}: 404")
+        return {"metadata": {"name": name}}
+
+
+def test_the_preflight_says_whether_the_apiserver_enforces_the_admission_policies() -> None:
+    every = [(kind, name) for name in ADMISSION_POLICIES
+             for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    assert admission_note(Holds(*every)) == "the apiserver enforces deploy/admission.yaml (6 policies, bound)"
+    unbound = admission_note(Holds(*[o for o in every if o != ("ValidatingAdmissionPolicyBinding", "gpucanary-nodes")]))
+    assert unbound.startswith("the apiserver does not enforce deploy/admission.yaml (1 of 12 objects missing, e.g. "
+                              "ValidatingAdmissionPolicyBinding gpucanary-nodes)")
