@@ -1,5 +1,6 @@
 """Text the canary did not write itself, made safe where it writes it: URLs without their credentials, cluster
-text (event messages, container logs, names) as one plain line in logs and CI output, escaped in Markdown.
+text (event messages, container logs, names) as one plain line in logs and CI output, escaped in Markdown,
+and a container's log lines without what looks like a credential.
 
 A user's URL may carry a password (`https://user:pass@host`) or a token in its query; the receipts, JUnit and
 logs a CI system keeps for weeks get `https://***@host/...?token=***`. Cluster text is written by whoever can
@@ -34,6 +35,17 @@ def redact_url(url: str) -> str:
         pairs = parse_qsl(query, keep_blank_values=True)
         query = urlencode([(k, REDACTED if SECRET_QUERY_KEYS.search(k) else v) for k, v in pairs], safe="*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+_SECRET_IN_TEXT = re.compile(r"(?i)(bearer\s+|(?:token|secret|passw(?:or)?d|api[_-]?key)[\"']?\s*[:=]\s*[\"']?)"
+                             r"[^\s\"',;]+")
+_URL_USER = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+
+
+def without_secrets(text: str) -> str:
+    """A log line with what looks like a credential hidden: a bearer token, `token=`/`password:` values, the
+    user part of a URL. A crash-looping container's last lines go to receipts and CI logs."""
+    return _URL_USER.sub(rf"\1{REDACTED}@", _SECRET_IN_TEXT.sub(rf"\1{REDACTED}", text))
 
 
 def one_line(text: object) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.ladder.timeline import SKIP_TYPES, Record
+from pytest_gpucanary.safe_text import one_line, without_secrets
 
 # container waiting reasons that mean the image did not come (kubelet: images.ErrImagePull and friends)
 PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable",
@@ -363,7 +364,7 @@ def _container(container: dict, init: bool, at: int, node: str, who: str, pod_me
 
 def log_record(cause: Cause, text: str, *, mono_ns: int, wall_ns: int) -> Record:
     """The record the run adds for a crash loop's log, so the rung (and a replay) can quote it."""
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+    lines = [without_secrets(one_line(line)) for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
     return Record("diagnosis", "ADDED", LOG_KIND, cause.namespace, cause.pod, mono_ns, wall_ns,
                   {"container": cause.container, "lines": lines})
 

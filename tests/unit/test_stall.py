@@ -175,6 +175,17 @@ def test_a_crash_loops_log_tail_is_quoted_by_the_rung_and_kept_as_evidence() -> 
     assert [e.text for e in verdict.evidence if e.kind == "ContainerLog"][-1] == "rmmod: ERROR: Module nvidia is in use"
 
 
+def test_a_log_tail_is_kept_as_plain_lines_without_credentials() -> None:
+    looping = [driver_pod(10 + 20 * n, init=[waiting("CrashLoopBackOff", name="k8s-driver-manager", restarts=n,
+                                                     last={"exitCode": 1, "reason": "Error"})]) for n in (1, 2, 3)]
+    cause = stall.terminal(looping, [NODE], since_wall_ns=0)
+    text = ("pulling https://robot:s3cret@registry.example/driver\nAuthorization: Bearer eyJh.abc\n"
+            "\x1b[31mlogin password=hunter2\x1b[0m\r\n::error::forged\rannotation\n")
+    lines = stall.log_record(cause, text, mono_ns=S, wall_ns=S).object["lines"]
+    assert lines == ["pulling https://***@registry.example/driver", "Authorization: Bearer ***",
+                     "login password=***", "::error::forged", "annotation"]
+
+
 def state(at_s: float, upgrade_state: str) -> Record:
     obj = {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu-driver-upgrade-state": upgrade_state}},
            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
