@@ -17,7 +17,7 @@ change is. Every write is one of
 So a process killed between any two writes (SIGKILL, OOM, a lost machine) leaves only objects that
 `gpucanary cleanup` finds by label or annotation and restores exactly, once the run's Lease is no
 longer renewed. tests/unit/test_crash_sweep.py kills a run after each of its writes;
-tests/fault_hooks.py is the hook that does it on a real cluster.
+tests/e2e/fault_hooks.py is the hook that does it on a real cluster.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_namespace
-from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, stall, timeline
 from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
@@ -54,6 +53,7 @@ from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
 from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.recorder import Recorder, StreamSpec
+from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.workloads import ProbeLoop
 
 
@@ -243,8 +243,9 @@ class CanaryRun:
                     self.progress.line(f"pool {pool.fence}")
                 clock.next("workloads")
                 placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
-                self._create_namespace(placement, pool, cleanup)
-                self._pull_images(placement, pool)
+                placed = workloads.rendered(settings, placement, service_path=pool.service)
+                self._create_namespace(placement, placed, cleanup)
+                self._pull_images(placement, placed)
                 recorder = Recorder(self.kube, report_dir / "timeline.jsonl", self._streams(pool, placement))
                 cleanup.enter_context(recorder)
                 self._place_workloads(placement, run, recorder)
@@ -368,11 +369,11 @@ class CanaryRun:
             self.progress.status(f"baseline: load and probes before the change, {left_s:.0f} s left")
             time.sleep(min(1.0, left_s))
 
-    def _create_namespace(self, placement: workloads.Placement, pool: Pool, cleanup: contextlib.ExitStack) -> None:
+    def _create_namespace(self, placement: workloads.Placement, placed: list[dict],
+                          cleanup: contextlib.ExitStack) -> None:
         settings = self.settings
-        may_place = [*workloads.rendered(settings, placement, service_path=pool.service),
-                     workloads.collective_pod(settings.collective_probe, placement, when="check", rank=0,
-                                              node=placement.node, master_addr="", images=settings.images())]
+        may_place = [*placed, workloads.collective_pod(settings.collective_probe, placement, when="check", rank=0,
+                                                       node=placement.node, master_addr="", images=settings.images())]
         self.kube.create(owned_namespace(placement.namespace, placement.run_id,
                                          pod_security=workloads.pod_security(may_place)))
         cleanup.callback(self._delete_quietly, "v1", "Namespace", placement.namespace)
@@ -410,10 +411,10 @@ class CanaryRun:
         with contextlib.suppress(NotFound):
             self.kube.delete(api_version, kind, name, namespace=namespace)
 
-    def _pull_images(self, placement: workloads.Placement, pool: Pool) -> None:
+    def _pull_images(self, placement: workloads.Placement, placed: list[dict]) -> None:
         """Before the policy is touched: every workload image pulled on the pool node by a short pod of the
         run's own; one that cannot be pulled (a missing tag, an unreachable registry) stops the run."""
-        images = workloads.images_of(workloads.rendered(self.settings, placement, service_path=pool.service))
+        images = workloads.images_of(placed)
         timeout_s = self.settings.image_pull_timeout_s
         self.progress.line(f"pulling {len(images)} image(s) on {placement.node}: {', '.join(images)}")
         pods = [workloads.image_pull_pod(image, placement, index=i) for i, image in enumerate(images)]

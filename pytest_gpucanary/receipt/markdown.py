@@ -7,8 +7,6 @@ from pytest_gpucanary.receipt.common import headline, offset, run_rows
 from pytest_gpucanary.safe_text import markdown as _cell
 
 
-
-
 def render_markdown(result: LadderResult, evidence: RunEvidence) -> str:
     lines = [f"# gpucanary launch receipt: {headline(result)}", ""]
     if result.first_failed:
