@@ -201,8 +201,8 @@ class Settings:
     # pull failures and crash loops are called by the kubelet's retries (ladder/stall.py), the rest by this
     stall_s: float = knob(180.0, "How long a stuck pool node state may last before the run calls it, not waiting "
                                  "out the budget: an operator pod unschedulable, the node NotReady, an operand held "
-                                 "behind a Ready driver, an eviction a PodDisruptionBudget refuses with no "
-                                 "timeoutSeconds", check=positive, threshold=True)
+                                 "behind a Ready driver, a container short of its startup probe whose log has gone "
+                                 "quiet, an eviction a PodDisruptionBudget refuses with no timeoutSeconds", check=positive, threshold=True)
     # from the driver manager pausing the device plugin to its return with the new driver; a driver
     # built on the node (not precompiled) compiles its kernel modules in that window
     max_gpus_gone_s: float = knob(900.0, "Longest a pool node's GPUs may be gone from allocatable during its upgrade",

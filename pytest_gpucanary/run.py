@@ -71,6 +71,7 @@ WORKLOAD_READY_TIMEOUT_S = 180
 # uncordon and must start and finish its last round
 JOB_COMPLETION_GRACE_S = 120
 NAMESPACE_GONE_TIMEOUT_S = 180
+LOG_EVERY_S = 20            # how often the log of a container that has not started is read while it lasts
 WARM_UP_REQUESTS = 20
 
 
@@ -531,6 +532,7 @@ class CanaryRun:
         started, started_wall_ns = time.monotonic(), time.time_ns()
         budget_s = self.settings.upgrade_budget_s
         said: set[tuple[str, str]] = set()
+        read_at: dict[tuple[str, str, str], int] = {}      # wall ns of each not-started container's last log read
         while time.monotonic() - started < budget_s:
             if blast_radius is not None and blast_radius.breaches:
                 return list(blast_radius.breaches)
@@ -540,17 +542,19 @@ class CanaryRun:
                 break
             except TimeoutError:
                 pass
-            records = recorder.records
-            found = [c for n in pool.nodes
-                     for c in stall.causes(records, n, since_wall_ns=started_wall_ns, policy=run.upgrade_policy,
-                                           now_wall_ns=time.time_ns(), stuck_s=self.settings.stall_s)]
+            found = self._causes(pool, recorder, run, started_wall_ns)
+            if self._read_quiet_logs(found, recorder, read_at):     # a start still printing keeps its time
+                found = self._causes(pool, recorder, run, started_wall_ns)
             for cause in found:
                 if (cause.what, cause.reason) not in said:          # a change of cause, printed once
                     said.add((cause.what, cause.reason))
                     self.progress.line(f"rollout: {cause.line((cause.since_wall_ns - started_wall_ns) / 1e9)}")
             if stuck := next((c for c in found if c.terminal_wall_ns), None):
                 run.stalled = stuck
-                self._read_log(stuck, recorder)
+                if stuck.reason == "CrashLoopBackOff":
+                    self._read_log(stuck, recorder, previous=True)
+                if said_last := stall.last_meaningful(stall.log_tail(recorder.records, stuck)):
+                    self.progress.line(f"rollout: {stuck.container} said last: {said_last}")
                 self.progress.line(f"rollout: {stuck.node}: that will not clear by itself; stopping the wait "
                                    f"after {time.monotonic() - started:.0f} s of the {budget_s:.0f} s budget")
                 break
@@ -562,21 +566,42 @@ class CanaryRun:
             self.progress.line(f"{node}: {state} after {time.monotonic() - started:.0f} s")
         return list(blast_radius.breaches) if blast_radius is not None else []
 
-    def _read_log(self, cause: stall.Cause, recorder: Recorder) -> None:
-        """A crash loop's own words: its last run's log tail, into the timeline (the rung quotes it) and the
-        progress. Best effort: a log that cannot be read leaves the cause as the kubelet put it."""
-        if cause.reason != "CrashLoopBackOff" or not cause.container:
-            return
+    def _causes(self, pool: Pool, recorder: Recorder, run: _Measured, started_wall_ns: int) -> list[stall.Cause]:
+        records = recorder.records
+        return [c for n in pool.nodes
+                for c in stall.causes(records, n, since_wall_ns=started_wall_ns, policy=run.upgrade_policy,
+                                      now_wall_ns=time.time_ns(), stuck_s=self.settings.stall_s)]
+
+    def _read_quiet_logs(self, found: list[stall.Cause], recorder: Recorder,
+                         read_at: dict[tuple[str, str, str], int]) -> bool:
+        """Read the log of each container that has not started, every LOG_EVERY_S and once more when its
+        time is up; True when one has changed since (a new record, so its quiet time starts again)."""
+        changed = False
+        for cause in (c for c in found if c.reason == stall.NOT_STARTED):
+            key, now = (cause.namespace, cause.pod, cause.container), time.time_ns()
+            last = read_at.get(key)
+            due = last is None or (last < cause.terminal_wall_ns if cause.terminal_wall_ns
+                                   else now - last >= LOG_EVERY_S * 1e9)
+            if due:
+                read_at[key] = now
+                changed |= self._read_log(cause, recorder, previous=False)
+        return changed
+
+    def _read_log(self, cause: stall.Cause, recorder: Recorder, *, previous: bool) -> bool:
+        """A container's own words (a crash loop's last run: `previous`): its log tail, into the timeline when
+        it differs from the last read (the rung quotes it). Best effort: a log that cannot be read leaves the
+        cause as the kubelet put it. True when a record was added."""
         try:
-            text = self.kube.pod_log(cause.pod, namespace=cause.namespace, container=cause.container, previous=True,
-                                     tail_lines=stall.LOG_TAIL_LINES)
+            text = self.kube.pod_log(cause.pod, namespace=cause.namespace, container=cause.container,
+                                     previous=previous, tail_lines=stall.LOG_TAIL_LINES)
         except GpucanaryError as err:
             self.progress.line(f"rollout: cannot read the log of {cause.pod}/{cause.container}: {err}")
-            return
+            return False
         record = stall.log_record(cause, text, mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())
+        if record.object["lines"] == stall.log_tail(recorder.records, cause):
+            return False
         recorder.note(record)
-        if said := stall.last_meaningful(record.object["lines"]):
-            self.progress.line(f"rollout: {cause.container} said last: {said}")
+        return True
 
     def _status_text(self, pool: Pool, recorder: Recorder, elapsed_s: float, release: str | None,
                      waits_on: str | None = None) -> str:

@@ -154,13 +154,17 @@ echo "$COMPONENT validation is successful"
 _DRIVER = b"""#!/bin/sh
 set -eu
 [ "${1:-}" = init ] || { echo "usage: nvidia-driver init"; exit 1; }
-if [ -f /etc/driver-fault ]; then echo "Installing NVIDIA driver kernel modules..."; cat /etc/driver-fault; exit 1; fi
+trap 'echo "driver container stopping"; exit 0' TERM INT
+if [ -f /etc/driver-fault ]; then
+  echo "Installing NVIDIA driver kernel modules..."; tail -n +2 /etc/driver-fault
+  [ "$(head -n 1 /etc/driver-fault)" = hang ] || exit 1
+  while :; do sleep 1; done
+fi
 mount -t tmpfs -o size=1m nvidia-module /sys/module
 mkdir -p /sys/module/nvidia /run/nvidia/validations
 echo 1 > /sys/module/nvidia/refcnt
 cat /etc/driver-version > /run/nvidia/gpucanary-driver-loaded
 echo "driver $(cat /etc/driver-version) loaded"
-trap 'echo "driver container stopping"; exit 0' TERM INT
 while :; do sleep 1; done
 """
 _NVIDIA_SMI = b"""#!/bin/sh
@@ -193,12 +197,12 @@ wait $server
 
 def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, driver_manager: str,
                         drivers: tuple[str, ...], cuda_sample: str, probe: str, service: str,
-                        failing: Mapping[str, str] | None = None) -> list[ImageSpec]:
+                        faults: Mapping[str, tuple[str, str]] | None = None) -> list[ImageSpec]:
     """The images of the operator's driver and validator pods, and of the canary's GPU job, probe and
     service, for a kubelet node that is a canary pool. `drivers` are driver image names
-    (<repository>/driver:<version>-<os>); a version in `failing` gets a driver container that prints its
-    message and exits 1."""
-    failing = failing or {}
+    (<repository>/driver:<version>-<os>); a version in `faults` gets a driver container that prints the
+    fault's message and then exits 1 ("crash") or waits without loading ("hang")."""
+    faults = faults or {}
     specs = [
         _busybox((validator,), data=(("/bin/nvidia-validator", _VALIDATOR),)),
         _busybox((driver_manager,), ("/bin/driver-manager",), files=(("/bin/driver-manager", bin_dir / "driver-manager"),),
@@ -209,7 +213,7 @@ def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, dr
     ]
     for name in drivers:
         version = name.rsplit(":", 1)[1].split("-", 1)[0]
-        fault = ((("/etc/driver-fault", failing[version].encode() + b"\n"),) if version in failing else ())
+        fault = ((("/etc/driver-fault", "\n".join(faults[version]).encode() + b"\n"),) if version in faults else ())
         specs.append(_busybox((name,), ("/bin/nvidia-driver",), data=(
             ("/bin/nvidia-driver", _DRIVER), ("/bin/nvidia-smi", _NVIDIA_SMI),
             ("/etc/driver-version", version.encode() + b"\n"), *fault)))

@@ -58,10 +58,13 @@ POOL_LABELS = {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in (
 # The driver versions a pool node has images for, besides the fleet's own: a run to another version
 # sees its driver pod fail to pull, and says so.
 POOL_DRIVER_VERSIONS = ("580.95.05", "575.57.08", "570.172.08")
-# Driver versions whose image is there but whose driver container fails: it prints the message and exits 1,
-# as a driver that cannot build or load its kernel module does, so its pod goes into a crash loop.
-FAILING_DRIVERS = {"574.0.1": "ERROR: Unable to load the kernel module 'nvidia.ko': Unknown symbol in module "
-                              "(a GPL-only symbol on this kernel)"}
+# Driver versions whose image is there but whose driver container fails, as field reports show it: "crash"
+# prints the message and exits 1, as a driver that cannot build or load its kernel module does, so its pod
+# crash-loops; "hang" prints the message and waits without loading (kernel headers from a package mirror
+# an air-gapped node cannot reach), so its startup probe never passes and the operands wait behind it.
+DRIVER_FAULTS = {"574.0.1": ("crash", "ERROR: Unable to load the kernel module 'nvidia.ko': Unknown symbol in "
+                                      "module (a GPL-only symbol on this kernel)"),
+                 "574.0.2": ("hang", "Installing Linux kernel headers...")}
 _KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool")
 # containerd's CRI always adds the loopback network itself, from the same plugin directory
 DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")
@@ -115,13 +118,13 @@ def operator_images() -> dict[str, str]:
 
 
 def driver_images() -> tuple[str, ...]:
-    """The driver image names a pool node has: the fleet's version, POOL_DRIVER_VERSIONS and FAILING_DRIVERS,
+    """The driver image names a pool node has: the fleet's version, POOL_DRIVER_VERSIONS and DRIVER_FAULTS,
     with the OS suffix the operator appends from the node's NFD labels."""
     spec = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]["driver"]
     labels = gpu_labels()
     suffix = (labels["feature.node.kubernetes.io/system-os_release.ID"]
               + labels["feature.node.kubernetes.io/system-os_release.VERSION_ID"])
-    versions = dict.fromkeys((str(spec["version"]), *POOL_DRIVER_VERSIONS, *FAILING_DRIVERS))
+    versions = dict.fromkeys((str(spec["version"]), *POOL_DRIVER_VERSIONS, *DRIVER_FAULTS))
     return tuple(f"{spec['repository']}/{spec['image']}:{version}-{suffix}" for version in versions)
 
 

@@ -23,7 +23,7 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import images, node_cgroups, processes
 from pytest_gpucanary.fleet.binaries import Build, find_bin_dir
 from pytest_gpucanary.fleet.components import Component
-from pytest_gpucanary.fleet.kubelet_node import (DEBIAN_LOOPBACK_PLUGIN, FAILING_DRIVERS, GPUS_PER_NODE, KubeletNode,
+from pytest_gpucanary.fleet.kubelet_node import (DEBIAN_LOOPBACK_PLUGIN, DRIVER_FAULTS, GPUS_PER_NODE, KubeletNode,
                                                   driver_images, gpu_labels, hosts_text, operator_images)
 from pytest_gpucanary.fleet.layout import FleetLayout
 
@@ -106,7 +106,7 @@ class KubeletNodes:
             specs += images.pool_operand_images(self.bin_dir, self.layout.apiserver_url, validator=names["validator"],
                                                 driver_manager=names["driverManager"], drivers=driver_images(),
                                                 cuda_sample=GPU_JOB_IMAGE, probe=PROBE_IMAGE,
-                                                service=SERVICE_IMAGE, failing=FAILING_DRIVERS)
+                                                service=SERVICE_IMAGE, faults=DRIVER_FAULTS)
         _state_file(self.layout).parent.mkdir(parents=True, exist_ok=True)
         _state_file(self.layout).write_text(json.dumps({"bin_dir": str(self.bin_dir), "count": self.count}))
         started = {node.name: self._start_node(node, specs, hosts, kubectl, progress) for node in self.nodes()}

@@ -6,7 +6,10 @@ terminal once it has outlasted what recovers on its own: a pull that failed PULL
 across the kubelet's back-offs or for PULL_STUCK_S without a break (or an image name that can never pull), a container or init container
 in CrashLoopBackOff after CRASH_RESTARTS restarts, a pod unschedulable or a node NotReady for
 STUCK_S. A slow pull that then succeeds, or one restart and then Ready, never becomes terminal: the
-cause clears when the container runs.
+cause clears when the container runs. A container that runs but has not passed its startup probe (a
+driver container that hangs in `nvidia-driver init`) is terminal once it has been quiet for STUCK_S:
+its log (the run reads it while the cause lasts and keeps each change) has said nothing new in that
+time, so a module build that still prints keeps its time.
 
 Two causes come from more than one object. An eviction refused by a PodDisruptionBudget: while the
 node is in pod-deletion-required (GPU pods) or drain-required (every pod not of a DaemonSet), a pod
@@ -44,11 +47,12 @@ STUCK_S = 180            # unschedulable, the node NotReady, an operand blocked 
                          # (the default of the stall_s knob)
 EVICTION_REFUSED = "EvictionRefused"
 OPERAND_BLOCKED = "BlockedInInit"
+NOT_STARTED = "NotStarted"  # running, its startup probe not yet passed
 # the upgrade state in which the operator evicts, the policy knob it reads, and whether only GPU pods go
 EVICTING = {op.POD_DELETION_REQUIRED: ("podDeletion", True), op.DRAIN_REQUIRED: ("drain", False)}
 
 
-LOG_KIND = "ContainerLog"  # a record the run adds: the tail of a crash-looping container's last run
+LOG_KIND = "ContainerLog"  # a record the run adds: a container's log tail, when it has changed
 LOG_TAIL_LINES = 20
 
 
@@ -102,6 +106,8 @@ class _Scene:
     budgets: dict[str, dict[str, dict]] = field(default_factory=dict)  # namespace -> name -> budget
     pods: dict[str, dict] = field(default_factory=dict)           # uid -> the latest pod not of a DaemonSet
     holders: dict[str, str] = field(default_factory=dict)         # uid -> "ns/name (why it holds the driver)"
+    uids: dict[tuple[str, str], str] = field(default_factory=dict)   # (namespace, name) -> uid, pods on the node
+    said_since: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (ns, pod, container) -> last log change
 
 
 def _one_line(text: object, limit: int = 300) -> str:
@@ -132,6 +138,9 @@ def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: 
             _scene_pod(record, at, scene)
             if at >= since_wall_ns:
                 _pod(record, at, node, scene, tracks, current)
+        elif record.kind == LOG_KIND and (record.namespace or "", record.name or "") in scene.uids:
+            _said(record, at, scene, tracks, current)
+            continue
         else:
             continue
         if at >= since_wall_ns:
@@ -179,6 +188,7 @@ def _scene_pod(record: Record, at: int, scene: _Scene) -> None:
     pod = record.object
     meta = pod.get("metadata") or {}
     gone = record.type == "DELETED" or meta.get("deletionTimestamp")
+    scene.uids[(meta.get("namespace", ""), meta.get("name", ""))] = meta.get("uid", "")
     why = (pod.get("spec") or {}).get("holdsDriver")
     if why and not gone and (pod.get("status") or {}).get("phase") == "Running" \
             and (meta.get("labels") or {}).get("app") not in op.OPERAND_APPS:
@@ -289,7 +299,7 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
     holders = ", ".join(scene.holders.values()) if driver else ""
     for init, statuses in ((True, status.get("initContainerStatuses")), (False, status.get("containerStatuses"))):
         for container in statuses or []:
-            _container(container, init, at, node, who, meta, holders, tracks, current)
+            _container(container, init, at, node, who, meta, holders, scene, tracks, current)
     if not driver:
         _blocked(status, at, node, who, meta, scene, tracks, current)
 
@@ -315,7 +325,7 @@ def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapp
 
 
 def _container(container: dict, init: bool, at: int, node: str, who: str, pod_meta: dict, holders: str,
-               tracks: dict, current: dict) -> None:
+               scene: _Scene, tracks: dict, current: dict) -> None:
     name = container.get("name", "")
     uid, namespace, pod = pod_meta.get("uid", ""), pod_meta.get("namespace", ""), pod_meta.get("name", "")
     key = (uid, name)
@@ -358,12 +368,32 @@ def _container(container: dict, init: bool, at: int, node: str, who: str, pod_me
                              + (f": {said}" if said else "") + held, track.since_wall_ns, track.terminal_wall_ns,
                              namespace, pod, name)
         return
+    if "running" in (container.get("state") or {}) and container.get("started") is False:
+        track = tracks.get(key)
+        if track is None or track.reason != NOT_STARTED:
+            track = tracks[key] = _Track(NOT_STARTED, at)
+        track.outlasted(at, scene.stuck_s, from_wall_ns=scene.said_since.get((namespace, pod, name), 0))
+        current[key] = Cause(node, what, NOT_STARTED, "running, its startup probe has not passed",
+                             track.since_wall_ns, track.terminal_wall_ns, namespace, pod, name)
+        return
     tracks.pop(key, None)                        # running and ready, or creating: whatever it was has cleared
     current.pop(key, None)
 
 
+def _said(record: Record, at: int, scene: _Scene, tracks: dict, current: dict) -> None:
+    """A log the run read: a container that has not started is quiet only from its last change."""
+    namespace, pod, container = record.namespace or "", record.name or "", record.object.get("container", "")
+    scene.said_since[(namespace, pod, container)] = at
+    key = (scene.uids[(namespace, pod)], container)
+    track = tracks.get(key)
+    if track is not None and track.reason == NOT_STARTED and track.terminal_wall_ns is None and key in current:
+        track.outlasted(at, scene.stuck_s, from_wall_ns=at)
+        current[key] = replace(current[key], terminal_wall_ns=track.terminal_wall_ns)
+
+
 def log_record(cause: Cause, text: str, *, mono_ns: int, wall_ns: int) -> Record:
-    """The record the run adds for a crash loop's log, so the rung (and a replay) can quote it."""
+    """The record the run adds for a container's log (a crash loop's last run, or one that has not started),
+    so the rung (and a replay) can quote it and see when it last changed."""
     lines = [without_secrets(one_line(line)) for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
     return Record("diagnosis", "ADDED", LOG_KIND, cause.namespace, cause.pod, mono_ns, wall_ns,
                   {"container": cause.container, "lines": lines})

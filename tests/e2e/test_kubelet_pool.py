@@ -9,10 +9,10 @@ policy on v26.7): the field note's on the default pool (pod deletion refuses the
 drain fallback evicts the service) and the default one on the second node, named with
 --gpucanary-pool-node (only the GPU job is deleted).
 
-Then two upgrades that cannot finish, at once (the tests below the demo's, so after its runs): a driver
-version with no image, and the canary's own driver holder (`--gpucanary-holder`: a pod that holds the driver
-without asking for a GPU). Each must fail at rollout in minutes, naming its cause, and leave its node on
-the old driver.
+Then upgrades that cannot finish (the tests below the demo's, so after its runs): at once, a driver version
+with no image and the canary's own driver holder (`--gpucanary-holder`: a pod that holds the driver without
+asking for a GPU); then a driver container that hangs before it loads. Each must fail at rollout in
+minutes, naming its cause, and leave its node on the old driver.
 """
 
 from __future__ import annotations
@@ -228,27 +228,33 @@ def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(demo_runs: 
 def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     """At once: a driver with no image on the first node; on the second, the canary's own driver holder
     (`--gpucanary-holder`, a pod with NVIDIA_VISIBLE_DEVICES and no GPU request), so the new driver pod's driver
-    manager cannot unload the old one. The run's restore takes its workloads, the holder with them, off first."""
+    manager cannot unload the old one. The run's restore takes its workloads, the holder with them, off first.
+    Then, on the first node again, a driver whose container hangs before it loads (the fleet's 574.0.2), with
+    a stall time of 60 s."""
     root = tmp_path_factory.mktemp("failing-runs")
     holder = (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
+    cases = {"no-image": (NODE, "999.1.1", ()), "driver-in-use": (SECOND, TARGET, holder),
+             "hangs": (NODE, "574.0.2", ("--gpucanary-stall-s=60",))}
     runs = {name: Run("default.yaml", node, root / name, (f"--gpucanary-pool-node={node}",
                       f"--junitxml={root / name / 'junit.xml'}", *args), target=target)
-            for name, node, target, args in (("no-image", NODE, "999.1.1", ()),
-                                             ("driver-in-use", SECOND, TARGET, holder))}
-    for run in runs.values():
-        run.start(pool_fleet)
-    return {name: run.finish() for name, run in runs.items()}
+            for name, (node, target, args) in cases.items()}
+    for name in ("no-image", "driver-in-use"):
+        runs[name].start(pool_fleet)
+    done = {name: runs[name].finish() for name in ("no-image", "driver-in-use")}
+    return {**done, "hangs": runs["hangs"].start(pool_fleet).finish()}
 
 
 @pytest.mark.parametrize("case, words", [
     ("no-image", "nvcr.io/nvidia/driver:999.1.1-ubuntu22.04"),
     ("driver-in-use", f"init container k8s-driver-manager on {SECOND}: CrashLoopBackOff"),
+    ("hangs", f"container nvidia-driver-ctr on {NODE}: NotStarted since"),
 ])
 def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_keeps_its_driver(
         pool_fleet: dict[str, str], failing_runs: dict[str, Run], case: str, words: str) -> None:
-    """No image for the target, or a driver the driver manager cannot unload: the run calls it once it has
-    outlasted the kubelet's back-offs, without waiting out the budget, names it, and puts the node back on
-    its old driver."""
+    """No image for the target, a driver the driver manager cannot unload, or a driver container that never
+    loads: the run calls it once it has outlasted the kubelet's back-offs (or, for the hang, once its log has
+    been quiet for the stall time), without waiting out the budget, names it, and puts the node back on its
+    old driver."""
     run = failing_runs[case]
     receipt, output = run.receipt, run.output
     assert run.proc.returncode == 1, output
@@ -266,6 +272,10 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
         assert "its log ends: error: failed to uninstall nvidia driver components" in rollout["summary"]
         junit = (run.reports / "junit.xml").read_text()
         assert "Could not unload NVIDIA driver kernel modules, driver is in use" in junit, junit[-3000:]
+    if case == "hangs":                             # its own last words, read while it hung
+        assert "running, its startup probe has not passed; its log ends: Installing Linux kernel headers..." \
+            in rollout["summary"], rollout["summary"]
+        assert "rollout: nvidia-driver-ctr said last: Installing Linux kernel headers..." in run.stdout, output
     kube = _kube(pool_fleet)
     [driver] = [image for app, (_, image) in _operand_pods(kube, run.node).items() if app.startswith("nvidia-gpu-driver")]
     assert driver == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"

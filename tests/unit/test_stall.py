@@ -382,3 +382,45 @@ def test_the_rung_calls_a_stall_that_had_held_its_time_when_the_run_froze_the_ev
     assert verdict.outcome is Outcome.FAIL and "called at +100s" in verdict.summary, verdict.summary
     early = dataclasses.replace(evidence, finished_wall_ns=T0 + 90 * S)
     assert check_rollout(early, Settings()).outcome is Outcome.INCONCLUSIVE
+
+
+def hanging(at_s: float, started: bool = False) -> Record:
+    return driver_pod(at_s, containers=[{**running(ready=started), "started": started}])
+
+
+def said(at_s: float, text: str) -> Record:
+    cause = stall.Cause(NODE, "driver pod", stall.NOT_STARTED, "", 0, None, "gpu-operator",
+                        "nvidia-driver-daemonset-abc", "nvidia-driver-ctr")
+    return stall.log_record(cause, text, mono_ns=int(at_s * S), wall_ns=int(at_s * S))
+
+
+def test_a_driver_container_that_hangs_before_its_startup_probe_passes_is_terminal_when_quiet() -> None:
+    records = [hanging(40), said(41, "Installing NVIDIA driver kernel modules...")]
+    assert stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=220 * S) is None    # quiet 179 s
+    cause = stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=230 * S)
+    assert cause.reason == stall.NOT_STARTED and cause.terminal_wall_ns == 221 * S
+    assert cause.line(40) == (f"driver pod gpu-operator/nvidia-driver-daemonset-abc, container nvidia-driver-ctr on "
+                              f"{NODE}: NotStarted since +40 s: running, its startup probe has not passed")
+    assert stall.terminal([hanging(40)], [NODE], since_wall_ns=0, now_wall_ns=220 * S).terminal_wall_ns == 220 * S
+
+
+def test_a_start_that_still_prints_keeps_its_time_and_one_that_passes_its_probe_clears() -> None:
+    build = [hanging(40), *[said(41 + 60 * n, f"Building kernel module, step {n}") for n in range(6)]]
+    assert stall.terminal(build, [NODE], since_wall_ns=0, now_wall_ns=440 * S) is None      # last change at +341 s
+    assert stall.terminal(build, [NODE], since_wall_ns=0, now_wall_ns=530 * S).terminal_wall_ns == 521 * S
+    assert stall.causes([*build, hanging(400, started=True)], NODE, since_wall_ns=0, now_wall_ns=900 * S) == []
+
+
+def test_the_rung_quotes_what_a_container_that_never_started_said_last() -> None:
+    import dataclasses
+
+    from test_ladder import T0, run, states
+
+    hung = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns)
+            for r in (hanging(40), said(41, "Installing NVIDIA driver kernel modules...\nWaiting for the module"))]
+    evidence = run(states([(2, "upgrade-required"), (6, "pod-restart-required")], name=NODE) + hung,
+                   pool_nodes=(NODE,))
+    verdict = check_rollout(dataclasses.replace(evidence, finished_wall_ns=T0 + 230 * S), Settings())
+    assert verdict.outcome is Outcome.FAIL, verdict.summary
+    assert "NotStarted since +40 s: running, its startup probe has not passed; its log ends: Waiting for the " \
+           "module; it will not clear by itself (called at +221s" in verdict.summary, verdict.summary
