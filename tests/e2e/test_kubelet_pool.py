@@ -11,16 +11,19 @@ drain fallback evicts the service) and the default one on the second node, named
 
 Then upgrades that cannot finish (the tests below the demo's, so after its runs): at once, a driver version
 with no image and the canary's own driver holder (`--gpucanary-holder`: a pod that holds the driver without
-asking for a GPU); then a driver container that hangs before it loads. Each must fail at rollout in
-minutes, naming its cause, and leave its node on the old driver.
+asking for a GPU); then, at once, a driver container that hangs before it loads and a node whose kubelet
+stops during the upgrade. Each must fail at rollout in minutes, naming its cause, and leave its node on the
+old driver.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,7 @@ NODE, SECOND = node_name(0), node_name(1)
 # beside the session fleet and the other e2e fleets (+ 1000, 1200, 1400, 1590, 2000, 2150, 2250)
 PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1800
 TARGET = "580.95.05"
+STALL_S = 60
 # The GPU job must still run when the upgrade reaches pod deletion, or there is nothing for the policy
 # to refuse. 150 s costs no time: its pod is deleted or evicted within seconds of the upgrade start, and
 # its replacement starts only at the uncordon, past that deadline, on v26.7 ~150 s after the start.
@@ -229,32 +233,59 @@ def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFa
     """At once: a driver with no image on the first node; on the second, the canary's own driver holder
     (`--gpucanary-holder`, a pod with NVIDIA_VISIBLE_DEVICES and no GPU request), so the new driver pod's driver
     manager cannot unload the old one. The run's restore takes its workloads, the holder with them, off first.
-    Then, on the first node again, a driver whose container hangs before it loads (the fleet's 574.0.2), with
-    a stall time of 60 s."""
+    Then at once, with a stall time of 60 s: on the first node a driver whose container hangs before it loads
+    (the fleet's 574.0.2); on the second, an upgrade to a good driver during which the node's kubelet stops
+    (SIGSTOP), so the node goes NotReady, and comes back once the run has had time to call it."""
     root = tmp_path_factory.mktemp("failing-runs")
     holder = (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
+    stall = (f"--gpucanary-stall-s={STALL_S}",)
     cases = {"no-image": (NODE, "999.1.1", ()), "driver-in-use": (SECOND, TARGET, holder),
-             "hangs": (NODE, "574.0.2", ("--gpucanary-stall-s=60",))}
+             "hangs": (NODE, "574.0.2", stall), "node-not-ready": (SECOND, TARGET, stall)}
     runs = {name: Run("default.yaml", node, root / name, (f"--gpucanary-pool-node={node}",
                       f"--junitxml={root / name / 'junit.xml'}", *args), target=target)
             for name, (node, target, args) in cases.items()}
-    for name in ("no-image", "driver-in-use"):
-        runs[name].start(pool_fleet)
-    done = {name: runs[name].finish() for name in ("no-image", "driver-in-use")}
-    return {**done, "hangs": runs["hangs"].start(pool_fleet).finish()}
+    for pair in (("no-image", "driver-in-use"), ("hangs", "node-not-ready")):
+        for name in pair:
+            runs[name].start(pool_fleet)
+        if "node-not-ready" in pair:
+            _stop_kubelet_during_the_upgrade(pool_fleet, SECOND)
+        for name in pair:
+            runs[name].finish()
+    return runs
+
+
+def _stop_kubelet_during_the_upgrade(env: dict[str, str], node: str) -> None:
+    """Once the run's upgrade has begun on `node`, stop its kubelet until the node has been NotReady for the
+    stall time and 40 s more (the run calls it at the stall time), then let it go on."""
+    kube = _kube(env)
+    kube.wait_for("v1", "Node", node, lambda n: RUN_ID_LABEL in n["metadata"]["labels"] and n["metadata"]["labels"].get(
+        "nvidia.com/gpu-driver-upgrade-state") not in (None, "", "upgrade-done"), timeout_s=300)
+    pid = processes.pid_of(FleetLayout(root=Path(env["GPUCANARY_FLEET_DIR"]), port_base=PORT_BASE), f"{node}-kubelet")
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        kube.wait_for("v1", "Node", node, lambda n: not _ready(n), timeout_s=180)
+        time.sleep(STALL_S + 40)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _ready(node: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or [])
 
 
 @pytest.mark.parametrize("case, words", [
     ("no-image", "nvcr.io/nvidia/driver:999.1.1-ubuntu22.04"),
     ("driver-in-use", f"init container k8s-driver-manager on {SECOND}: CrashLoopBackOff"),
     ("hangs", f"container nvidia-driver-ctr on {NODE}: NotStarted since"),
+    ("node-not-ready", f"node {SECOND} on {SECOND}: NotReady since"),
 ])
 def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_keeps_its_driver(
         pool_fleet: dict[str, str], failing_runs: dict[str, Run], case: str, words: str) -> None:
-    """No image for the target, a driver the driver manager cannot unload, or a driver container that never
-    loads: the run calls it once it has outlasted the kubelet's back-offs (or, for the hang, once its log has
-    been quiet for the stall time), without waiting out the budget, names it, and puts the node back on its
-    old driver."""
+    """No image for the target, a driver the driver manager cannot unload, a driver container that never
+    loads, or the node gone NotReady: the run calls it once it has outlasted the kubelet's back-offs (for the
+    hang, once its log has been quiet for the stall time; for the node, once it has been NotReady that long),
+    without waiting out the budget, names it, and puts the node back on its old driver."""
     run = failing_runs[case]
     receipt, output = run.receipt, run.output
     assert run.proc.returncode == 1, output
@@ -262,8 +293,10 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
     assert rollout["outcome"] == "fail", rollout["summary"]
     assert words in rollout["summary"] and "it will not clear by itself" in rollout["summary"], rollout["summary"]
     assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
-    assert any("] rollout: driver pod gpu-operator/" in line for line in run.stdout.splitlines()), \
-        output                                      # the cause reached the progress as it happened
+    said = f"] rollout: node {SECOND} on" if case == "node-not-ready" else "] rollout: driver pod gpu-operator/"
+    assert any(said in line for line in run.stdout.splitlines()), output     # the cause reached the progress
+    if case == "node-not-ready":                                             # as it happened
+        assert "NodeStatusUnknown: Kubelet stopped posting node status" in rollout["summary"], rollout["summary"]
     if case == "driver-in-use":                     # who holds it, and the driver manager's own words
         holder = f"hold the driver without a GPU request: gpucanary-{receipt['run']['run_id']}/gpu-monitor-"
         assert holder in rollout["summary"], rollout["summary"]
