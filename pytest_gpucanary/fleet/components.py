@@ -81,10 +81,16 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
             str(bin_dir / "kwok"), f"--kubeconfig={kubeconfig}", f"--config={layout.root / 'kwok.yaml'}",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--tls-cert-file={pki / 'admin.crt'}", f"--tls-private-key-file={pki / 'admin.key'}",
-            "--node-ip=", "--node-name=localhost", f"--node-port={kwok}", f"--server-address={HOST}:{kwok}",
+            f"--node-ip={_kwok_node_ip(layout)}", "--node-name=localhost", f"--node-port={kwok}", f"--server-address={HOST}:{kwok}",
             f"--node-lease-duration-seconds={lease.duration_s}", "--cidr=10.244.0.0/16",
         ), f"https://{HOST}:{kwok}/healthz", kwok),
     ]
+
+
+def _kwok_node_ip(layout: FleetLayout) -> str:
+    """None, but in ClusterPolicy mode with a kubelet pool: the one driver DaemonSet then runs on the host's
+    network on KWOK nodes too, kwok gives such a pod its node's IP, and with none its pod-create Stage repeats."""
+    return HOST if layout.driver_mode == "clusterpolicy" and layout.kubelet_pool and layout.kubelet_nodes else ""
 
 
 def audit_flags(layout: FleetLayout) -> tuple[str, ...]:

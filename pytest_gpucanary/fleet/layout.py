@@ -21,6 +21,9 @@ MAX_GPU_NODES = 1000   # measured on 2 cores (README); KWOK itself holds more
 # The GPU Operator releases the fleet can build and run (ci/build-operator.sh), newest first.
 OPERATOR_RELEASES = ("v26.7.0", "v26.3.3", "v25.10.1", "v25.3.4")
 DEFAULT_OPERATOR_RELEASE = OPERATOR_RELEASES[0]
+# The driver manager on a kubelet pool node reaches the apiserver on 127.0.0.1 only on the host's network:
+# the NVIDIADriver's and the ClusterPolicy's driver.hostNetwork came in v26.3.
+KUBELET_POOL_RELEASES = ("v26.7.0", "v26.3.3")
 
 # Offsets from the port base; the fixed layout makes a port clash easy to name in an error.
 PORT_OFFSETS = {
@@ -90,10 +93,8 @@ class FleetLayout:
         # default on wherever it can be: NVIDIADriver mode (a pool node gets an NVIDIADriver of its own)
         pool = os.environ.get("GPUCANARY_FLEET_KUBELET_POOL") or ""
         layout = replace(layout, kubelet_pool=pool == "1" or (
-            pool == "" and layout.driver_mode == "nvidiadriver" and layout.kubelet_nodes > 0))
-        if layout.kubelet_pool and layout.driver_mode != "nvidiadriver":
-            raise ConfigError("GPUCANARY_FLEET_KUBELET_POOL=1 needs GPUCANARY_FLEET_DRIVER_MODE=nvidiadriver",
-                              hint="each kubelet pool node gets an NVIDIADriver of its own (hostNetwork)")
+            pool == "" and layout.driver_mode == "nvidiadriver" and layout.kubelet_nodes > 0
+            and layout.operator_release in KUBELET_POOL_RELEASES))
         if not 0 <= layout.kubelet_nodes <= MAX_KUBELET_NODES:
             raise ConfigError(f"GPUCANARY_FLEET_KUBELET_NODES={layout.kubelet_nodes} is out of range",
                               hint=f"use 0 (none) to {MAX_KUBELET_NODES}")
@@ -103,6 +104,10 @@ class FleetLayout:
         if layout.operator_release not in OPERATOR_RELEASES:
             raise ConfigError(f"GPUCANARY_OPERATOR_RELEASE={layout.operator_release!r} is not a release the "
                               "fleet can run", hint="use one of " + ", ".join(OPERATOR_RELEASES))
+        if layout.kubelet_pool and layout.operator_release not in KUBELET_POOL_RELEASES:
+            raise ConfigError(f"a kubelet pool needs the driver's hostNetwork setting, which GPU Operator "
+                              f"{layout.operator_release} does not have",
+                              hint="use " + " or ".join(KUBELET_POOL_RELEASES) + ", or GPUCANARY_FLEET_KUBELET_POOL=0")
         return layout.with_gpu_nodes(layout.gpu_nodes)
 
     def with_gpu_nodes(self, count: int) -> FleetLayout:

@@ -61,8 +61,10 @@ def release_labels(release: str) -> dict[str, str]:
 # GPUDirect RDMA with the host's MOFED (no Network Operator on the fleet): the operator adds the
 # nvidia-peermem-ctr container to every driver pod (assets/state-driver/0500_daemonset.yaml)
 RDMA = {"enabled": True, "useHostMofed": True}
-POOL_STARTUP_PROBE = {"initialDelaySeconds": 5, "periodSeconds": 5, "failureThreshold": 60, "successThreshold": 1,
-                      "timeoutSeconds": 30}
+# The driver of a kubelet pool node (its NVIDIADriver, or in ClusterPolicy mode the ClusterPolicy's): the driver
+# manager reaches the apiserver on 127.0.0.1; the stand-in loads at once, where the default probe waits 60 s.
+POOL_DRIVER = {"hostNetwork": True, "startupProbe": {"initialDelaySeconds": 5, "periodSeconds": 5, "failureThreshold": 60,
+                                                     "successThreshold": 1, "timeoutSeconds": 30}}
 
 
 def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bool = False,
@@ -70,10 +72,12 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
     """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet", and one NVIDIADriver named
     after each of `pool_nodes` (kubelet nodes that are canary pools) that selects only it. ClusterPolicy
     mode: the same ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every
-    GPU node."""
+    GPU node (with `pool_nodes`, the kubelet pool nodes' driver settings for all of them)."""
     policy = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())
     policy["metadata"].setdefault("labels", {}).update(release_labels(release))
     policy["spec"]["driver"]["useNvidiaDriverCRD"] = driver_mode == "nvidiadriver"
+    if driver_mode == "clusterpolicy" and pool_nodes:   # one DaemonSet drives the kubelet pool nodes too
+        policy["spec"]["driver"] |= POOL_DRIVER
     driver = yaml.safe_load((FLEET_FIXTURES / "nvidiadriver.yaml").read_text())
     if rdma:
         policy["spec"]["driver"]["rdma"] = driver["spec"]["rdma"] = RDMA
@@ -83,11 +87,7 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
         kubectl(*apply, "-", stdin=json.dumps(driver))
         for name in pool_nodes:
             own = {**driver, "metadata": {**driver["metadata"], "name": name, "labels": {POOL_ELIGIBLE_LABEL: "true"}},
-                   "spec": {**driver["spec"], "nodeSelector": {DRIVER_POOL_LABEL: name},
-                            # the driver manager reaches the apiserver on 127.0.0.1
-                            "hostNetwork": True,
-                            # the stand-in loads at once; the default waits 60 s before the first probe
-                            "startupProbe": POOL_STARTUP_PROBE}}
+                   "spec": {**driver["spec"], "nodeSelector": {DRIVER_POOL_LABEL: name}, **POOL_DRIVER}}
             kubectl(*apply, "-", stdin=json.dumps(own))
 
 

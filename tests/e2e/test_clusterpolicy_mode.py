@@ -1,9 +1,12 @@
 """ClusterPolicy mode (one driver DaemonSet for every GPU node, as most v24/v25 clusters run): the
 canary confines the upgrade to its pool with the operator's skip label and leaves every other node
-exactly as it was, its driver pod never restarted."""
+exactly as it was, its driver pod never restarted. The fleet here has two KWOK GPU nodes and one real
+kubelet node that is a canary pool, driven by the same DaemonSet: the gate runs on a KWOK pool, and a
+driver that cannot come fails at rollout on the kubelet pool, named, with every node back on its driver."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,12 +15,16 @@ from typing import Iterator
 
 import pytest
 
-from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.fleet.layout import DEFAULT_OPERATOR_RELEASE, KUBELET_POOL_RELEASES
+from pytest_gpucanary.kube import Kube
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1200  # a second fleet beside the session's
+KWOK_NODES, KUBELET_NODE = ("gpu-node-0", "gpu-node-1"), "gpu-kubelet-0"
+RELEASE = os.environ.get("GPUCANARY_OPERATOR_RELEASE") or DEFAULT_OPERATOR_RELEASE
+KUBELET_POOL = RELEASE in KUBELET_POOL_RELEASES     # before v26.3 the driver cannot take the host's network
 
 
 def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
@@ -30,6 +37,7 @@ def clusterpolicy_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactor
     binaries = gpucanary_fleet.fleet.binaries()
     env = {"GPUCANARY_FLEET_DIR": str(tmp_path_factory.mktemp("cp-fleet")), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
            "GPUCANARY_FLEET_GPU_NODES": "2", "GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy",
+           "GPUCANARY_FLEET_KUBELET_NODES": "1", "GPUCANARY_FLEET_KUBELET_POOL": "1" if KUBELET_POOL else "0",
            "GPUCANARY_BIN_DIR": str(binaries.control_plane), "GPUCANARY_OPERATOR_BIN_DIR": str(binaries.operator)}
     up = gpucanary(env, "fleet", "up")
     assert up.returncode == 0, up.stderr[-2000:]
@@ -49,9 +57,10 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
     policy = kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")
     assert policy["spec"]["driver"]["useNvidiaDriverCRD"] is False
     before = driver_pods(kube)
-    assert set(before) == {"gpu-node-0", "gpu-node-1"}
+    assert set(before) == {*KWOK_NODES, *([KUBELET_NODE] if KUBELET_POOL else [])}
 
     result = gpucanary(clusterpolicy_fleet, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       "--gpucanary-pool-provider=kwok",
                        "--gpucanary-driver-version=580.95.05", "--gpucanary-probe-interval-s=10",
                        "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
                        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=120",
@@ -62,7 +71,7 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
     policy = kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")
     assert policy["spec"]["driver"]["version"] == "580.82.07"
     assert "gpucanary.io/saved-spec" not in policy["metadata"].get("annotations", {})
-    for name in ("gpu-node-0", "gpu-node-1"):
+    for name in (*KWOK_NODES, *([KUBELET_NODE] if KUBELET_POOL else [])):
         node = kube.get("v1", "Node", name)
         labels, annotations = node["metadata"]["labels"], node["metadata"].get("annotations", {})
         assert labels.get("nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", (name, labels)
@@ -70,6 +79,48 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
         assert "gpucanary.io/skip-label-set-by" not in annotations
         assert not node["spec"].get("unschedulable")
     assert {n: p for n, p in driver_pods(kube).items() if n in before} == before, "a held-back driver pod restarted"
+
+
+def test_a_driver_with_no_image_fails_at_rollout_on_the_kubelet_pool_and_every_node_keeps_its_driver(
+        clusterpolicy_fleet: dict[str, str], tmp_path: Path) -> None:
+    """The ClusterPolicy's own driver DaemonSet, at a version with no image, on the real kubelet node (the
+    fleet's default pool): the kubelet's pull failures are named in minutes, the ClusterPolicy goes back,
+    the pool node runs its old driver again, and the held-back nodes' driver pods never restarted. On a release
+    whose ClusterPolicy has no driver.hostNetwork, `fleet up` refuses such a pool in one line, starting nothing."""
+    if not KUBELET_POOL:
+        root = tmp_path / "refused"
+        up = gpucanary({**clusterpolicy_fleet, "GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_KUBELET_POOL": "1"},
+                       "fleet", "up")
+        assert up.returncode == 4, up.stdout[-2000:] + up.stderr[-2000:]
+        assert f"hostNetwork setting, which GPU Operator {RELEASE} does not have" in up.stderr, up.stderr
+        assert not (root / "run").exists() or not any((root / "run").iterdir())
+        return
+    kube = Kube.connect(clusterpolicy_fleet["KUBECONFIG_PATH"])
+    before = driver_pods(kube)
+    result = gpucanary(clusterpolicy_fleet, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       "--gpucanary-driver-version=999.1.1", "--gpucanary-probe-interval-s=10",
+                       "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
+                       f"--gpucanary-reports-dir={tmp_path / 'reports'}")
+    output = result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.returncode == 1, output
+    assert f"pool {KUBELET_NODE} (kubelet)" in result.stdout and "operator in ClusterPolicy mode" in result.stdout
+    [run_dir] = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
+    [rollout] = [v for v in json.loads((run_dir / "receipt.json").read_text())["verdicts"] if v["stage"] == "rollout"]
+    assert rollout["outcome"] == "fail", rollout["summary"]
+    assert f"container nvidia-driver-ctr on {KUBELET_NODE}: " in rollout["summary"], rollout["summary"]
+    assert "nvcr.io/nvidia/driver:999.1.1-ubuntu22.04" in rollout["summary"], rollout["summary"]
+    assert "it will not clear by itself" in rollout["summary"], rollout["summary"]
+
+    assert kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["version"] == "580.82.07"
+    [pod] = kube.list("v1", "Pod", label_selector="app=nvidia-driver-daemonset",
+                      field_selector=f"spec.nodeName={KUBELET_NODE}")
+    assert pod["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04", pod["spec"]
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    node = kube.get("v1", "Node", KUBELET_NODE)
+    assert node["metadata"]["labels"].get("nvidia.com/gpu-driver-upgrade-state") == "upgrade-done"
+    assert not node["spec"].get("taints") and not node["spec"].get("unschedulable"), node["spec"]
+    assert {n: p for n, p in driver_pods(kube).items() if n in KWOK_NODES} == \
+        {n: p for n, p in before.items() if n in KWOK_NODES}, "a held-back driver pod restarted"
 
 
 def test_a_gpu_node_that_joins_mid_run_fails_rollout_and_the_target_leaves_it_again(
@@ -86,8 +137,8 @@ def test_a_gpu_node_that_joins_mid_run_fails_rollout_and_the_target_leaves_it_ag
     joined = KwokPool(kube, name=f"joined-{uuid.uuid4().hex[:6]}", run_id="autoscaler")
     proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
                              f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                             "--gpucanary-driver-version=580.95.05", "--gpucanary-probe-interval-s=10",
-                             "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
+                             "--gpucanary-driver-version=580.95.05", "--gpucanary-pool-provider=kwok",
+                             "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
                              "--gpucanary-job-duration-s=120", f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **clusterpolicy_fleet, "PYTHONUNBUFFERED": "1"})

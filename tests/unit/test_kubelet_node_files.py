@@ -17,6 +17,7 @@ from pytest_gpucanary.fleet.images import ImageSpec, write_oci_tar
 from pytest_gpucanary.fleet.kubelet_node import (KERNEL_TUNABLES, TAINT_KEY, KubeletNode,
                                                  driver_images, gpu_labels, hosts_text, operator_images)
 from pytest_gpucanary.fleet.manifests import host_network_service
+from pytest_gpucanary.fleet.operator import apply_policies
 from pytest_gpucanary.fleet.layout import (KUBELET_NODE_PORTS, KUBELET_WORKLOAD_OFFSETS, MAX_KUBELET_NODES,
                                            PORT_OFFSETS, FleetLayout)
 
@@ -43,22 +44,45 @@ def test_bad_kubelet_node_count_is_a_config_error(monkeypatch: pytest.MonkeyPatc
     ({}, True),                                                   # the fleet's default pool
     ({"GPUCANARY_FLEET_KUBELET_POOL": "0"}, False),               # the KWOK pools instead
     ({"GPUCANARY_FLEET_KUBELET_NODES": "0"}, False),
-    ({"GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy"}, False),   # a pool node needs an NVIDIADriver of its own
+    ({"GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy"}, False),   # opt in: the one DaemonSet takes the pool's settings
+    ({"GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy", "GPUCANARY_FLEET_KUBELET_POOL": "1"}, True),
 ])
 def test_the_kubelet_node_is_a_canary_pool_wherever_it_can_be(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
                                                                  pool: bool) -> None:
-    for name in ("GPUCANARY_FLEET_KUBELET_POOL", "GPUCANARY_FLEET_KUBELET_NODES", "GPUCANARY_FLEET_DRIVER_MODE"):
+    for name in ("GPUCANARY_FLEET_KUBELET_POOL", "GPUCANARY_FLEET_KUBELET_NODES", "GPUCANARY_FLEET_DRIVER_MODE",
+                 "GPUCANARY_OPERATOR_RELEASE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert FleetLayout.from_env().kubelet_pool is pool
 
 
-def test_a_kubelet_pool_needs_nvidiadriver_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_POOL", "1")
-    monkeypatch.setenv("GPUCANARY_FLEET_DRIVER_MODE", "clusterpolicy")
-    with pytest.raises(ConfigError, match="GPUCANARY_FLEET_DRIVER_MODE=nvidiadriver"):
-        FleetLayout.from_env()
+@pytest.mark.parametrize("release", ["v25.10.1", "v25.3.4"])
+def test_a_kubelet_pool_needs_a_release_with_the_drivers_host_network(monkeypatch: pytest.MonkeyPatch,
+                                                                      release: str) -> None:
+    for name in ("GPUCANARY_FLEET_KUBELET_POOL", "GPUCANARY_FLEET_KUBELET_NODES", "GPUCANARY_FLEET_DRIVER_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUCANARY_OPERATOR_RELEASE", release)
+    assert not FleetLayout.from_env().kubelet_pool                  # not the default there
+    for mode in ("nvidiadriver", "clusterpolicy"):
+        monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_POOL", "1")
+        monkeypatch.setenv("GPUCANARY_FLEET_DRIVER_MODE", mode)
+        with pytest.raises(ConfigError, match=f"hostNetwork setting, which GPU Operator {release} does not have"):
+            FleetLayout.from_env()
+
+
+@pytest.mark.parametrize("mode", ["nvidiadriver", "clusterpolicy"])
+def test_the_driver_of_a_kubelet_pool_node_runs_on_the_host_network_in_either_mode(mode: str) -> None:
+    applied: list[dict] = []
+    apply_policies(lambda *args, stdin: applied.append(json.loads(stdin)), driver_mode=mode, release="v26.7.0",
+                   pool_nodes=("gpu-kubelet-0",))
+    drivers = {d["metadata"]["name"]: d["spec"].get("driver", d["spec"]) for d in applied}
+    pool_driver = drivers["gpu-kubelet-0" if mode == "nvidiadriver" else "cluster-policy"]
+    assert pool_driver["hostNetwork"] is True and pool_driver["startupProbe"]["initialDelaySeconds"] == 5
+    if mode == "nvidiadriver":      # the KWOK nodes' driver is left as the operator renders it
+        assert "hostNetwork" not in drivers["fleet"] and "hostNetwork" not in drivers["cluster-policy"]
+    else:
+        assert set(drivers) == {"cluster-policy"} and pool_driver["useNvidiaDriverCRD"] is False
 
 
 def test_gpu_labels_are_the_kwok_gpu_nodes_nfd_and_gfd_labels_without_kwoks_own() -> None:
