@@ -139,7 +139,7 @@ def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: 
             if at >= since_wall_ns:
                 _pod(record, at, node, scene, tracks, current)
         elif record.kind == LOG_KIND and (record.namespace or "", record.name or "") in scene.uids:
-            _said(record, at, scene, tracks, current)
+            _said(record, at, scene, tracks)
             continue
         else:
             continue
@@ -380,15 +380,14 @@ def _container(container: dict, init: bool, at: int, node: str, who: str, pod_me
     current.pop(key, None)
 
 
-def _said(record: Record, at: int, scene: _Scene, tracks: dict, current: dict) -> None:
-    """A log the run read: a container that has not started is quiet only from its last change."""
+def _said(record: Record, at: int, scene: _Scene, tracks: dict) -> None:
+    """A log the run read: a container that has not started is quiet only from its last change (so it
+    cannot turn terminal here: its time starts again now)."""
     namespace, pod, container = record.namespace or "", record.name or "", record.object.get("container", "")
     scene.said_since[(namespace, pod, container)] = at
-    key = (scene.uids[(namespace, pod)], container)
-    track = tracks.get(key)
-    if track is not None and track.reason == NOT_STARTED and track.terminal_wall_ns is None and key in current:
+    track = tracks.get((scene.uids[(namespace, pod)], container))
+    if track is not None and track.reason == NOT_STARTED and track.terminal_wall_ns is None:
         track.outlasted(at, scene.stuck_s, from_wall_ns=at)
-        current[key] = replace(current[key], terminal_wall_ns=track.terminal_wall_ns)
 
 
 def log_record(cause: Cause, text: str, *, mono_ns: int, wall_ns: int) -> Record:
