@@ -58,6 +58,7 @@ build:
 	bash ci/build-kubelet.sh >/dev/null
 	bash ci/build-nvml-shim.sh >/dev/null
 	bash ci/build-actionlint.sh >/dev/null
+	bash ci/fetch-pushgateway.sh >/dev/null
 	bash ci/build-helm.sh >/dev/null
 
 # Every release, one build at a time (each takes minutes cold; a warm cache builds nothing).

@@ -176,7 +176,7 @@ def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
         prometheus_url = prometheus_url or fleet.prometheus_url
     report = preflight.check(kube, default_pool_provider(settings), target=settings.driver_version or "",
                              prometheus_url=prometheus_url, service_url=settings.service_url,
-                             longest_run_s=settings.longest_run_s())
+                             longest_run_s=settings.longest_run_s(), pushgateway_url=settings.pushgateway_url)
     for line in report.notes:
         _progress(f"gpucanary: note: {line}")
     for line in report.exposure:
@@ -213,6 +213,57 @@ def _cmd_evaluate(args: argparse.Namespace) -> ExitCode:
         _progress(f"{verdict.outcome.value:>12}  {verdict.summary}")
     print(outcome.receipt["json"])
     return ExitCode.OK if outcome.result.gate_passed else ExitCode.GATE_FAILED
+
+
+VERDICT_KNOBS = ("policy", "driver_version", "kubeconfig", "context", "helm_chart", "helm_binary")
+
+
+def _add_verdict(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "verdict", help="Exit 0 only if a canary run recently passed for exactly this policy, target and release",
+        description="Read-only. Finds the verdict of the last canary run that finished for this upgrade policy "
+                    "(the digest of the policy as applied, so a Helm values file and the ClusterPolicy it renders "
+                    "are one), this target driver and the GPU Operator release the cluster runs now, in ConfigMap "
+                    "gpucanary/gpucanary-verdict-<key>. Exit 0 when that run passed the gate and finished less "
+                    "than --max-age-h ago; 1 when there is none, it failed or it is older; 4 for bad input; 6 "
+                    "when the cluster cannot be read. Stdout: the verdict as JSON (null when none).")
+    for knob in (BY_NAME[name] for name in VERDICT_KNOBS):
+        parser.add_argument(knob.flag, dest=knob.name, default=None, metavar=knob.name.upper(), help=knob.help)
+    parser.add_argument("--max-age-h", type=float, default=24.0, metavar="HOURS",
+                        help="Oldest passing verdict that counts, in hours (default 24)")
+    parser.set_defaults(handler=_cmd_verdict)
+
+
+def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
+    import dataclasses
+    import json
+
+    from pytest_gpucanary import preflight, publish
+    from pytest_gpucanary.kube import Kube
+    from pytest_gpucanary.policy.parse import load_policy
+    from pytest_gpucanary.receipt.verdict import VerdictKey
+
+    settings = Settings.resolve(lambda knob: getattr(args, knob.name, None), env_source(os.environ))
+    if settings.policy is None or not settings.driver_version:
+        raise ConfigError("a verdict is of one policy and one target driver",
+                          hint=f"pass {flag('policy')} PATH and {flag('driver_version')} VERSION, as the canary run had")
+    if not (args.max_age_h > 0 and math.isfinite(args.max_age_h)):
+        raise ConfigError(f"--max-age-h={args.max_age_h} is not a positive number of hours", hint="e.g. --max-age-h=24")
+    policy = load_policy(settings.policy, helm=_helm(settings))
+    if settings.kubeconfig:
+        kube = Kube.connect(settings.kubeconfig, context=settings.context)
+    else:
+        from pytest_gpucanary.fleet import Fleet
+
+        kube = Kube.connect(Fleet.from_env().kubeconfig)
+    key = VerdictKey.of(policy.to_cr(), settings.driver_version, preflight.operator_release(kube))
+    found = publish.read(kube, key)
+    print(json.dumps(dataclasses.asdict(found) if found else None, indent=1))
+    if why := publish.refusal(found, key, max_age_s=args.max_age_h * 3600):
+        _progress(f"gpucanary: hold: {why}")
+        return ExitCode.GATE_FAILED
+    _progress(f"gpucanary: proceed: {found.line()}")
+    return ExitCode.OK
 
 
 def _add_cleanup(sub: argparse._SubParsersAction) -> None:
@@ -373,8 +424,8 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
 
 
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_run, _add_preflight,
-                                                                       _add_evaluate, _add_cleanup, _add_plan_sweep,
-                                                                       _add_lint, _add_gate)
+                                                                       _add_evaluate, _add_verdict, _add_cleanup,
+                                                                       _add_plan_sweep, _add_lint, _add_gate)
 
 
 def _progress(line: str) -> None:

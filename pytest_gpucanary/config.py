@@ -246,6 +246,8 @@ class Settings:
                                        "inconclusive)", check=at_least(1), threshold=True)
     prometheus_url: str | None = knob(None, "Prometheus with operator and DCGM metrics (local fleet: its own)",
                                       check=url_rule)
+    pushgateway_url: str | None = knob(None, "Prometheus Pushgateway that each finished run pushes its verdict's "
+                                              "metrics to (the receipt's verdict.prom has them too)", check=url_rule)
     reports_dir: Path = knob(Path("reports"), "Directory for launch receipts (one sub-directory per run)")
     run_id: str | None = knob(None, "Run id (default: generated); names and labels every object the canary creates",
                               check=run_id_rule)

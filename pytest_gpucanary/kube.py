@@ -172,21 +172,23 @@ AS_READ_TRIES = 3        # a 409 on a conditional write: read again and decide a
 
 def patch_as_read(kube: Kube, api_version: str, kind: str, name: str,
                   decide: Callable[[dict], tuple[dict | None, T]], *, what: str,
-                  hint: str = "run `gpucanary cleanup` again", read: dict | None = None) -> T | None:
+                  hint: str = "run `gpucanary cleanup` again", read: dict | None = None,
+                  namespace: str | None = None) -> T | None:
     """Read the object (or take `read`, a copy just listed), let `decide` make the patch from what it read, and
     write it only if the object is still as read (its resourceVersion); on a 409 read and decide again.
     `decide` returns (None, result) to write nothing. None when the object is gone; EnvError when it keeps
     changing."""
     for _ in range(AS_READ_TRIES):
         try:
-            obj, read = read or kube.get(api_version, kind, name), None
+            obj, read = read or kube.get(api_version, kind, name, namespace=namespace), None
         except NotFound:
             return None
         body, result = decide(obj)
         if body is None:
             return result
         try:
-            kube.patch(api_version, kind, name, body, resource_version=obj["metadata"]["resourceVersion"])
+            kube.patch(api_version, kind, name, body, namespace=namespace,
+                       resource_version=obj["metadata"]["resourceVersion"])
             return result
         except Conflict:
             continue        # changed between the read and the write: judge it again

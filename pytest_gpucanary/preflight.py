@@ -21,6 +21,7 @@ from pytest_gpucanary import metrics
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Forbidden, Kube, NotFound
 from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE, LEASE_NAME
+from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.workloads import PRIORITY_CLASS
 
@@ -39,8 +40,8 @@ CHART_CLUSTER_POLICY = "cluster-policy"     # the ClusterPolicy's name as the op
 class Permission:
     """One verb on one resource, where the run needs it: `cluster` (cluster-scoped kinds, or namespaced
     kinds in every namespace: the run's namespaces do not exist before it runs, so no Role can name
-    them; deploy/admission.yaml pins those writes to them), or `operator` (the GPU Operator's namespace;
-    ClusterPolicy mode only). `writes_cluster_policy`: only runs that write the ClusterPolicy need it
+    them; deploy/admission.yaml pins those writes to them), `operator` (the GPU Operator's namespace;
+    ClusterPolicy mode only) or `verdicts` (the canary's own namespace, where verdicts are kept). `writes_cluster_policy`: only runs that write the ClusterPolicy need it
     (deploy/rbac-clusterpolicy-mode.yaml)."""
 
     verb: str
@@ -56,7 +57,8 @@ class Permission:
         return RBAC_CLUSTER_POLICY_FILE if self.writes_cluster_policy else RBAC_FILE
 
     def text(self) -> str:
-        where = " in the operator's namespace" if self.scope == "operator" else ""
+        where = {"operator": " in the operator's namespace", "verdicts": f" in namespace {VERDICT_NAMESPACE}"}.get(
+            self.scope, "")
         named = f" {self.name}" if self.name else ""
         return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''}{named}{where}"
 
@@ -95,6 +97,7 @@ PERMISSIONS: tuple[Permission, ...] = (
                          why="say whether the apiserver enforces deploy/admission.yaml")),
     *_perms("list watch", "daemonsets", "apps", scope="operator", writes_cluster_policy=True,
             why="wait for the driver DaemonSets on restore"),
+    *_perms("get create patch", "configmaps", scope="verdicts", why="record the run's verdict"),
 )
 
 
@@ -137,14 +140,23 @@ class ClusterInfo:
         return "NVIDIADriver" if self.nvidiadriver_mode else "ClusterPolicy"
 
 
-def discover(kube: Kube) -> ClusterInfo:
+def _cluster_policy(kube: Kube) -> dict:
     try:
         policies = kube.list(*op.CLUSTER_POLICY)
     except NotFound as err:
         raise EnvError("the cluster has no ClusterPolicy API", hint="install the NVIDIA GPU Operator first") from err
     if len(policies) != 1:
         raise EnvError(f"expected one ClusterPolicy, found {len(policies)}", hint="the GPU Operator manages exactly one")
-    policy = policies[0]
+    return policies[0]
+
+
+def operator_release(kube: Kube) -> str | None:
+    """The GPU Operator release, as the ClusterPolicy's Helm labels name it (None when they name none)."""
+    return op.release_of(_cluster_policy(kube)["metadata"].get("labels") or {})
+
+
+def discover(kube: Kube) -> ClusterInfo:
+    policy = _cluster_policy(kube)
     # one operand pod names the operator's namespace: a request of constant size on any cluster
     operand = (kube.list("v1", "Pod", label_selector=op.DRIVER_COMPONENT_SELECTOR, limit=1)
                or kube.list("v1", "Pod", label_selector=op.VALIDATOR_SELECTOR, limit=1))
@@ -191,7 +203,7 @@ def missing_permissions(kube: Kube, permissions: Iterable[Permission], cluster: 
         if (perm.scope == "operator" and cluster.nvidiadriver_mode) or (
                 perm.writes_cluster_policy and not writes_cluster_policy):
             continue
-        namespace = cluster.operator_namespace if perm.scope == "operator" else None
+        namespace = {"operator": cluster.operator_namespace, "verdicts": VERDICT_NAMESPACE}.get(perm.scope)
         name = cluster.cluster_policy if perm.name == CHART_CLUSTER_POLICY else perm.name
         if not kube.can_i(perm.verb, perm.resource, group=perm.group, namespace=namespace, name=name or None):
             problems.append(Problem(f"missing permission: {perm.text()} (to {perm.why}); grant the rules of "
@@ -273,7 +285,8 @@ def token_life_problem(kube: Kube, longest_run_s: float) -> str:
 
 
 def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: str | None,
-          service_url: str | None, longest_run_s: float | None = None) -> PreflightReport:
+          service_url: str | None, longest_run_s: float | None = None,
+          pushgateway_url: str | None = None) -> PreflightReport:
     """Every read-only check, each problem one line; nothing is written. With `longest_run_s`, a static
     token that ends before a run could is a problem (a restore cut off by its own credentials)."""
     try:
@@ -290,6 +303,8 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
     notes = [admission_note(kube)]
     if service_url and (why := answers_http(service_url)):
         problems.append(Problem(f"service URL {redact_url(service_url)} does not answer ({why})"))
+    if pushgateway_url and (why := answers_http(pushgateway_url)):
+        problems.append(Problem(f"Pushgateway {redact_url(pushgateway_url)} does not answer ({why})"))
     if prometheus_url:
         problems += [Problem(line) for line in metrics.missing_series(prometheus_url)]
     else:

@@ -13,7 +13,9 @@ change is. Every write is one of
   that changes the value (`policy.apply._save_and_patch`), or one patch doing both at once
   (`existing_node._mark`, `policy.apply._hold_back`);
 - an undo, each one patch that puts the saved value back and drops its annotation in the same write,
-  or a delete of an object found by its label; the Lease's namespace goes last.
+  or a delete of an object found by its label; the Lease's namespace goes last;
+- after the restore, the verdict (`publish.record`): a create or a conditional patch of the ConfigMap
+  of its key, in the canary's own namespace; nothing to undo.
 So a process killed between any two writes (SIGKILL, OOM, a lost machine) leaves only objects that
 `gpucanary cleanup` finds by label or annotation and restores exactly, once the run's Lease is no
 longer renewed. tests/unit/test_crash_sweep.py kills a run after each of its writes;
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from pytest_gpucanary import gpu_operator as op, lease, metrics, preflight, workloads
+from pytest_gpucanary import gpu_operator as op, lease, metrics, preflight, publish, workloads
 from pytest_gpucanary.blast_radius import BlastRadiusWatch
 from pytest_gpucanary.cleanup import leftovers
 from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
@@ -52,6 +54,7 @@ from pytest_gpucanary.pool import Pool, PoolProvider
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
 from pytest_gpucanary.receipt.ci import ci_identity
+from pytest_gpucanary.receipt.verdict import Verdict
 from pytest_gpucanary.recorder import Recorder, StreamSpec
 from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.workloads import ProbeLoop
@@ -202,7 +205,7 @@ class CanaryRun:
         policy = check_inputs(settings, fleet_chart=self.fleet.helm_chart if self.fleet else None)   # before any write
         checked = preflight.check(self.kube, self.provider, target=settings.driver_version,   # read-only
                                   prometheus_url=self._prometheus_url(), service_url=settings.service_url,
-                                  longest_run_s=settings.longest_run_s())
+                                  longest_run_s=settings.longest_run_s(), pushgateway_url=settings.pushgateway_url)
         for problem in checked.problems:
             self.progress.line(f"preflight: {problem.line}")
         checked.raise_first()
@@ -296,12 +299,34 @@ class CanaryRun:
                 clock.next("restore")
                 cleanup.begin_restore()         # from here a signal waits for the restore
                 self.progress.line("restoring the cluster")
+            self._publish(Verdict.of(outcome.result, outcome.evidence))   # once the cluster is as it was
         finally:
             clock.next(None)
             if report_dir.is_dir():
                 clock.write(report_dir / STEPS_FILE)
             self.progress.line(f"steps: {clock.describe()}")
         return outcome
+
+    def _publish(self, verdict: Verdict) -> None:
+        """The verdict where a CD pipeline reads it; a verdict that cannot be kept is said, and gates nothing
+        (`gpucanary verdict` then finds no pass, so the rollout it gates holds)."""
+        where = f"ConfigMap {publish.NAMESPACE}/{verdict.key.name}"
+        try:
+            if publish.record(self.kube, verdict):
+                self.progress.line(f"verdict recorded in {where}: {verdict.line()}")
+            else:
+                self.progress.line(f"verdict not recorded: {where} holds a run that finished later")
+        except NotFound:
+            self.progress.line(f"warning: verdict not recorded: namespace {publish.NAMESPACE} does not exist "
+                               "(kubectl apply -f deploy/rbac.yaml creates it)")
+        except GpucanaryError as err:
+            self.progress.line(f"warning: verdict not recorded in {where}: {err}")
+        if self.settings.pushgateway_url:
+            try:
+                publish.push(self.settings.pushgateway_url, verdict)
+                self.progress.line(f"verdict pushed to the Pushgateway at {redact_url(self.settings.pushgateway_url)}")
+            except GpucanaryError as err:
+                self.progress.line(f"warning: {err}")
 
     def _judge(self, run: _Measured, recorder: Recorder, probes: ProbeLoop, load: LoadRun | None,
                report_dir: Path) -> RunOutcome:

@@ -11,9 +11,16 @@ connections, and one of those can take a fleet port between the check and the bi
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+from pytest_gpucanary.config import REPO_ROOT
 
 pytest_plugins = ["pytester"]
 
@@ -37,3 +44,40 @@ def pytest_configure(config: pytest.Config) -> None:
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     default_dir = Path(os.environ.get("GPUCANARY_FLEET_DIR") or Path(state) / "gpucanary" / "fleet")
     os.environ["GPUCANARY_FLEET_DIR"] = f"{default_dir}-{worker}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def pushgateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Prometheus Pushgateway (Debian's, unpacked by ci/fetch-pushgateway.sh) on 127.0.0.1: its URL."""
+    binary = subprocess.run(["bash", str(REPO_ROOT / "ci" / "fetch-pushgateway.sh")], capture_output=True, text=True,
+                            check=True, timeout=300).stdout.strip()
+    port, data = free_port(), tmp_path_factory.mktemp("pushgateway")
+    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}",
+                             f"--persistence.file={data / 'pushgateway.data'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/-/ready", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the Pushgateway did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def scraped(url: str) -> list[str]:
+    """The gpucanary_verdict_* samples a Pushgateway serves."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+        return [line for line in answer.read().decode().splitlines() if line.startswith("gpucanary_verdict_")]

@@ -28,6 +28,7 @@ from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
 from pytest_gpucanary import metrics
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.workloads import PRIORITY_CLASS_MANIFEST
 
 Progress = Callable[[str], None]
@@ -164,7 +165,7 @@ class Fleet:
         if self.is_up() or self._start_ingress_only(progress):
             self._refuse_other_release()
             progress(f"fleet: already up ({self.layout.root}, GPU Operator {self.operator_release()})")
-            self._ensure_priority_class(self.kubectl)
+            self._ensure_canary_prerequisites(self.kubectl)
             self._ensure_nodes(progress)
             return
         self._refuse_leftovers()
@@ -228,7 +229,7 @@ class Fleet:
         self._start(operator_part, progress)
         self._start(agent, progress)
         self._start(ingress, progress)
-        self._ensure_priority_class(self._kubectl_for(binaries.control_plane))
+        self._ensure_canary_prerequisites(self._kubectl_for(binaries.control_plane))
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
                                 release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma,
                                 pool_nodes=self._kubelet_pool_nodes(binaries))
@@ -331,9 +332,12 @@ class Fleet:
         self.layout.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
     @staticmethod
-    def _ensure_priority_class(kubectl: Callable[..., str]) -> None:
-        """The PriorityClass every canary pod names (deploy/priorityclass.yaml on a real cluster)."""
-        kubectl("apply", "-f", "-", stdin=json.dumps(PRIORITY_CLASS_MANIFEST))
+    def _ensure_canary_prerequisites(kubectl: Callable[..., str]) -> None:
+        """The PriorityClass every canary pod names and the namespace that keeps verdicts
+        (deploy/priorityclass.yaml and deploy/rbac.yaml on a real cluster)."""
+        verdicts = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": VERDICT_NAMESPACE}}
+        kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                      "items": [PRIORITY_CLASS_MANIFEST, verdicts]}))
 
     def _kubectl_for(self, bin_dir: Path) -> Callable[..., str]:
         return lambda *args, **kwargs: self.kubectl(*args, bin_dir=bin_dir, **kwargs)

@@ -104,6 +104,19 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
     assert_baseline_held_and_settle_ended_on_its_events(tmp_path / "reports", receipt, result.stdout + result.stderr)
     assert_nothing_left(kube, policy_before)
     assert_replay_reproduces(tmp_path / "reports", returncode=0)
+    assert "verdict recorded in ConfigMap gpucanary/gpucanary-verdict-" in result.stdout
+    proceed = verdict("default.yaml")      # the CR the run's Helm values render: the same policy
+    assert proceed.returncode == 0, proceed.stderr
+    assert json.loads(proceed.stdout)["run_id"] == receipt["run"]["run_id"]
+    assert proceed.stderr.startswith(f"gpucanary: proceed: run {receipt['run']['run_id']} passed at ")
+    other = verdict("default.yaml", target="580.95.06")
+    assert other.returncode == 1 and json.loads(other.stdout) is None, other.stderr
+    assert other.stderr.startswith("gpucanary: hold: no canary verdict for policy sha256:"), other.stderr
+
+
+def verdict(policy: str, *, target: str = TARGET) -> subprocess.CompletedProcess[str]:
+    return gpucanary("verdict", f"--gpucanary-policy={FIXTURES / 'policies' / policy}",
+                     f"--gpucanary-driver-version={target}", reports=Path("."), timeout_s=120)
 
 
 def assert_baseline_held_and_settle_ended_on_its_events(reports: Path, receipt: dict, output: str) -> None:
@@ -169,6 +182,13 @@ def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(
     assert failed["before"] == 0, load
     assert_nothing_left(kube, policy_before)
     assert_replay_reproduces(tmp_path / "reports", returncode=1)
+    held = verdict("field-note.yaml")
+    assert held.returncode == 1 and json.loads(held.stdout)["passed"] is False, held.stderr
+    assert held.stderr.startswith("gpucanary: hold: the canary failed: run ") and "failed at application" in held.stderr
+    [run_dir] = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
+    assert [line for line in (run_dir / "verdict.prom").read_text().splitlines()
+            if line.startswith("gpucanary_verdict_passed{")][0].endswith(
+        f'target="{TARGET}",release="{receipt["run"]["operator_release"]}"}} 0')
 
 
 def test_operator_default_policy_with_the_shm_job_fails_at_rollout_saying_why(

@@ -9,19 +9,24 @@ deploy/ lacks fails it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pytest_gpucanary.config import FIXTURES, REPO_ROOT
-from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube import Conflict, Kube
+from pytest_gpucanary.policy.parse import load_policy
+from pytest_gpucanary.receipt.verdict import policy_digest
 
 pytestmark = [pytest.mark.e2e]    # the installs take about 30 s: the wheelhouse (from pip's cache) and two installs
 
@@ -117,7 +122,7 @@ def gate(installed: Installed, *options: str, run_id: str, cwd: Path) -> subproc
 @pytest.mark.slow
 def test_each_install_passes_a_whole_gate_from_an_empty_directory_under_the_shipped_rules(
         venv_install: Installed, user_install: Installed, canary_service_account, gpucanary_fleet, kube: Kube,
-        tmp_path: Path) -> None:
+        pushgateway: str, tmp_path: Path) -> None:
     kubeconfig = canary_service_account("gpucanary")
     sa = Kube.connect(kubeconfig)
     assert not sa.can_i("list", "secrets") and not sa.can_i("create", "clusterrolebindings",
@@ -133,7 +138,7 @@ def test_each_install_passes_a_whole_gate_from_an_empty_directory_under_the_ship
                 gate, installed, f"--gpucanary-kubeconfig={kubeconfig}", "--gpucanary-pool-provider=kwok", POLICY,
                 f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-prometheus-url={fleet.prometheus_url}",
                 f"--gpucanary-service-url={fleet.service_url(f'gpucanary-{run_id}', 'sched-api')}",
-                run_id=run_id, cwd=tmp_path / run_id)
+                f"--gpucanary-pushgateway-url={pushgateway}", run_id=run_id, cwd=tmp_path / run_id)
     for run_id, future in futures.items():
         result = future.result()
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -146,6 +151,43 @@ def test_each_install_passes_a_whole_gate_from_an_empty_directory_under_the_ship
         assert f"GPU job gpucanary-{run_id}/gpu-train completed at +" in summary[4]
         assert summary[5] == f"gate PASSED; first failed stage: none; receipt: reports/{run_id}/receipt.html"
         assert (tmp_path / run_id / "reports" / run_id / "receipt.html").is_file()
+        # both gates prove one key: each records its verdict unless the other finished later and did
+        assert ("verdict recorded in ConfigMap gpucanary/gpucanary-verdict-" in result.stdout
+                or "verdict not recorded: ConfigMap gpucanary/gpucanary-verdict-" in result.stdout), result.stdout[-3000:]
+        assert "verdict pushed to the Pushgateway at http://127.0.0.1:" in result.stdout
+    # what a CD pipeline asks before it widens the rollout, with the canary's own rules
+    verdict_args = (f"--gpucanary-kubeconfig={kubeconfig}", POLICY, f"--gpucanary-driver-version={TARGET}")
+    proceed = venv_install.gpucanary("verdict", *verdict_args, cwd=tmp_path, timeout_s=120)
+    assert proceed.returncode == 0, proceed.stdout + proceed.stderr
+    assert json.loads(proceed.stdout)["run_id"] in installs and proceed.stderr.startswith("gpucanary: proceed: run ")
+    stale = venv_install.gpucanary("verdict", *verdict_args, "--max-age-h=0.0001", cwd=tmp_path, timeout_s=120)
+    assert stale.returncode == 1 and "h old, older than 0.0001 h" in stale.stderr, stale.stderr
+    digest = policy_digest(load_policy(FIXTURES / "policies" / "default.yaml").to_cr())
+    with urllib.request.urlopen(f"{pushgateway}/metrics", timeout=5) as answer:
+        pushed = [line for line in answer.read().decode().splitlines()
+                  if line.startswith(f'gpucanary_verdict_passed{{policy_digest="{digest}",target="{TARGET}"')]
+    assert len(pushed) == 1 and pushed[0].endswith(" 1"), pushed    # one group per key: the last push
+    # the Argo CD PreSync hook's read-only identity is enough to read it
+    reader = verdict_reader_kubeconfig(kube, gpucanary_fleet.fleet.kubeconfig, tmp_path)
+    hook = venv_install.gpucanary("verdict", f"--gpucanary-kubeconfig={reader}", *verdict_args[1:], cwd=tmp_path,
+                                  timeout_s=120)
+    assert hook.returncode == 0 and hook.stderr.startswith("gpucanary: proceed: run "), hook.stdout + hook.stderr
+
+
+def verdict_reader_kubeconfig(kube: Kube, admin_kubeconfig: Path, tmp_path: Path) -> Path:
+    """A kubeconfig acting as ci/templates/argocd-presync-verdict.yaml's ServiceAccount, bound to its rules."""
+    for doc in yaml.safe_load_all((REPO_ROOT / "ci" / "templates" / "argocd-presync-verdict.yaml").read_text()):
+        if doc["kind"] != "Job":
+            with contextlib.suppress(Conflict):
+                kube.create(doc)
+    config = yaml.safe_load(admin_kubeconfig.read_text())
+    config["users"] = [{"name": "reader", "user": {"token": kube.request_token("gpucanary-verdict-reader",
+                                                                               namespace="gpucanary")}}]
+    config["contexts"][0]["context"]["user"] = "reader"
+    path = tmp_path / "verdict-reader.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
     assert not [n["metadata"]["name"] for n in kube.list("v1", "Namespace")
                 if n["metadata"]["name"].startswith(tuple(f"gpucanary-{r}" for r in installs))
                 and not n["metadata"].get("deletionTimestamp")]

@@ -72,11 +72,6 @@ def step(name_part: str) -> dict:
     return found
 
 
-def test_actionlint_and_shellcheck_accept_the_github_template(actionlint: str, tmp_path: Path) -> None:
-    result = run_actionlint(actionlint, GITHUB, tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def test_actionlint_here_does_catch_an_injectable_run_script(actionlint: str, tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text(GITHUB.read_text().replace(
@@ -346,11 +341,6 @@ GITLAB_GATE = TEMPLATES / "gitlab-ci-gate.yaml"
 JENKINS_GATE = TEMPLATES / "Jenkinsfile.gate"
 
 
-def test_actionlint_and_shellcheck_accept_the_github_gate_template(actionlint: str, tmp_path: Path) -> None:
-    result = run_actionlint(actionlint, GITHUB_GATE, tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def test_github_gate_runs_on_policy_prs_with_the_base_branch_file_through_env_only() -> None:
     workflow = yaml.safe_load(GITHUB_GATE.read_text())
     workflow["on"] = workflow.pop(True, workflow.get("on"))
@@ -577,3 +567,45 @@ def test_preflight_prints_the_worst_case_before_the_run_with_the_same_options(na
             "gpucanary-reports-dir")
     assert {k: preflight[k] for k in same} == {k: run[k] for k in same}
     assert preflight["gpucanary-policy"] == (run["head"] if verb == "gate" else run["gpucanary-policy"])
+
+
+# --- deployment gates on the canary's verdict ----------------------------------------------------------
+
+GITHUB_DEPLOY = TEMPLATES / "github-actions-deploy.yaml"
+ARGOCD_PRESYNC = TEMPLATES / "argocd-presync-verdict.yaml"
+
+
+@pytest.mark.parametrize("template", [GITHUB, GITHUB_GATE, GITHUB_DEPLOY], ids=["run", "gate", "deploy"])
+def test_actionlint_and_shellcheck_accept_the_github_templates(template: Path, actionlint: str, tmp_path: Path) -> None:
+    result = run_actionlint(actionlint, template, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_github_deploy_rolls_out_only_after_the_verdict_of_its_own_policy_and_driver() -> None:
+    workflow = github(GITHUB_DEPLOY)
+    assert workflow["permissions"] == {"contents": "read"} and "pull_request_target" not in workflow["on"]
+    [job] = workflow["jobs"].values()
+    assert job["environment"] == "gpu-production" and job["env"]["GPUCANARY_VERSION"] == VERSION
+    names = [s.get("name", "") for s in job["steps"]]
+    verdict, rollout = names.index(next(n for n in names if "verdict" in n)), names.index("Roll out")
+    assert verdict < rollout and "if" not in job["steps"][rollout]        # a held verdict stops the job before it
+    script = job["steps"][verdict]["run"]
+    assert '"$RUNNER_TEMP/gpucanary/venv/bin/gpucanary" verdict' in script
+    for option in ('--gpucanary-policy="$CANARY_POLICY"', '--gpucanary-driver-version="$CANARY_DRIVER_VERSION"',
+                   '--max-age-h="$CANARY_MAX_AGE_H"'):
+        assert option in script
+    assert job["env"]["CANARY_POLICY"] == github()["jobs"]["canary"]["env"]["CANARY_POLICY"]  # what the canary ran
+
+
+def test_the_argocd_presync_hook_fails_the_sync_without_a_verdict_and_only_reads() -> None:
+    docs = list(yaml.safe_load_all(ARGOCD_PRESYNC.read_text()))
+    [job] = [d for d in docs if d["kind"] == "Job"]
+    assert job["metadata"]["annotations"]["argocd.argoproj.io/hook"] == "PreSync"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    script = container["args"][0]
+    assert "exec gpucanary verdict --gpucanary-kubeconfig=/tmp/kubeconfig" in script
+    assert not shellcheck(script, shell="sh"), shellcheck(script, shell="sh")
+    rules = [rule for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"]]
+    assert rules and {verb for rule in rules for verb in rule["verbs"]} <= {"get", "list"}
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "gpucanary-verdict-reader"

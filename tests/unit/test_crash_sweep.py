@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from kube_double import Crashed, FakeKube
 
-from pytest_gpucanary import lease
+from pytest_gpucanary import lease, publish
 from pytest_gpucanary.cleanup import cleanup
 from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.errors import ConfigError
@@ -174,11 +174,16 @@ def settings(tmp_path: Path, run_id: str) -> Settings:
 
 
 def content(objects: dict) -> dict:
-    """What a restore must put back: everything but the fields the apiserver bumps on every write."""
+    """What a restore must put back: everything but the fields the apiserver bumps on every write, and the
+    verdict a finished run leaves on purpose (its ConfigMap in the canary's own namespace)."""
     def strip(obj: dict) -> dict:
         meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "generation")}
         return {**obj, "metadata": meta}
-    return {key: strip(obj) for key, obj in objects.items()}
+    return {key: strip(obj) for key, obj in objects.items() if key not in verdicts(objects)}
+
+
+def verdicts(objects: dict) -> list[tuple]:
+    return [key for key in objects if key[:3] == ("v1", "ConfigMap", publish.NAMESPACE)]
 
 
 MODES = {
@@ -212,6 +217,7 @@ def test_a_run_killed_after_any_write_is_restored_by_cleanup(tmp_path: Path, mon
     monkeypatch.setattr(lease, "DURATION_S", 1)
     before, whole, lines = run_once(tmp_path, mode, "whole", crash_after=None)
     assert content(whole.objects()) == before, lines     # a run that lives restores everything itself
+    assert len(verdicts(whole.objects())) == 1, lines    # and leaves its verdict
     kinds = {kind for _, kind, _, _ in whole.writes}
     assert {"Namespace", "Lease", "Job", "Node"} <= kinds and ({"ClusterPolicy", "NVIDIADriver"} & kinds), whole.writes
     crashed: list[tuple[int, tuple, dict, dict]] = []

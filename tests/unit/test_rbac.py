@@ -13,6 +13,7 @@ from pytest_gpucanary.config import REPO_ROOT
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.fleet.kwok_pool import KWOK_POOL_PERMISSIONS
 from pytest_gpucanary.kube import NotFound, owned_namespace
+from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.preflight import (ADMISSION_POLICIES, PERMISSIONS, ClusterInfo, Permission, admission_note,
                                         missing_permissions)
 from pytest_gpucanary.workloads import PRIORITY_CLASS_MANIFEST, WORKLOADS
@@ -23,7 +24,8 @@ def granted(path: str) -> set[tuple[str, str, str, str, str]]:
     for doc in yaml.safe_load_all((REPO_ROOT / path).read_text()):
         if doc["kind"] not in ("ClusterRole", "Role"):
             continue
-        scope = "cluster" if doc["kind"] == "ClusterRole" else "operator"
+        scope = ("cluster" if doc["kind"] == "ClusterRole"
+                 else "verdicts" if doc["metadata"]["namespace"] == VERDICT_NAMESPACE else "operator")
         for rule in doc["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
@@ -86,9 +88,11 @@ def test_the_local_fleet_kwok_pool_adds_only_its_nodes_and_nvidiadrivers() -> No
 
 
 def test_no_rule_grants_wildcards_or_secrets() -> None:
+    """ConfigMaps only in the canary's own namespace, where it keeps its verdicts."""
     rules = granted("deploy/rbac.yaml") | granted("deploy/rbac-clusterpolicy-mode.yaml") | granted(
         "deploy/local-fleet-kwok-pool.yaml")
-    assert not [r for r in rules if "*" in r or r[2] in ("secrets", "configmaps")]
+    assert not [r for r in rules if "*" in r or r[2] == "secrets" or (r[2] == "configmaps" and r[4] != "verdicts")]
+    assert {r[0] for r in rules if r[2] == "configmaps"} == {"get", "create", "patch"}
 
 
 def test_the_shipped_priority_class_is_the_one_the_canary_pods_name() -> None:

@@ -123,11 +123,12 @@ def test_markdown_leads_with_the_verdict_and_lists_every_stage() -> None:
     assert passed.startswith("# gpucanary launch receipt: Gate PASSED")
 
 
-def test_write_receipt_writes_the_four_files(tmp_path: Path) -> None:
+def test_write_receipt_writes_the_five_files(tmp_path: Path) -> None:
     evidence = clean_run()
     result, evidence = judged(evidence)
     paths = write_receipt(tmp_path / "run", result, evidence)
-    assert {p.name for p in paths.values()} == {"receipt.json", "receipt.md", "receipt.html", "stages.junit.xml"}
+    assert {p.name for p in paths.values()} == {"receipt.json", "receipt.md", "receipt.html", "stages.junit.xml",
+                                                "verdict.prom"}
     assert parse_json(paths["json"].read_text()) == result
     ET.parse(paths["junit"])
 
