@@ -165,7 +165,8 @@ def test_each_install_passes_a_whole_gate_from_an_empty_directory_under_the_ship
     digest = policy_digest(load_policy(FIXTURES / "policies" / "default.yaml").to_cr())
     with urllib.request.urlopen(f"{pushgateway}/metrics", timeout=5) as answer:
         pushed = [line for line in answer.read().decode().splitlines()
-                  if line.startswith(f'gpucanary_verdict_passed{{policy_digest="{digest}",target="{TARGET}"')]
+                  if line.startswith("gpucanary_verdict_passed{") and f'policy_digest="{digest}"' in line
+                  and f'target="{TARGET}"' in line]
     assert len(pushed) == 1 and pushed[0].endswith(" 1"), pushed    # one group per key: the last push
     # the Argo CD PreSync hook's read-only identity is enough to read it
     reader = verdict_reader_kubeconfig(kube, gpucanary_fleet.fleet.kubeconfig, tmp_path)
