@@ -21,6 +21,10 @@ UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
 SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"        # set by NFD rules / the operator (commonGPULabelKey)
 GPU_PRESENT_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
+# v26.7 internal/consts/consts.go NVIDIADriverOwnerLabel: the NVIDIADriver that drives the node, set by the operator
+# (internal/nvidiadriver AssignOwners: the one non-default CR whose nodeSelector picks it, else the default CR)
+# and part of every driver DaemonSet's nodeSelector (internal/state/nodepool.go)
+DRIVER_OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
 UPGRADE_REQUIRED = "upgrade-required"
 UPGRADE_DONE = "upgrade-done"
 UPGRADE_FAILED = "upgrade-failed"
@@ -150,6 +154,12 @@ def image_at_version(image: str, version: str) -> bool:
 
 
 def driver_node_selector(driver: Mapping[str, Any]) -> str:
-    """The label selector of the nodes an NVIDIADriver drives (every GPU node when it names none)."""
+    """The label selector of the nodes an NVIDIADriver drives before v26.7 (every GPU node when it names
+    none); from v26.7 the owner label says it (`DRIVER_OWNER_LABEL`)."""
     selector = (driver.get("spec") or {}).get("nodeSelector") or {GPU_PRESENT_LABEL: "true"}
     return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def is_default_driver(driver: Mapping[str, Any]) -> bool:
+    """A default NVIDIADriver (v26.7): it drives every GPU node that no other NVIDIADriver's nodeSelector picks."""
+    return bool((driver.get("spec") or {}).get("default"))

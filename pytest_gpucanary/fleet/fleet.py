@@ -232,7 +232,7 @@ class Fleet:
         self._ensure_canary_prerequisites(self._kubectl_for(binaries.control_plane))
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
                                 release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma,
-                                pool_nodes=self._kubelet_pool_nodes(binaries))
+                                pool_nodes=self._kubelet_pool_nodes(binaries), default_driver=self.layout.default_driver)
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
         self._wait_series(progress)

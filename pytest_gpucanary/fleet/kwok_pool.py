@@ -41,16 +41,17 @@ class KwokPool:
     has_driver: bool = False
 
     def create(self, *, driver_version: str | None) -> list[str]:
-        """Create the nodes, and the pool's NVIDIADriver at `driver_version` unless it is None."""
+        """Create the pool's NVIDIADriver at `driver_version` (unless it is None), then the nodes: a node that came
+        first would belong to a default NVIDIADriver (v26.7) until its own appeared, and change owner."""
+        if driver_version is not None:
+            self.kube.create(self._driver(driver_version))
+            self.has_driver = True
         for index in range(self.size):
             manifest = node("gpu-node.yaml", f"{self.name}-{index}")
             manifest["metadata"]["labels"].update({**owned_labels(self.run_id), DRIVER_POOL_LABEL: self.name,
                                                    KWOK_POOL_LABEL: self.name})
             self.kube.create(manifest)
             self.nodes.append(manifest["metadata"]["name"])
-        if driver_version is not None:
-            self.kube.create(self._driver(driver_version))
-            self.has_driver = True
         return list(self.nodes)
 
     def _driver(self, version: str) -> dict:

@@ -24,6 +24,8 @@ DEFAULT_OPERATOR_RELEASE = OPERATOR_RELEASES[0]
 # The driver manager on a kubelet pool node reaches the apiserver on 127.0.0.1 only on the host's network:
 # the NVIDIADriver's and the ClusterPolicy's driver.hostNetwork came in v26.3.
 KUBELET_POOL_RELEASES = ("v26.7.0", "v26.3.3")
+# A default NVIDIADriver (spec.default: the driver of every GPU node no other NVIDIADriver picks) came in v26.7.
+DEFAULT_NVIDIADRIVER_RELEASES = ("v26.7.0",)
 
 # Offsets from the port base; the fixed layout makes a port clash easy to name in an error.
 PORT_OFFSETS = {
@@ -77,6 +79,9 @@ class FleetLayout:
     # images; otherwise a fleet process is their device plugin and no operand runs there
     kubelet_pool: bool = False
     gpu_rdma: bool = False      # GPUDirect RDMA on (driver.rdma with host MOFED): peermem in every driver pod
+    # NVIDIADriver mode: the fleet's own NVIDIADriver is the default one (no nodeSelector), as clusters run
+    # after moving from ClusterPolicy to NVIDIADriver; canary pools keep NVIDIADrivers of their own
+    default_driver: bool = False
 
     @classmethod
     def from_env(cls) -> FleetLayout:
@@ -95,6 +100,13 @@ class FleetLayout:
         layout = replace(layout, kubelet_pool=pool == "1" or (
             pool == "" and layout.driver_mode == "nvidiadriver" and layout.kubelet_nodes > 0
             and layout.operator_release in KUBELET_POOL_RELEASES))
+        default = os.environ.get("GPUCANARY_FLEET_DEFAULT_NVIDIADRIVER") or ""
+        layout = replace(layout, default_driver=layout.driver_mode == "nvidiadriver" and (
+            default == "1" or (default == "" and layout.operator_release in DEFAULT_NVIDIADRIVER_RELEASES)))
+        if layout.default_driver and layout.operator_release not in DEFAULT_NVIDIADRIVER_RELEASES:
+            raise ConfigError(f"GPU Operator {layout.operator_release} has no default NVIDIADriver",
+                              hint="use " + " or ".join(DEFAULT_NVIDIADRIVER_RELEASES) + ", or "
+                                   "GPUCANARY_FLEET_DEFAULT_NVIDIADRIVER=0")
         if not 0 <= layout.kubelet_nodes <= MAX_KUBELET_NODES:
             raise ConfigError(f"GPUCANARY_FLEET_KUBELET_NODES={layout.kubelet_nodes} is out of range",
                               hint=f"use 0 (none) to {MAX_KUBELET_NODES}")

@@ -68,8 +68,9 @@ POOL_DRIVER = {"hostNetwork": True, "startupProbe": {"initialDelaySeconds": 5, "
 
 
 def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bool = False,
-                   pool_nodes: tuple[str, ...] = ()) -> None:
-    """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet", and one NVIDIADriver named
+                   pool_nodes: tuple[str, ...] = (), default_driver: bool = False) -> None:
+    """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet" (with `default_driver`, the default
+    one, selecting no nodes by label: every GPU node no other picks), and one NVIDIADriver named
     after each of `pool_nodes` (kubelet nodes that are canary pools) that selects only it. ClusterPolicy
     mode: the same ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every
     GPU node (with `pool_nodes`, the kubelet pool nodes' driver settings for all of them)."""
@@ -84,7 +85,9 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
     apply = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f")
     kubectl(*apply, "-", stdin=json.dumps(policy))
     if driver_mode == "nvidiadriver":
-        kubectl(*apply, "-", stdin=json.dumps(driver))
+        fleet = {**driver, "spec": {**{k: v for k, v in driver["spec"].items() if k != "nodeSelector"},
+                                    "default": True}} if default_driver else driver
+        kubectl(*apply, "-", stdin=json.dumps(fleet))
         for name in pool_nodes:
             own = {**driver, "metadata": {**driver["metadata"], "name": name, "labels": {POOL_ELIGIBLE_LABEL: "true"}},
                    "spec": {**driver["spec"], "nodeSelector": {DRIVER_POOL_LABEL: name}, **POOL_DRIVER}}

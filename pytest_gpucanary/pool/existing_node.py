@@ -26,7 +26,7 @@ from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_STATE_LABEL,
-    driver_node_selector, driver_version_of, is_driver_pod, of_daemonset,
+    DRIVER_OWNER_LABEL, driver_node_selector, driver_version_of, is_default_driver, is_driver_pod, of_daemonset,
 )
 from pytest_gpucanary.kube import (
     FENCE_TAINT_KEY, RUN_ID_LABEL, Kube, NotFound, fence_taint, patch_as_read, saved_run, tolerated,
@@ -132,20 +132,35 @@ class ExistingNodeProvider:
                                hint="keep tenants off the node (cordon or taint it), then run again")
 
     def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> str:
-        for driver in kube.list(*NVIDIADRIVER):
-            selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=driver_node_selector(driver))}
-            if set(names) & selected:
-                name = driver["metadata"]["name"]
-                if selected != set(names):
-                    raise ConfigError(f"NVIDIADriver {name} drives {len(selected)} nodes, not only the pool {list(names)}",
-                                      hint="give the canary pool an NVIDIADriver whose nodeSelector picks only it")
-                if (driver["metadata"].get("labels") or {}).get(POOL_ELIGIBLE_LABEL) != "true":
-                    raise ConfigError(f"NVIDIADriver {name} of the pool is not marked eligible for canary pools "
-                                      f"(no {POOL_ELIGIBLE_LABEL}=true)",
-                                      hint=f"an administrator marks the NVIDIADrivers a canary may change: kubectl "
-                                           f"label nvidiadriver {name} {POOL_ELIGIBLE_LABEL}=true")
-                return name
-        raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
+        """The NVIDIADriver that drives the pool, and only it: the one the operator names in each pool node's owner
+        label (v26.7), else the one whose nodeSelector picks the pool (earlier releases)."""
+        owners = {(kube.get("v1", "Node", n)["metadata"].get("labels") or {}).get(DRIVER_OWNER_LABEL) for n in names}
+        if owners != {None}:
+            if len(owners) != 1 or None in owners:
+                raise ConfigError(f"the pool {list(names)} is driven by different NVIDIADrivers ({sorted(map(str, owners))})",
+                                  hint="give the canary pool an NVIDIADriver whose nodeSelector picks only it")
+            [name] = owners
+            driver = kube.get(*NVIDIADRIVER, name)
+            selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=f"{DRIVER_OWNER_LABEL}={name}")}
+        else:
+            found = [(d, {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=driver_node_selector(d))})
+                     for d in kube.list(*NVIDIADRIVER)]
+            driver, selected = next(((d, s) for d, s in found if set(names) & s), (None, set()))
+            if driver is None:
+                raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
+            name = driver["metadata"]["name"]
+        if selected != set(names):
+            default = " (the default NVIDIADriver: every GPU node no other one picks)" if is_default_driver(driver) else ""
+            raise ConfigError(f"NVIDIADriver {name}{default} drives {len(selected)} nodes, not only the pool "
+                              f"{list(names)}", hint="give the canary pool an NVIDIADriver whose nodeSelector picks only "
+                              "it, and wait for its driver pod: the node changing owner is a driver restart of its own, "
+                              "which a canary run must not judge")
+        if (driver["metadata"].get("labels") or {}).get(POOL_ELIGIBLE_LABEL) != "true":
+            raise ConfigError(f"NVIDIADriver {name} of the pool is not marked eligible for canary pools "
+                              f"(no {POOL_ELIGIBLE_LABEL}=true)",
+                              hint=f"an administrator marks the NVIDIADrivers a canary may change: kubectl "
+                                   f"label nvidiadriver {name} {POOL_ELIGIBLE_LABEL}=true")
+        return name
 
     def _mark(self, kube: Kube, node: dict, run_id: str, driver: str, *, fence: bool) -> None:
         """Label, annotate and fence the node in one patch against the version read; the kubelet and the

@@ -354,7 +354,9 @@ def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp
 
 def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, kube: Kube, tmp_path: Path,
                                                                policy_before: dict) -> None:
-    """A standing canary node with an NVIDIADriver of its own, as GPU clouds keep one, used in place."""
+    """A standing canary node with an NVIDIADriver of its own, as GPU clouds keep one, used in place; on v26.7 beside
+    the fleet's default NVIDIADriver, which drives every other GPU node, and which nothing the run does hands
+    a node to or from."""
     from pytest_gpucanary.fleet.kwok_pool import KwokPool, fleet_driver_version
 
     standing = KwokPool(kube, name=f"standing-{uuid.uuid4().hex[:6]}", run_id="standing")
@@ -368,7 +370,10 @@ def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, 
         standing.wait_for_gpus()      # upgrade-done comes with the pod in sync; GFD's driver labels come after
         kube.patch("v1", "Node", node, {"spec": {"taints": [{"key": "dedicated", "value": "canary",
                                                              "effect": "PreferNoSchedule"}]}})
-        before = kube.get("v1", "Node", node)
+        before, owners = kube.get("v1", "Node", node), driver_owners(kube)
+        if gpucanary_fleet.fleet.layout.default_driver:
+            assert kube.get("nvidia.com/v1alpha1", "NVIDIADriver", "fleet")["spec"]["default"] is True
+            assert owners[node] == standing.name and set(owners.values()) >= {"fleet", standing.name}, owners
         result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                            f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
                            f"--gpucanary-pool-node={node}", reports=tmp_path / "reports")
@@ -387,9 +392,37 @@ def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, 
         assert "gpucanary.io/saved-node-state" not in after["metadata"].get("annotations", {})
         driver = kube.get("nvidia.com/v1alpha1", "NVIDIADriver", standing.name)
         assert driver["spec"]["version"] == fleet_driver_version(kube)
+        assert driver_owners(kube) == owners
         assert_nothing_left(kube, policy_before)
     finally:
         standing.delete()
+
+
+def driver_owners(kube: Kube) -> dict[str, str]:
+    """GPU node -> the NVIDIADriver the operator says drives it (v26.7's owner label; empty before)."""
+    return {n["metadata"]["name"]: n["metadata"]["labels"]["nvidia.com/gpu-operator.driver.owner"]
+            for n in kube.list("v1", "Node", label_selector="nvidia.com/gpu-operator.driver.owner")}
+
+
+def test_a_node_of_the_default_nvidiadriver_is_refused_as_pool_in_one_line(gpucanary_fleet, kube: Kube,
+                                                                          tmp_path: Path) -> None:
+    """Its version is every other GPU node's too: the pool needs an NVIDIADriver of its own."""
+    if not gpucanary_fleet.fleet.layout.default_driver:
+        pytest.skip("the fleet runs no default NVIDIADriver (operator before v26.7)")
+    node = next(name for name, owner in driver_owners(kube).items() if owner == "fleet")
+    eligible = {"metadata": {"labels": {"gpucanary.io/pool-eligible": "true"}}}
+    kube.patch("v1", "Node", node, eligible)
+    try:
+        result = gpucanary("preflight", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                           f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=existing",
+                           f"--gpucanary-pool-node={node}", "--gpucanary-allow-foreign-pods",   # whatever else runs there
+                           reports=tmp_path, timeout_s=120)
+    finally:
+        kube.patch("v1", "Node", node, {"metadata": {"labels": {"gpucanary.io/pool-eligible": None}}})
+    assert result.returncode == 4, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("gpucanary: error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "gpucanary: error: NVIDIADriver fleet (the default NVIDIADriver: every GPU node no other one picks) drives "), errors
 
 
 def test_non_gpu_node_is_refused_as_pool(gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:

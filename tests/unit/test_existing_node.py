@@ -290,3 +290,45 @@ def test_every_canary_workload_tolerates_its_own_runs_fence_and_no_other() -> No
             spec = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
             fences = [t for t in spec.get("tolerations") or [] if t.get("key") == "gpucanary.io/run"]
             assert fences == [mine], (obj["kind"], spec.get("tolerations"))
+
+
+OWNER = "nvidia.com/gpu-operator.driver.owner"
+
+
+def with_default_driver(fake: FakeKube) -> FakeKube:
+    """v26.7 with a default NVIDIADriver "all" that drives every GPU node no other one picks: the operator
+    names each node's driver in its owner label; "fleet" is gone, so gpu-1 falls back to the default."""
+    fake.delete(*NVIDIADRIVER, "fleet")
+    fake.create({"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": "all", "labels": {}},
+                 "spec": {"version": DRIVER_FROM, "default": True}})
+    fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {OWNER: "canary"}}})
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {OWNER: "all"}}})
+    return fake
+
+
+def test_the_pool_driver_is_the_owner_the_operator_names_beside_a_default_nvidiadriver() -> None:
+    """The default NVIDIADriver names no nodeSelector, so it seems to select every GPU node, the pool's too: the
+    owner label says which NVIDIADriver drives the node."""
+    fake = with_default_driver(good_cluster())
+    pool = ExistingNodeProvider(node="canary-0").provision(fake, CLUSTER, run_id="r1")
+    assert pool.driver == "canary"
+
+
+def test_a_node_of_the_default_nvidiadriver_is_refused_in_one_line_and_left_alone() -> None:
+    fake = with_default_driver(good_cluster())
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: "true"}}})
+    fake.create(node("gpu-2", **{OWNER: "all"}))
+    before = fake.objects()
+    with pytest.raises(ConfigError) as refused:
+        ExistingNodeProvider(node="gpu-1").provision(fake, CLUSTER, run_id="r1")
+    assert str(refused.value).startswith("NVIDIADriver all (the default NVIDIADriver: every GPU node no other one "
+                                         "picks) drives 2 nodes, not only the pool ['gpu-1']")
+    assert "changing owner" in refused.value.hint and fake.objects() == before
+
+
+def test_a_pool_driven_by_two_nvidiadrivers_is_refused() -> None:
+    fake = with_default_driver(good_cluster())
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: "true"}}})
+    with pytest.raises(ConfigError, match=r"the pool \['canary-0', 'gpu-1'\] is driven by different NVIDIADrivers "
+                                          r"\(\['all', 'canary'\]\)"):
+        ExistingNodeProvider(selector=GPU_PRESENT_LABEL, size=2).provision(fake, CLUSTER, run_id="r1")
