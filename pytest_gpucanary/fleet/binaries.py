@@ -26,6 +26,8 @@ class Build:
 CONTROL_PLANE = Build("GPUCANARY_BIN_DIR", "build.sh",
                       ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"))
 GPU_OPERATOR = Build("GPUCANARY_OPERATOR_BIN_DIR", "build-operator.sh", ("gpu-operator", "paths.env"))
+# the kubelet node's libnvidia-ml stand-in, and the client that asks it through NVIDIA's Go bindings
+NVML_SHIM = Build("GPUCANARY_NVML_SHIM_DIR", "build-nvml-shim.sh", ("libnvidia-ml.so.1", "nvml-check"))
 
 
 def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> Path:

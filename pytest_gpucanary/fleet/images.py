@@ -164,9 +164,40 @@ mount -t tmpfs -o size=1m nvidia-module /sys/module
 mkdir -p /sys/module/nvidia /run/nvidia/validations
 echo 1 > /sys/module/nvidia/refcnt
 cat /etc/driver-version > /run/nvidia/gpucanary-driver-loaded
+gpucanary-nvml-state /etc/nvml-gpus /run/nvidia/gpucanary-nvml.env
 echo "driver $(cat /etc/driver-version) loaded"
 while :; do sleep 1; done
 """
+# What the node's NVML stand-in (ci/node/nvml-shim) answers while this driver is loaded: the driver's
+# GPUs (`nvml_gpus`) and eight devices, their UUIDs derived from the node's name, written whole and then
+# renamed, so a reader never sees half of it. The driver manager removes it when it unloads the driver.
+NVML_STATE_SCRIPT = b"""#!/bin/sh
+set -eu
+gpus=$1 state=$2
+{
+  cat "$gpus"
+  i=0
+  for bus in 18 2A 3A 5D 9A AB BA DB; do
+    h=$(echo "${NODE_NAME:-node}/$i" | md5sum | cut -c1-32)
+    echo "DEVICE=GPU-$(echo "$h" | cut -c1-8)-$(echo "$h" | cut -c9-12)-$(echo "$h" | cut -c13-16)-$(echo "$h" | cut -c17-20)-$(echo "$h" | cut -c21-32) 00000000:$bus:00.0 $i"
+    i=$((i + 1))
+  done
+} > "$state.new"
+mv -f "$state.new" "$state"
+"""
+# CUDA driver API version per driver branch (nvidia-smi's "CUDA Version"): the highest branch at or below
+# the driver's major version
+_CUDA_OF_BRANCH = {580: 13000, 575: 12090, 570: 12080, 565: 12070, 560: 12060, 555: 12050, 550: 12040}
+
+
+def nvml_gpus(version: str) -> str:
+    """The driver's part of the NVML state: the KWOK GPU nodes' GPU, an H100 80GB HBM3 (fixtures/fleet/gpu-node.yaml:
+    GFD's nvidia.com/gpu.product and .memory), on `version`."""
+    major = int(version.split(".", 1)[0]) if version.split(".", 1)[0].isdigit() else 0
+    cuda = next((c for branch, c in sorted(_CUDA_OF_BRANCH.items(), reverse=True) if branch <= major), 12040)
+    return "\n".join((f"DRIVER_VERSION={version}", f"CUDA_DRIVER_VERSION={cuda}", "PRODUCT_NAME=NVIDIA H100 80GB HBM3",
+                      f"MEMORY_TOTAL_BYTES={81559 << 20}", "CUDA_COMPUTE_CAPABILITY=9.0", "ARCHITECTURE=HOPPER",
+                      "BRAND=NVIDIA", "PCI_DEVICE_ID=0x233010de", "PCI_SUBSYSTEM_ID=0x16c110de")) + "\n"
 _NVIDIA_SMI = b"""#!/bin/sh
 [ -f /sys/module/nvidia/refcnt ] || { echo "NVIDIA-SMI has failed: no driver loaded"; exit 9; }
 echo "NVIDIA-SMI $(cat /etc/driver-version)   Driver Version: $(cat /etc/driver-version)"
@@ -216,6 +247,7 @@ def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, dr
         fault = ((("/etc/driver-fault", "\n".join(faults[version]).encode() + b"\n"),) if version in faults else ())
         specs.append(_busybox((name,), ("/bin/nvidia-driver",), data=(
             ("/bin/nvidia-driver", _DRIVER), ("/bin/nvidia-smi", _NVIDIA_SMI),
+            ("/bin/gpucanary-nvml-state", NVML_STATE_SCRIPT), ("/etc/nvml-gpus", nvml_gpus(version).encode()),
             ("/etc/driver-version", version.encode() + b"\n"), *fault)))
     return specs
 

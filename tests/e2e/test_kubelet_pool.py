@@ -33,6 +33,7 @@ import pytest
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet import processes
+from pytest_gpucanary.fleet.binaries import NVML_SHIM, find_bin_dir
 from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.kube import RUN_ID_LABEL, Kube
@@ -163,6 +164,33 @@ def test_operands_run_on_the_kubelet_node_from_local_images(pool_fleet: dict[str
     assert {"nvidia-device-plugin-daemonset", "nvidia-operator-validator"} <= set(pods), pods
     [driver] = [image for app, (_, image) in pods.items() if app.startswith("nvidia-gpu-driver")]
     assert driver == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"
+
+
+def test_the_nodes_nvml_stand_in_answers_for_the_driver_it_runs(pool_fleet: dict[str, str]) -> None:
+    """The driver stand-in writes the NVML shim's state when it loads: NVIDIA's bindings (the shim's nvml-check,
+    go-nvml) see the node's eight GPUs on the driver its pod runs, each with a UUID of this node's."""
+    layout = FleetLayout(root=Path(pool_fleet["GPUCANARY_FLEET_DIR"]), port_base=PORT_BASE)
+    states = {}
+    for node in (NODE, SECOND):
+        pid = processes.pid_of(layout, f"{node}-containerd")
+        assert pid is not None, f"{node}'s containerd is not running"
+        states[node] = subprocess.run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", "cat",
+                                       "/run/nvidia/gpucanary-nvml.env"], capture_output=True, text=True,
+                                      check=True, timeout=30).stdout
+    shim = find_bin_dir(NVML_SHIM, progress=lambda line: None)
+    seen = {}
+    for node, text in states.items():
+        state = layout.root / f"nvml-check-{node}.env"
+        state.write_text(text)
+        result = subprocess.run([str(shim / "nvml-check")], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "GPUCANARY_NVML_STATE": str(state)})
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        seen[node] = json.loads(result.stdout)
+    for node, answers in seen.items():
+        assert (answers["driver_version"], answers["count"]) == ("580.82.07", 8), (node, answers)
+        assert {g["name"] for g in answers["gpus"]} == {"NVIDIA H100 80GB HBM3"}
+    uuids = [{g["uuid"] for g in answers["gpus"]} for answers in seen.values()]
+    assert all(len(u) == 8 for u in uuids) and not uuids[0] & uuids[1], uuids
 
 
 def test_gpus_come_from_the_operators_device_plugin_pod_and_go_with_it(pool_fleet: dict[str, str]) -> None:

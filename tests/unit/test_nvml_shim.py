@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucanary.fleet.binaries import CI_DIR, Build
+from pytest_gpucanary.fleet.binaries import CI_DIR, NVML_SHIM
 
-NVML_SHIM_BUILD = Build("GPUCANARY_NVML_SHIM_DIR", "build-nvml-shim.sh", ("libnvidia-ml.so.1", "nvml-check"))
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 UUIDS = [f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpucanary/canary-0/{i}')}" for i in range(8)]
 BUS_IDS = [f"00000000:{bus}:00.0" for bus in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")]  # an HGX board's
@@ -52,16 +51,16 @@ def answer(code: Nvml, error: str) -> dict[str, object]:
 
 def built_shim() -> Path:
     """The build of GPUCANARY_NVML_SHIM_DIR, else of the build cache when it matches these sources."""
-    explicit = os.environ.get(NVML_SHIM_BUILD.env_var)
+    explicit = os.environ.get(NVML_SHIM.env_var)
     if explicit:
         shim_dir = Path(explicit)
     else:
-        cached = subprocess.run(["bash", str(CI_DIR / NVML_SHIM_BUILD.script), "--cached"],
+        cached = subprocess.run(["bash", str(CI_DIR / NVML_SHIM.script), "--cached"],
                                 capture_output=True, text=True, timeout=30)
         if cached.returncode != 0:
             pytest.skip("the NVML shim is not built: run bash ci/build-nvml-shim.sh")
         shim_dir = Path(cached.stdout.strip())
-    missing = [name for name in NVML_SHIM_BUILD.required if not (shim_dir / name).is_file()]
+    missing = [name for name in NVML_SHIM.required if not (shim_dir / name).is_file()]
     if missing:
         pytest.skip(f"{shim_dir} has no {missing[0]}: run bash ci/build-nvml-shim.sh")
     return shim_dir
@@ -257,3 +256,26 @@ def test_a_nested_nvml_init_keeps_the_driver_its_first_init_read(nvml: ctypes.CD
     assert nvml.nvmlInit_v2() == Nvml.SUCCESS
     assert driver_version(nvml) == (Nvml.SUCCESS, "575.57.08")
     assert nvml.nvmlShutdown() == Nvml.SUCCESS
+
+
+def test_a_fleet_driver_writes_eight_h100s_at_its_version_with_uuids_of_its_node(shim_dir: Path, tmp_path: Path) -> None:
+    """What the kubelet node's driver stand-in writes when it loads (fleet/images.py), run here by sh."""
+    from pytest_gpucanary.fleet.images import NVML_STATE_SCRIPT, nvml_gpus
+
+    script, gpus = tmp_path / "gpucanary-nvml-state", tmp_path / "nvml-gpus"
+    script.write_bytes(NVML_STATE_SCRIPT)
+    gpus.write_text(nvml_gpus("580.95.05"))
+    uuids = []
+    for node in ("gpu-kubelet-0", "gpu-kubelet-1"):
+        state = tmp_path / f"{node}.env"
+        subprocess.run(["sh", str(script), str(gpus), str(state)], check=True, timeout=30,
+                       env={**os.environ, "NODE_NAME": node})
+        assert not state.with_name(state.name + ".new").exists()
+        seen, stderr = run_check(shim_dir, state)
+        assert stderr == "" and seen["init"] == answer(Nvml.SUCCESS, "Success")
+        assert (seen["driver_version"], seen["cuda_driver_version"], seen["count"]) == ("580.95.05", 13000, 8)
+        assert {(g["name"], g["memory_total_bytes"]) for g in seen["gpus"]} == {("NVIDIA H100 80GB HBM3", 81559 << 20)}
+        assert [g["minor"] for g in seen["gpus"]] == list(range(8))
+        assert all(GPU_UUID.match(g["uuid"]) for g in seen["gpus"])
+        uuids.append({g["uuid"] for g in seen["gpus"]})
+    assert len(uuids[0]) == len(uuids[1]) == 8 and not uuids[0] & uuids[1]

@@ -34,6 +34,7 @@ import (
 const (
 	serviceAccount = "/var/run/secrets/kubernetes.io/serviceaccount"
 	driverMarker   = "/run/nvidia/gpucanary-driver-loaded"
+	nvmlState      = "/run/nvidia/gpucanary-nvml.env" // the NVML stand-in's answers while the driver is loaded
 	paused         = "paused-for-driver-upgrade"
 	evictTimeout   = 10 * time.Minute
 )
@@ -259,6 +260,9 @@ func driverManager(c *client, name string) error {
 			}
 			return fmt.Errorf("failed to uninstall nvidia driver components: failed to unload driver: " +
 				"resource temporarily unavailable")
+		}
+		if err := os.Remove(nvmlState); err != nil && !os.IsNotExist(err) {
+			return err
 		}
 		if err := os.Remove(driverMarker); err != nil {
 			return err
