@@ -409,7 +409,8 @@ def test_a_node_of_the_default_nvidiadriver_is_refused_as_pool_in_one_line(gpuca
     """Its version is every other GPU node's too: the pool needs an NVIDIADriver of its own."""
     if not gpucanary_fleet.fleet.layout.default_driver:
         pytest.skip("the fleet runs no default NVIDIADriver (operator before v26.7)")
-    node = next(name for name, owner in driver_owners(kube).items() if owner == "fleet")
+    driven = {p["spec"].get("nodeName") for p in kube.list("v1", "Pod", label_selector="app.kubernetes.io/component=nvidia-driver")}
+    node = next(name for name, owner in sorted(driver_owners(kube).items()) if owner == "fleet" and name in driven)
     eligible = {"metadata": {"labels": {"gpucanary.io/pool-eligible": "true"}}}
     kube.patch("v1", "Node", node, eligible)
     try:
