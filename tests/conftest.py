@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["GPUCANARY_FLEET_DIR"] = f"{default_dir}-{worker}"
 
 
-def free_port() -> int:
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -57,7 +57,7 @@ def pushgateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Prometheus Pushgateway (Debian's, unpacked by ci/fetch-pushgateway.sh) on 127.0.0.1: its URL."""
     binary = subprocess.run(["bash", str(REPO_ROOT / "ci" / "fetch-pushgateway.sh")], capture_output=True, text=True,
                             check=True, timeout=300).stdout.strip()
-    port, data = free_port(), tmp_path_factory.mktemp("pushgateway")
+    port, data = _free_port(), tmp_path_factory.mktemp("pushgateway")
     proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}",
                              f"--persistence.file={data / 'pushgateway.data'}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -76,8 +76,3 @@ def pushgateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=10)
 
-
-def scraped(url: str) -> list[str]:
-    """The gpucanary_verdict_* samples a Pushgateway serves."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
-        return [line for line in answer.read().decode().splitlines() if line.startswith("gpucanary_verdict_")]

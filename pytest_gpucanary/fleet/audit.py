@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE
+from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
+from pytest_gpucanary.receipt.verdict import CONFIGMAP_PREFIX as VERDICT_PREFIX
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 LONG_RUNNING_VERBS = frozenset({"watch"})
@@ -136,6 +138,7 @@ class Scope(StrEnum):
     POOL_NODE = "pool-node"              # the nodes of its pool
     OWN_OBJECT = "own-object"            # a cluster-scoped object the run created itself (its NVIDIADriver)
     POLICY = "policy"                    # ClusterPolicy / NVIDIADriver it patches and restores
+    VERDICT = "verdict"                  # a verdict ConfigMap in the canary's own namespace (publish.record)
     OTHER_NODE = "other-node"            # a node outside the pool (ClusterPolicy mode's skip labels)
     CLUSTER = "cluster"                  # anything else (discovery, cluster-wide lists, foreign objects)
 
@@ -175,6 +178,9 @@ class RunScope:
             return Scope.OWN_OBJECT
         if record.api_group == "nvidia.com" and record.resource in POLICY_RESOURCES and record.name:
             return Scope.POLICY
+        if (record.resource == "configmaps" and record.api_group == "" and record.namespace == VERDICT_NAMESPACE
+                and record.name.startswith(VERDICT_PREFIX)):
+            return Scope.VERDICT
         return Scope.CLUSTER
 
 
@@ -183,6 +189,6 @@ def _base(record: AuditRecord) -> str:
 
 
 def outside(records: Iterable[AuditRecord], scope: RunScope) -> list[AuditRecord]:
-    """Writes that touched neither the run's namespace, pool nodes, own objects, nor the policy objects."""
-    allowed = {Scope.OWN_NAMESPACE, Scope.POOL_NODE, Scope.OWN_OBJECT, Scope.POLICY}
+    """Writes that touched neither the run's namespace, pool nodes, own objects, the policy objects nor a verdict."""
+    allowed = {Scope.OWN_NAMESPACE, Scope.POOL_NODE, Scope.OWN_OBJECT, Scope.POLICY, Scope.VERDICT}
     return [r for r in records if r.is_write and scope.scope_of(r) not in allowed]

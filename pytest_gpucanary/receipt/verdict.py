@@ -16,6 +16,7 @@ from pytest_gpucanary.ladder import LadderResult, RunEvidence
 from pytest_gpucanary.receipt.common import utc
 
 METRICS_FILE = "verdict.prom"
+CONFIGMAP_PREFIX = "gpucanary-verdict-"
 
 
 def policy_digest(upgrade_policy: Mapping[str, Any]) -> str:
@@ -37,7 +38,7 @@ class VerdictKey:
     def name(self) -> str:
         """The ConfigMap's name: one per key, so a later run for the same key replaces the earlier verdict."""
         text = "\n".join((self.policy_digest, self.target, self.release))
-        return "gpucanary-verdict-" + hashlib.sha256(text.encode()).hexdigest()[:20]
+        return CONFIGMAP_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:20]
 
     def labels(self) -> dict[str, str]:
         return {"policy_digest": self.policy_digest, "target": self.target, "release": self.release}

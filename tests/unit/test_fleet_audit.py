@@ -74,6 +74,8 @@ def test_scope_sorts_writes_by_what_the_run_owns(tmp_path: Path) -> None:
         event("skip", "patch", resource="nodes", name="gpu-node-3"),
         event("foreign", "delete", resource="configmaps", namespace="default", name="x"),
         event("refused", "create", resource="configmaps", namespace="default", name="y", code=403),
+        event("verdict", "patch", resource="configmaps", namespace="gpucanary", name="gpucanary-verdict-0123"),
+        event("not-a-verdict", "patch", resource="configmaps", namespace="gpucanary", name="kube-root-ca.crt"),
         event("nodes", "list", resource="nodes"),
         tmp_path=tmp_path)
     run = run.with_creates(got)
@@ -81,8 +83,9 @@ def test_scope_sorts_writes_by_what_the_run_owns(tmp_path: Path) -> None:
     assert scopes == {"ns": Scope.OWN_NAMESPACE, "pod": Scope.OWN_NAMESPACE, "evict": Scope.OWN_NAMESPACE,
                       "node": Scope.POOL_NODE, "drv": Scope.OWN_OBJECT, "drv-patch": Scope.OWN_OBJECT,
                       "cp": Scope.POLICY, "skip": Scope.OTHER_NODE, "foreign": Scope.CLUSTER,
-                      "refused": Scope.CLUSTER, "nodes": Scope.CLUSTER}
-    assert [r.audit_id for r in outside(got, run)] == ["skip", "foreign", "refused"]
+                      "refused": Scope.CLUSTER, "verdict": Scope.VERDICT, "not-a-verdict": Scope.CLUSTER,
+                      "nodes": Scope.CLUSTER}
+    assert [r.audit_id for r in outside(got, run)] == ["skip", "foreign", "refused", "not-a-verdict"]
     assert got[2].kind_key == "pods/eviction" and got[4].kind_key == "nvidiadrivers.nvidia.com"
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
+import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port, scraped
 from kube_double import FakeKube
 from test_ladder import NEW, T0, clean_run, field_note_run   # canned runs, shared
 
@@ -96,6 +97,10 @@ def test_only_a_recent_pass_for_the_key_lets_the_rollout_go_on() -> None:
 
 # --- a real Pushgateway (the `pushgateway` fixture of tests/conftest.py) -------------------------------
 
+def scraped(url: str) -> list[str]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+        return [line for line in answer.read().decode().splitlines() if line.startswith("gpucanary_verdict_")]
+
 def test_the_pushgateway_keeps_the_last_push_of_each_key(pushgateway: str) -> None:
     passed = verdict_of(clean_run())
     publish.push(pushgateway, passed)
@@ -114,7 +119,9 @@ def test_the_pushgateway_keeps_the_last_push_of_each_key(pushgateway: str) -> No
 
 
 def test_an_unreachable_pushgateway_is_one_line() -> None:
-    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]      # nothing listens there once closed
     with pytest.raises(EnvError, match=rf"cannot push the verdict to the Pushgateway at http://127.0.0.1:{port} "):
         publish.push(f"http://127.0.0.1:{port}", verdict_of(clean_run()), timeout_s=2)
 
