@@ -8,9 +8,9 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from pytest_gpucanary.config import BY_NAME, KNOBS, Settings, env_source, flag, run_id_rule
+from pytest_gpucanary.config import BY_NAME, KNOBS, Knob, Settings, env_source, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 if TYPE_CHECKING:
@@ -141,6 +141,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return int(pytest.main(gate_pytest_args(args.pytest_args, ini=ini)))
 
 
+def add_knob_options(parser: argparse.ArgumentParser, knobs: Iterable[Knob]) -> None:
+    """Each knob as its --gpucanary-* option, None when not given (so the environment and defaults resolve it)."""
+    for knob in knobs:
+        kwargs = {"action": "store_const", "const": "true"} if knob.type is bool else {"metavar": knob.name.upper()}
+        parser.add_argument(knob.flag, dest=knob.name, default=None, help=knob.help, **kwargs)
+
+
 def _add_preflight(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "preflight", help="Check, read-only, that a canary run can happen: permissions, operator, pool, endpoints",
@@ -149,9 +156,7 @@ def _add_preflight(sub: argparse._SubParsersAction) -> None:
                     "the GPU Operator and its mode, the pool, the service URL and Prometheus with the series the "
                     "metric checks need. One line per problem; exit 0 when a run can start, 6 when the cluster "
                     "cannot run it, 4 when the input is wrong. Stdout: the findings as JSON.")
-    for knob in KNOBS:
-        kwargs = {"action": "store_const", "const": "true"} if knob.type is bool else {"metavar": knob.name.upper()}
-        parser.add_argument(knob.flag, dest=knob.name, default=None, help=knob.help, **kwargs)
+    add_knob_options(parser, KNOBS)
     parser.set_defaults(handler=_cmd_preflight)
 
 
@@ -198,9 +203,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                     "(each overridable with its --gpucanary-* option) and rewrites the receipt. Offline: "
                     "never contacts a cluster. Exit 0 when the gate passes, 1 when it does not.")
     parser.add_argument("report_dir", metavar="REPORT_DIR", help="A run's directory, e.g. reports/<run-id>")
-    for knob in (k for k in KNOBS if k.threshold):
-        kwargs = {"action": "store_const", "const": "true"} if knob.type is bool else {"metavar": knob.name.upper()}
-        parser.add_argument(knob.flag, dest=knob.name, default=None, help=knob.help, **kwargs)
+    add_knob_options(parser, (k for k in KNOBS if k.threshold))
     parser.set_defaults(handler=_cmd_evaluate)
 
 
@@ -227,8 +230,7 @@ def _add_verdict(sub: argparse._SubParsersAction) -> None:
                     "gpucanary/gpucanary-verdict-<key>. Exit 0 when that run passed the gate and finished less "
                     "than --max-age-h ago; 1 when there is none, it failed or it is older; 4 for bad input; 6 "
                     "when the cluster cannot be read. Stdout: the verdict as JSON (null when none).")
-    for knob in (BY_NAME[name] for name in VERDICT_KNOBS):
-        parser.add_argument(knob.flag, dest=knob.name, default=None, metavar=knob.name.upper(), help=knob.help)
+    add_knob_options(parser, (BY_NAME[name] for name in VERDICT_KNOBS))
     parser.add_argument("--max-age-h", type=float, default=24.0, metavar="HOURS",
                         help="Oldest passing verdict that counts, in hours (default 24)")
     parser.set_defaults(handler=_cmd_verdict)
@@ -371,9 +373,7 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
 def _gate_settings(run_args: list[str]) -> Settings:
     """The run options the gate itself reads (cluster, pool, reports dir), resolved as a run would."""
     parser = argparse.ArgumentParser(add_help=False)
-    for knob in KNOBS:
-        kwargs = {"action": "store_const", "const": "true"} if knob.type is bool else {}
-        parser.add_argument(knob.flag, dest=knob.name, default=None, **kwargs)
+    add_knob_options(parser, KNOBS)
     known, _ = parser.parse_known_args(run_args)
     return Settings.resolve(lambda knob: getattr(known, knob.name), env_source(os.environ))
 

@@ -41,8 +41,8 @@ class Permission:
     """One verb on one resource, where the run needs it: `cluster` (cluster-scoped kinds, or namespaced
     kinds in every namespace: the run's namespaces do not exist before it runs, so no Role can name
     them; deploy/admission.yaml pins those writes to them), `operator` (the GPU Operator's namespace;
-    ClusterPolicy mode only) or `verdicts` (the canary's own namespace, where verdicts are kept). `writes_cluster_policy`: only runs that write the ClusterPolicy need it
-    (deploy/rbac-clusterpolicy-mode.yaml)."""
+    ClusterPolicy mode only) or `verdicts` (the canary's own namespace, where verdicts are kept).
+    `writes_cluster_policy`: only runs that write the ClusterPolicy need it (deploy/rbac-clusterpolicy-mode.yaml)."""
 
     verb: str
     resource: str                 # plural; `kind/sub` for a subresource

@@ -193,8 +193,9 @@ _CUDA_OF_BRANCH = {580: 13000, 575: 12090, 570: 12080, 565: 12070, 560: 12060, 5
 def nvml_gpus(version: str) -> str:
     """The driver's part of the NVML state: the KWOK GPU nodes' GPU, an H100 80GB HBM3 (fixtures/fleet/gpu-node.yaml:
     GFD's nvidia.com/gpu.product and .memory), on `version`."""
-    major = int(version.split(".", 1)[0]) if version.split(".", 1)[0].isdigit() else 0
-    cuda = next((c for branch, c in sorted(_CUDA_OF_BRANCH.items(), reverse=True) if branch <= major), 12040)
+    major = version.split(".", 1)[0]
+    cuda = next((c for branch, c in sorted(_CUDA_OF_BRANCH.items(), reverse=True)
+                 if branch <= (int(major) if major.isdigit() else 0)), 12040)
     return "\n".join((f"DRIVER_VERSION={version}", f"CUDA_DRIVER_VERSION={cuda}", "PRODUCT_NAME=NVIDIA H100 80GB HBM3",
                       f"MEMORY_TOTAL_BYTES={81559 << 20}", "CUDA_COMPUTE_CAPABILITY=9.0", "ARCHITECTURE=HOPPER",
                       "BRAND=NVIDIA", "PCI_DEVICE_ID=0x233010de", "PCI_SUBSYSTEM_ID=0x16c110de")) + "\n"

@@ -143,8 +143,8 @@ class ExistingNodeProvider:
             driver = kube.get(*NVIDIADRIVER, name)
             selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=f"{DRIVER_OWNER_LABEL}={name}")}
         else:
-            found = [(d, {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=driver_node_selector(d))})
-                     for d in kube.list(*NVIDIADRIVER)]
+            found = ((d, {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=driver_node_selector(d))})
+                     for d in kube.list(*NVIDIADRIVER))      # lazily: nodes are listed up to the pool's driver
             driver, selected = next(((d, s) for d, s in found if set(names) & s), (None, set()))
             if driver is None:
                 raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
