@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 GPUCANARY_OPERATOR_RELEASE ?= v26.7.0
 OPERATOR_RELEASES := v26.7.0 v26.3.3 v25.10.1 v25.3.4
 
-.PHONY: demo test unit kill-matrix test-kubelet-pool setup deps build build-operators test-releases fleet-up fleet-down clean
+.PHONY: demo test unit kill-matrix diagnosis-matrix test-kubelet-pool setup deps build build-operators test-releases fleet-up fleet-down clean
 
 # The demo gate on the local fleet's real kubelet GPU node (its default pool): the policy that spares
 # the service passes; the field note's policy (pod deletion refuses /dev/shm, drain fallback) fails
@@ -32,6 +32,11 @@ test: setup build
 # faults on the local fleet (hours); `make test` runs a subset of each.
 kill-matrix: setup build
 	GPUCANARY_KILL_MATRIX=1 $(PY) -m pytest tests/e2e/test_faults.py tests/e2e/test_control_plane_faults.py -rA $(PYTEST_ARGS)
+
+# Every cause of a stuck rollout the watcher names, on the kubelet pool in ClusterPolicy mode, one run each
+# (`make test` runs them in NVIDIADriver mode and the no-image case here).
+diagnosis-matrix: setup build
+	GPUCANARY_DIAGNOSIS_MATRIX=1 $(PY) -m pytest tests/e2e/test_clusterpolicy_mode.py -k driver_that_cannot_come -rA $(PYTEST_ARGS)
 
 # Both demo policies at once on two real kubelet nodes as canary pools (part of `make test`; alone here).
 test-kubelet-pool: setup build

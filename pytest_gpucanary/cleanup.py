@@ -146,7 +146,7 @@ def _clean_run(kube: Kube, run: str, left: RunLeftovers, result: CleanupResult, 
     for node in left.carved:
         name = node["metadata"]["name"]
         if attempt(f"node {name} stays the run's", lambda name=name, node=node:
-                   give_back(kube, name, run, carved_driver(node), timeout_s=wait_s)):
+                   give_back(kube, name, run, carved_driver(node), timeout_s=wait_s, report=report)):
             report(f"gave node {name} back")
             result.restored += 1
     for (api_version, kind), obj in left.owned:

@@ -30,11 +30,12 @@ UPGRADE_DONE = "upgrade-done"
 UPGRADE_FAILED = "upgrade-failed"
 DRAIN_REQUIRED = "drain-required"
 POD_DELETION_REQUIRED = "pod-deletion-required"
+VALIDATION_REQUIRED = "validation-required"
 TERMINAL_STATES = (UPGRADE_DONE, UPGRADE_FAILED)
 UPGRADE_STATES = (
     "", UPGRADE_REQUIRED, "cordon-required", "wait-for-jobs-required", POD_DELETION_REQUIRED, DRAIN_REQUIRED,
     "node-maintenance-required", "post-maintenance-required",          # requestor mode only
-    "pod-restart-required", "validation-required", "uncordon-required", UPGRADE_DONE, UPGRADE_FAILED,
+    "pod-restart-required", VALIDATION_REQUIRED, "uncordon-required", UPGRADE_DONE, UPGRADE_FAILED,
 )
 # The upgrade library's event reason (pkg/upgrade/util.go: GetEventReason, "<DRIVERNAME>DriverUpgrade").
 UPGRADE_EVENT_REASON = "GPUDriverUpgrade"

@@ -75,6 +75,10 @@ WORKLOAD_READY_TIMEOUT_S = 180
 JOB_COMPLETION_GRACE_S = 120
 NAMESPACE_GONE_TIMEOUT_S = 180
 LOG_EVERY_S = 20            # how often the log of a container that has not started is read while it lasts
+# what the kubelet answers (as the log itself) for a container it is replacing, as a crash loop's restart does;
+# a moment later it has the log again
+LOG_GONE = "unable to retrieve container logs for"
+LOG_READS = 3
 WARM_UP_REQUESTS = 20
 
 
@@ -233,7 +237,7 @@ class CanaryRun:
                     cleanup.callback(lease.release_cluster_lock, self.kube, run_id)
                 clock.next("pool")
                 pool = self.provider.provision(self.kube, cluster, run_id=run_id)
-                cleanup.callback(self.provider.release, self.kube)
+                cleanup.callback(self.provider.release, self.kube, self.progress.line)
                 if pool.driver_from == settings.driver_version and not cluster.nvidiadriver_mode:
                     raise ConfigError(f"the pool already runs driver {pool.driver_from}: a same-version run (a change "
                                       "that leaves the driver as it is) relabels the pool's own NVIDIADriver, so it "
@@ -574,10 +578,10 @@ class CanaryRun:
                 if (cause.what, cause.reason) not in said:          # a change of cause, printed once
                     said.add((cause.what, cause.reason))
                     self.progress.line(f"rollout: {cause.line((cause.since_wall_ns - started_wall_ns) / 1e9)}")
-            if stuck := next((c for c in found if c.terminal_wall_ns), None):
+            if stuck := stall.first_terminal(found):
                 run.stalled = stuck
-                if stuck.reason == "CrashLoopBackOff":
-                    self._read_log(stuck, recorder, previous=True)
+                if stuck.reason in ("CrashLoopBackOff", stall.OPERAND_BLOCKED):    # its own words, quoted
+                    self._read_log(stuck, recorder, previous=stuck.reason == "CrashLoopBackOff")
                 if said_last := stall.last_meaningful(stall.log_tail(recorder.records, stuck)):
                     self.progress.line(f"rollout: {stuck.container} said last: {said_last}")
                 self.progress.line(f"rollout: {stuck.node}: that will not clear by itself; stopping the wait "
@@ -616,11 +620,18 @@ class CanaryRun:
         """A container's own words (a crash loop's last run: `previous`): its log tail, into the timeline when
         it differs from the last read (the rung quotes it). Best effort: a log that cannot be read leaves the
         cause as the kubelet put it. True when a record was added."""
-        try:
-            text = self.kube.pod_log(cause.pod, namespace=cause.namespace, container=cause.container,
-                                     previous=previous, tail_lines=stall.LOG_TAIL_LINES)
-        except GpucanaryError as err:
-            self.progress.line(f"rollout: cannot read the log of {cause.pod}/{cause.container}: {err}")
+        for attempt in range(LOG_READS):
+            try:
+                text = self.kube.pod_log(cause.pod, namespace=cause.namespace, container=cause.container,
+                                         previous=previous, tail_lines=stall.LOG_TAIL_LINES)
+            except GpucanaryError as err:
+                self.progress.line(f"rollout: cannot read the log of {cause.pod}/{cause.container}: {err}")
+                return False
+            if not text.startswith(LOG_GONE):
+                break
+            time.sleep(2.0)
+        else:
+            self.progress.line(f"rollout: cannot read the log of {cause.pod}/{cause.container}: {text.strip()}")
             return False
         record = stall.log_record(cause, text, mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())
         if record.object["lines"] == stall.log_tail(recorder.records, cause):

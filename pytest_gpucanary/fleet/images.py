@@ -138,10 +138,15 @@ def operator_plugin_images(bin_dir: Path, *, device_plugin: str) -> list[ImageSp
 # ready file the real one writes once its check passes (see pool_operand_images).
 _VALIDATOR = b"""#!/bin/sh
 set -eu
-ready=/run/nvidia/validations
+ready=/run/nvidia/validations FAULT=.gpucanary-nvidia-smi-fails
 case "$COMPONENT" in
 driver)
   until [ -f "$ready/.driver-ctr-ready" ]; do echo "waiting for the driver container to be ready"; sleep 1; done
+  # the real one runs nvidia-smi from the driver's root and retries until it passes (runCommandWithWait)
+  while [ -f "$ready/$FAULT" ]; do
+    echo "Attempting to validate a driver container installation"; cat "$ready/$FAULT" || true
+    echo "failed to validate the driver, retrying after 5 seconds"; sleep 5
+  done
   printf 'IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\n' > "$ready/driver-ready" ;;
 toolkit|cuda|plugin) : > "$ready/$COMPONENT-ready" ;;
 *) echo "unknown COMPONENT $COMPONENT"; exit 1 ;;
@@ -155,13 +160,19 @@ _DRIVER = b"""#!/bin/sh
 set -eu
 [ "${1:-}" = init ] || { echo "usage: nvidia-driver init"; exit 1; }
 trap 'echo "driver container stopping"; exit 0' TERM INT
-if [ -f /etc/driver-fault ]; then
+fault=$(head -n 1 /etc/driver-fault 2>/dev/null || true)
+if [ "$fault" = crash ] || [ "$fault" = hang ]; then
   echo "Installing NVIDIA driver kernel modules..."; tail -n +2 /etc/driver-fault
-  [ "$(head -n 1 /etc/driver-fault)" = hang ] || exit 1
+  [ "$fault" = hang ] || exit 1
   while :; do sleep 1; done
 fi
 mount -t tmpfs -o size=1m nvidia-module /sys/module
 mkdir -p /sys/module/nvidia /run/nvidia/validations
+if [ "$fault" = unvalidated ]; then          # loads, but nvidia-smi fails for the validator
+  tail -n +2 /etc/driver-fault > /run/nvidia/validations/.gpucanary-nvidia-smi-fails
+else
+  rm -f /run/nvidia/validations/.gpucanary-nvidia-smi-fails
+fi
 echo 1 > /sys/module/nvidia/refcnt
 cat /etc/driver-version > /run/nvidia/gpucanary-driver-loaded
 gpucanary-nvml-state /etc/nvml-gpus /run/nvidia/gpucanary-nvml.env
@@ -233,7 +244,8 @@ def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, dr
     """The images of the operator's driver and validator pods, and of the canary's GPU job, probe and
     service, for a kubelet node that is a canary pool. `drivers` are driver image names
     (<repository>/driver:<version>-<os>); a version in `faults` gets a driver container that prints the
-    fault's message and then exits 1 ("crash") or waits without loading ("hang")."""
+    fault's message and then exits 1 ("crash") or waits without loading ("hang"), or that loads while the
+    validator's nvidia-smi check fails with the message and retries ("unvalidated")."""
     faults = faults or {}
     specs = [
         _busybox((validator,), data=(("/bin/nvidia-validator", _VALIDATOR),)),

@@ -61,10 +61,13 @@ POOL_DRIVER_VERSIONS = ("580.95.05", "575.57.08", "570.172.08")
 # Driver versions whose image is there but whose driver container fails, as field reports show it: "crash"
 # prints the message and exits 1, as a driver that cannot build or load its kernel module does, so its pod
 # crash-loops; "hang" prints the message and waits without loading (kernel headers from a package mirror
-# an air-gapped node cannot reach), so its startup probe never passes and the operands wait behind it.
+# an air-gapped node cannot reach), so its startup probe never passes and the operands wait behind it;
+# "unvalidated" loads and turns Ready, but the validator's nvidia-smi fails with the message (a driver root
+# whose libraries do not match the loaded module), so the operands wait behind a Ready driver.
 DRIVER_FAULTS = {"574.0.1": ("crash", "ERROR: Unable to load the kernel module 'nvidia.ko': Unknown symbol in "
                                       "module (a GPL-only symbol on this kernel)"),
-                 "574.0.2": ("hang", "Installing Linux kernel headers...")}
+                 "574.0.2": ("hang", "Installing Linux kernel headers..."),
+                 "574.0.3": ("unvalidated", "Failed to initialize NVML: Driver/library version mismatch")}
 _KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool")
 # containerd's CRI always adds the loopback network itself, from the same plugin directory
 DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")

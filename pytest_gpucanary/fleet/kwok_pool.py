@@ -10,6 +10,7 @@ import contextlib
 import copy
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 import yaml
 
@@ -121,6 +122,6 @@ class KwokPoolProvider:
         self.pool.wait_for_gpus()
         return Pool(tuple(self.pool.nodes), self.pool.name if self.pool.has_driver else None, driver_from)
 
-    def release(self, kube: Kube) -> None:
+    def release(self, kube: Kube, report: Callable[[str], None] = print) -> None:
         if self.pool is not None:
             self.pool.delete()

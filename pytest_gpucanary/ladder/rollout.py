@@ -10,7 +10,7 @@ from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.config import DEFAULTS, Settings
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import stall, timeline
-from pytest_gpucanary.ladder.device import VALIDATION, validator_line
+from pytest_gpucanary.ladder.device import validator_line
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
 from pytest_gpucanary.ladder.rules import Finding, stage_metrics, metrics_note, verdict
@@ -34,7 +34,7 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
             if p.node == node and p.removed_wall_ns is None and p.phase in ("Running", "Pending")
             and "DaemonSet" not in p.owner_kinds]
     knobs = {"pod-deletion-required": "podDeletion", "drain-required": "drain"}
-    if step.state == VALIDATION:
+    if step.state == op.VALIDATION_REQUIRED:
         return validator_line(ev, node)
     if step.state not in knobs:
         return f"failed in {step.state}"
@@ -88,7 +88,7 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
         return Finding(Outcome.PASS, f"node {node} reached upgrade-done at +{done_s:.0f}s"), done_s
     current = states[-1] if states else (every[-1].state or "unlabelled")
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
-    held = f" ({validator_line(ev, node)})" if current == VALIDATION else ""
+    held = f" ({validator_line(ev, node)})" if current == op.VALIDATION_REQUIRED else ""
     if (stuck := stall_of(ev, node, settings)) is not None and stuck.terminal_wall_ns is not None:
         said = stall.last_meaningful(stall.log_tail(ev.records, stuck))
         return Finding(Outcome.FAIL, f"node {node} {where}: {stuck.line(ev.offset_s(stuck.since_wall_ns))}"

@@ -83,6 +83,7 @@ class _Track:
 
     limit_s: float | None = None   # terminal this long after since (or after from_wall_ns, if later)
     from_wall_ns: int = 0
+    detail: str = ""               # an operand's wait, without what it waits behind
 
     def outlasted(self, at: int, limit_s: float | None, *, from_wall_ns: int = 0) -> None:
         """Terminal once the cause has held `limit_s`: at that moment, not at the next record's."""
@@ -157,11 +158,26 @@ def terminal(records: Iterable[Record], nodes: Iterable[str], *, since_wall_ns: 
              policy: Mapping[str, Any] | None = None, now_wall_ns: int | None = None,
              stuck_s: float = STUCK_S) -> Cause | None:
     """The first cause on any of the nodes that will not clear by itself, if there is one."""
-    found = [c for n in nodes
-             for c in causes(records, n, since_wall_ns=since_wall_ns, policy=policy, now_wall_ns=now_wall_ns,
-                             stuck_s=stuck_s)
-             if c.terminal_wall_ns]
-    return min(found, key=lambda c: c.terminal_wall_ns or 0) if found else None
+    return first_terminal(c for n in nodes
+                          for c in causes(records, n, since_wall_ns=since_wall_ns, policy=policy,
+                                          now_wall_ns=now_wall_ns, stuck_s=stuck_s))
+
+
+# NVIDIA's operands wait on each other in this order, each in an init container named for what it waits on
+# (the toolkit and validator on the driver, the device plugin on the toolkit, ...)
+VALIDATION_CHAIN = ("driver-validation", "toolkit-validation", "cuda-validation", "plugin-validation")
+
+
+def first_terminal(found: Iterable[Cause]) -> Cause | None:
+    """The cause to name: the first to turn terminal; of those that turned at once (operands blocked behind
+    one Ready driver), a cause of the node or its driver pod, then the operand the others wait on."""
+    def rank(cause: Cause) -> int:
+        if cause.reason != OPERAND_BLOCKED:
+            return 0
+        return 1 + (VALIDATION_CHAIN.index(cause.container) if cause.container in VALIDATION_CHAIN
+                    else len(VALIDATION_CHAIN))
+    done = [c for c in found if c.terminal_wall_ns]
+    return min(done, key=lambda c: (c.terminal_wall_ns or 0, rank(c))) if done else None
 
 
 def holders(records: Iterable[Record], node: str) -> list[str]:
@@ -302,6 +318,11 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
             _container(container, init, at, node, who, meta, holders, scene, tracks, current)
     if not driver:
         _blocked(status, at, node, who, meta, scene, tracks, current)
+        return
+    for key in [k for k in tracks if k[1] == OPERAND_BLOCKED and k in current]:   # their time runs from now
+        track = tracks[key]
+        current[key] = replace(current[key], message=f"{track.detail} ({_behind(track, at, scene)})",
+                               terminal_wall_ns=track.terminal_wall_ns)
 
 
 def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapping[str, Any], scene: _Scene,
@@ -316,12 +337,18 @@ def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapp
         return
     done = sum(1 for c in inits if ((c.get("state") or {}).get("terminated") or {}).get("exitCode") == 0)
     track = tracks.setdefault(key, _Track(OPERAND_BLOCKED, at))
+    track.detail = f"Init:{done}/{len(inits)}, in init container {holding.get('name', '')}"
+    driver = _behind(track, at, scene)
+    current[key] = Cause(node, who, OPERAND_BLOCKED, f"{track.detail} ({driver})", track.since_wall_ns,
+                         track.terminal_wall_ns, meta.get("namespace", ""), meta.get("name", ""), holding.get("name", ""))
+
+
+def _behind(track: _Track, at: int, scene: _Scene) -> str:
+    """An operand's wait counts only once the driver pod is Ready (before that the driver is the one to watch),
+    and again from each time it turns Ready; what it waits behind, in words."""
     ready = scene.driver_ready_wall_ns
-    driver = "the driver pod is Ready" if ready is not None else "the driver is not ready"
     track.outlasted(at, scene.stuck_s if ready is not None else None, from_wall_ns=ready or 0)
-    current[key] = Cause(node, who, OPERAND_BLOCKED, f"Init:{done}/{len(inits)}, in init container "
-                         f"{holding.get('name', '')} ({driver})", track.since_wall_ns, track.terminal_wall_ns,
-                         meta.get("namespace", ""), meta.get("name", ""), holding.get("name", ""))
+    return "the driver pod is Ready" if ready is not None else "the driver is not ready"
 
 
 def _container(container: dict, init: bool, at: int, node: str, who: str, pod_meta: dict, holders: str,
@@ -405,10 +432,15 @@ def log_tail(records: Iterable[Record], cause: Cause) -> list[str]:
     return list(found[-1].object.get("lines") or []) if found else []
 
 
+# lines that only announce the next try (NVIDIA's validator: "Attempting to validate a driver container
+# installation", "failed to validate the driver, retrying after 5 seconds"): what failed is said before them
+_RETRY_WORDS = ("retrying after", "attempting to ")
+
+
 def last_meaningful(lines: list[str]) -> str:
-    """The last line that says something: not blank, not a shell's trace or a bare separator."""
-    for line in reversed(lines):
-        text = " ".join(line.split())
-        if text and not text.startswith("+ ") and any(c.isalnum() for c in text):
-            return text[:300]
-    return ""
+    """The last line that says something: not blank, not a shell's trace or a bare separator, and not a
+    retry's announcement while a line before it says more."""
+    said = [text for text in (" ".join(line.split()) for line in lines)
+            if text and not text.startswith("+ ") and any(c.isalnum() for c in text)]
+    more = [text for text in said if not any(words in text.lower() for words in _RETRY_WORDS)]
+    return (more or said or [""])[-1][:300]

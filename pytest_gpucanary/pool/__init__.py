@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
     from pytest_gpucanary.kube import Kube
@@ -39,5 +39,6 @@ class PoolProvider(Protocol):
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         """Create or carve out the pool; raise ConfigError/EnvError before changing anything if it cannot."""
 
-    def release(self, kube: Kube) -> None:
-        """Give the pool back: remove what was created, restore what was changed. Safe to call twice."""
+    def release(self, kube: Kube, report: Callable[[str], None] = print) -> None:
+        """Give the pool back: remove what was created, restore what was changed, saying what it had to do beyond
+        that. Safe to call twice."""

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
-    DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_STATE_LABEL,
-    DRIVER_OWNER_LABEL, driver_node_selector, driver_version_of, is_default_driver, is_driver_pod, of_daemonset,
+    DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_FAILED,
+    UPGRADE_REQUIRED, UPGRADE_STATE_LABEL, VALIDATION_REQUIRED, DRIVER_OWNER_LABEL, driver_node_selector,
+    driver_version_of, is_default_driver, is_driver_pod, of_daemonset,
 )
 from pytest_gpucanary.kube import (
     FENCE_TAINT_KEY, RUN_ID_LABEL, Kube, NotFound, fence_taint, patch_as_read, saved_run, tolerated,
@@ -179,12 +181,12 @@ class ExistingNodeProvider:
             raise EnvError(f"node {name} was deleted while it was carved out", hint="pick another node")
         self.carved.append(name)
 
-    def release(self, kube: Kube) -> None:
+    def release(self, kube: Kube, report: Callable[[str], None] = print) -> None:
         """Wait until each node runs its original driver again (the restored version rolls back through
         the operator, cordon included), then take the run's mark off. A wait that runs out leaves the mark
         (and raises): the node stays the run's until `gpucanary cleanup` sees it back."""
         for name in list(self.carved):
-            give_back(kube, name, self.run_id, self.driver_from, timeout_s=self.restore_timeout_s)
+            give_back(kube, name, self.run_id, self.driver_from, timeout_s=self.restore_timeout_s, report=report)
             self.carved.remove(name)
 
 
@@ -202,12 +204,13 @@ def _check_marks(node: dict) -> None:
                                f"kubectl label node {name} {POOL_ELIGIBLE_LABEL}=true")
 
 
-def give_back(kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: float) -> bool:
+def give_back(kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: float,
+              report: Callable[[str], None] = print) -> bool:
     """Wait for `driver` on the node, then drop the run's label and annotation (only while they name `run_id`).
     False when the node carries nothing of the run."""
     if driver:
         try:
-            wait_for_driver(kube, name, driver, timeout_s=timeout_s)
+            wait_for_driver(kube, name, driver, timeout_s=timeout_s, report=report)
         except NotFound:
             return False
     return restore_node(kube, name, run_id)
@@ -245,18 +248,54 @@ def _expected(pod: dict, run_id: str | None) -> bool:
     return of_daemonset(pod["metadata"]) or ours
 
 
-def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float) -> None:
-    """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done."""
+# GPU Operator restarts an out-of-date driver pod only on the way from upgrade-required through
+# pod-restart-required: in validation-required it waits for the validator alone, in upgrade-failed for the pod
+# to be in sync (k8s-operator-libs, ProcessValidationRequiredNodes and ProcessUpgradeFailedNodes). A target
+# driver that loaded but never validated, or whose upgrade failed, would stay after its version went back.
+STRANDED_STATES = (VALIDATION_REQUIRED, UPGRADE_FAILED)
+UNSTRAND_TRIES = 3     # once more if the first came before the operator had put the DaemonSet back
+
+
+def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float,
+                    report: Callable[[str], None] = print) -> None:
+    """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done. A node
+    stranded on another driver (STRANDED_STATES) is put back into upgrade-required, the state the operator
+    itself gives a node whose driver pod is out of date, so it rolls the node back."""
+    tries = [UNSTRAND_TRIES]
+
     def back(nodes: dict[str, dict]) -> bool | None:
         labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
-        done = labels.get(UPGRADE_STATE_LABEL) == UPGRADE_DONE and _driver_version_on(kube, node) == version
-        return True if done else None
+        state = labels.get(UPGRADE_STATE_LABEL)
+        if state == UPGRADE_DONE and _driver_version_on(kube, node) == version:
+            return True
+        if state in STRANDED_STATES and tries[0] and (stale := _other_drivers_on(kube, node, version)):
+            tries[0] -= 1
+            if _unstrand(kube, node):
+                report(f"node {node} stayed in {state} on driver {', '.join(stale)}, which GPU Operator does not "
+                       f"restart there: put it back into {UPGRADE_REQUIRED} to roll it back to {version}")
+        return None
 
     try:
         kube.watch_until("v1", "Node", back, timeout_s=timeout_s, field_selector=f"metadata.name={node}")
     except TimeoutError:
         raise EnvError(f"node {node} did not return to driver {version} within {timeout_s:.0f} s",
                        hint="check it, then run `gpucanary cleanup` to restore its labels and taints") from None
+
+
+def _other_drivers_on(kube: Kube, node: str, version: str) -> list[str]:
+    """The versions of the node's driver pods (any phase) that are not `version`."""
+    pods = kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector=f"spec.nodeName={node}")
+    return sorted({v for p in pods if not p["metadata"].get("deletionTimestamp")
+                   and (v := driver_version_of(p)) and v != version})
+
+
+def _unstrand(kube: Kube, node: str) -> bool:
+    def decide(obj: dict) -> tuple[dict | None, bool]:
+        if (obj["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL) not in STRANDED_STATES:
+            return None, False           # the operator moved it on meanwhile
+        return {"metadata": {"labels": {UPGRADE_STATE_LABEL: UPGRADE_REQUIRED}}}, True
+
+    return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}"))
 
 
 def _driver_version_on(kube: Kube, node: str) -> str:

@@ -133,12 +133,12 @@ def _wait_for_admission(canary: Kube, timeout_s: float = 30) -> None:
 
 
 # marker -> the environment setting that runs its tests (each from its own make target)
-OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX"}
+OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX", "diagnosis_matrix": "GPUCANARY_DIAGNOSIS_MATRIX"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The full kill matrix (hours of canary runs) runs only from `make kill-matrix`: deselected, never
-    skipped."""
+    """The full kill matrix (hours of canary runs) and the diagnosis matrix run only from their make targets:
+    deselected, never skipped."""
     held = [marker for marker, setting in OUTSIDE_MAKE_TEST.items() if os.environ.get(setting) != "1"]
     kept = [item for item in items if not any(item.get_closest_marker(marker) for marker in held)]
     if len(kept) != len(items):

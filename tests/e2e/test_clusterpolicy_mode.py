@@ -2,7 +2,8 @@
 canary confines the upgrade to its pool with the operator's skip label and leaves every other node
 exactly as it was, its driver pod never restarted. The fleet here has two KWOK GPU nodes and one real
 kubelet node that is a canary pool, driven by the same DaemonSet: the gate runs on a KWOK pool, and a
-driver that cannot come fails at rollout on the kubelet pool, named, with every node back on its driver."""
+driver that cannot come fails at rollout on the kubelet pool, named, with every node back on its driver
+(`make test` runs the no-image case; `make diagnosis-matrix` every cause the rollout watcher names)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import yaml
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.layout import DEFAULT_OPERATOR_RELEASE, KUBELET_POOL_RELEASES
 from pytest_gpucanary.kube import Kube
+from test_kubelet_pool import stop_kubelet_during_the_upgrade   # tests/e2e is on sys.path (rootdir import mode)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -81,12 +84,48 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
     assert {n: p for n, p in driver_pods(kube).items() if n in before} == before, "a held-back driver pod restarted"
 
 
-def test_a_driver_with_no_image_fails_at_rollout_on_the_kubelet_pool_and_every_node_keeps_its_driver(
-        clusterpolicy_fleet: dict[str, str], tmp_path: Path) -> None:
-    """The ClusterPolicy's own driver DaemonSet, at a version with no image, on the real kubelet node (the
-    fleet's default pool): the kubelet's pull failures are named in minutes, the ClusterPolicy goes back,
-    the pool node runs its old driver again, and the held-back nodes' driver pods never restarted. On a release
-    whose ClusterPolicy has no driver.hostNetwork, `fleet up` refuses such a pool in one line, starting nothing."""
+STALL_S = 60
+# case -> (target driver, what the rollout verdict says); each but "no-image" runs from `make diagnosis-matrix`
+CAUSES = {
+    "no-image": ("999.1.1", "nvcr.io/nvidia/driver:999.1.1-ubuntu22.04"),
+    "crash": ("574.0.1", f"container nvidia-driver-ctr on {KUBELET_NODE}: CrashLoopBackOff since"),
+    "driver-in-use": ("580.95.05", f"init container k8s-driver-manager on {KUBELET_NODE}: CrashLoopBackOff since"),
+    "hangs": ("574.0.2", f"container nvidia-driver-ctr on {KUBELET_NODE}: NotStarted since"),
+    "unvalidated": ("574.0.3", f"init container driver-validation on {KUBELET_NODE}: BlockedInInit since"),
+    "node-not-ready": ("580.95.05", f"node {KUBELET_NODE} on {KUBELET_NODE}: NotReady since"),
+    "eviction-refused": ("580.95.05", "drain cannot evict it: PodDisruptionBudget gpucanary-"),
+}
+
+
+def _case_args(case: str, root: Path) -> tuple[str, ...]:
+    """The run's options beyond the common ones: the stall time, the holder, or a refused drain (the field
+    note's policy, whose pod deletion must fall back to the drain, with a 60 s drain timeout, and a service
+    whose budget allows no disruption)."""
+    if case == "driver-in-use":
+        return (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
+    if case != "eviction-refused":
+        return (f"--gpucanary-stall-s={STALL_S}",) if case in ("hangs", "unvalidated", "node-not-ready") else ()
+    policy = yaml.safe_load((FIXTURES / "policies" / "field-note.yaml").read_text())
+    policy["spec"]["driver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = STALL_S
+    service = list(yaml.safe_load_all((FIXTURES / "workloads" / "service.yaml").read_text()))
+    [budget] = [doc for doc in service if doc["kind"] == "PodDisruptionBudget"]
+    budget["spec"] = {"maxUnavailable": 0, "selector": budget["spec"]["selector"]}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "policy.yaml").write_text(yaml.safe_dump(policy))
+    (root / "service.yaml").write_text(yaml.safe_dump_all(service))
+    return (f"--gpucanary-policy={root / 'policy.yaml'}", f"--gpucanary-service={root / 'service.yaml'}")
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, marks=() if case == "no-image" else pytest.mark.diagnosis_matrix)
+                                  for case in CAUSES if KUBELET_POOL or case == "no-image"])
+def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_every_node_keeps_its_driver(
+        clusterpolicy_fleet: dict[str, str], tmp_path: Path, case: str) -> None:
+    """The ClusterPolicy's own driver DaemonSet on the real kubelet node (the fleet's default pool), at a target
+    that cannot come: no image, a driver that crashes loading, one a pod holds without a GPU request, one that
+    hangs before it loads, one that loads while the validator's check of it fails, the node gone NotReady, or a
+    drain that a budget refuses. Each is named in minutes, the ClusterPolicy goes back, the pool node runs its
+    old driver again, and the held-back nodes' driver pods never restarted. On a release whose ClusterPolicy has
+    no driver.hostNetwork, `fleet up` refuses such a pool in one line, starting nothing."""
     if not KUBELET_POOL:
         root = tmp_path / "refused"
         up = gpucanary({**clusterpolicy_fleet, "GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_KUBELET_POOL": "1"},
@@ -97,19 +136,33 @@ def test_a_driver_with_no_image_fails_at_rollout_on_the_kubelet_pool_and_every_n
         return
     kube = Kube.connect(clusterpolicy_fleet["KUBECONFIG_PATH"])
     before = driver_pods(kube)
-    result = gpucanary(clusterpolicy_fleet, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                       "--gpucanary-driver-version=999.1.1", "--gpucanary-probe-interval-s=10",
-                       "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
-                       f"--gpucanary-reports-dir={tmp_path / 'reports'}")
-    output = result.stdout[-4000:] + result.stderr[-2000:]
-    assert result.returncode == 1, output
-    assert f"pool {KUBELET_NODE} (kubelet)" in result.stdout and "operator in ClusterPolicy mode" in result.stdout
+    target, words = CAUSES[case]
+    command = [sys.executable, "-m", "pytest_gpucanary.cli", "run",
+               f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", f"--gpucanary-driver-version={target}",
+               "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
+               "--gpucanary-job-duration-s=150", f"--gpucanary-reports-dir={tmp_path / 'reports'}",
+               *_case_args(case, tmp_path / "inputs")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **clusterpolicy_fleet, "PYTHONUNBUFFERED": "1"})
+    try:
+        if case == "node-not-ready":
+            stop_kubelet_during_the_upgrade(clusterpolicy_fleet, KUBELET_NODE, stall_s=STALL_S)
+        stdout, stderr = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+    output = stdout[-4000:] + stderr[-2000:]
+    assert proc.returncode == 1, output
+    assert f"pool {KUBELET_NODE} (kubelet)" in stdout and "operator in ClusterPolicy mode" in stdout
     [run_dir] = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     [rollout] = [v for v in json.loads((run_dir / "receipt.json").read_text())["verdicts"] if v["stage"] == "rollout"]
     assert rollout["outcome"] == "fail", rollout["summary"]
-    assert f"container nvidia-driver-ctr on {KUBELET_NODE}: " in rollout["summary"], rollout["summary"]
-    assert "nvcr.io/nvidia/driver:999.1.1-ubuntu22.04" in rollout["summary"], rollout["summary"]
+    assert words in rollout["summary"], rollout["summary"]
     assert "it will not clear by itself" in rollout["summary"], rollout["summary"]
+    assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
+    if case == "no-image":
+        assert f"container nvidia-driver-ctr on {KUBELET_NODE}: " in rollout["summary"], rollout["summary"]
+    if case == "unvalidated":
+        assert "its log ends: Failed to initialize NVML: Driver/library version mismatch" in rollout["summary"]
 
     assert kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["version"] == "580.82.07"
     [pod] = kube.list("v1", "Pod", label_selector="app=nvidia-driver-daemonset",

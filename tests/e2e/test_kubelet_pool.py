@@ -263,37 +263,42 @@ def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFa
     manager cannot unload the old one. The run's restore takes its workloads, the holder with them, off first.
     Then at once, with a stall time of 60 s: on the first node a driver whose container hangs before it loads
     (the fleet's 574.0.2); on the second, an upgrade to a good driver during which the node's kubelet stops
-    (SIGSTOP), so the node goes NotReady, and comes back once the run has had time to call it."""
+    (SIGSTOP), so the node goes NotReady, and comes back once the run has had time to call it. Then at once: on
+    the first node a driver whose container cannot load its module (574.0.1, a crash loop); on the second one
+    that loads and turns Ready while the validator's nvidia-smi check of it fails (574.0.3), so the operands wait
+    behind a Ready driver."""
     root = tmp_path_factory.mktemp("failing-runs")
     holder = (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
     stall = (f"--gpucanary-stall-s={STALL_S}",)
     cases = {"no-image": (NODE, "999.1.1", ()), "driver-in-use": (SECOND, TARGET, holder),
-             "hangs": (NODE, "574.0.2", stall), "node-not-ready": (SECOND, TARGET, stall)}
+             "hangs": (NODE, "574.0.2", stall), "node-not-ready": (SECOND, TARGET, stall),
+             "crash": (NODE, "574.0.1", ()), "unvalidated": (SECOND, "574.0.3", stall)}
     runs = {name: Run("default.yaml", node, root / name, (f"--gpucanary-pool-node={node}",
                       f"--junitxml={root / name / 'junit.xml'}", *args), target=target)
             for name, (node, target, args) in cases.items()}
-    for pair in (("no-image", "driver-in-use"), ("hangs", "node-not-ready")):
+    for pair in (("no-image", "driver-in-use"), ("hangs", "node-not-ready"), ("crash", "unvalidated")):
         for name in pair:
             runs[name].start(pool_fleet)
         if "node-not-ready" in pair:
-            _stop_kubelet_during_the_upgrade(pool_fleet, SECOND)
+            stop_kubelet_during_the_upgrade(pool_fleet, SECOND)
         for name in pair:
             runs[name].finish()
     return runs
 
 
-def _stop_kubelet_during_the_upgrade(env: dict[str, str], node: str) -> None:
+def stop_kubelet_during_the_upgrade(env: dict[str, str], node: str, *, stall_s: float = STALL_S) -> None:
     """Once the run's upgrade has begun on `node`, stop its kubelet until the node has been NotReady for the
     stall time and 40 s more (the run calls it at the stall time), then let it go on."""
     kube = _kube(env)
     kube.wait_for("v1", "Node", node, lambda n: RUN_ID_LABEL in n["metadata"]["labels"] and n["metadata"]["labels"].get(
         "nvidia.com/gpu-driver-upgrade-state") not in (None, "", "upgrade-done"), timeout_s=300)
-    pid = processes.pid_of(FleetLayout(root=Path(env["GPUCANARY_FLEET_DIR"]), port_base=PORT_BASE), f"{node}-kubelet")
+    layout = FleetLayout(root=Path(env["GPUCANARY_FLEET_DIR"]), port_base=int(env["GPUCANARY_FLEET_PORT_BASE"]))
+    pid = processes.pid_of(layout, f"{node}-kubelet")
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
         kube.wait_for("v1", "Node", node, lambda n: not _ready(n), timeout_s=180)
-        time.sleep(STALL_S + 40)
+        time.sleep(stall_s + 40)
     finally:
         os.kill(pid, signal.SIGCONT)
 
@@ -307,13 +312,16 @@ def _ready(node: dict) -> bool:
     ("driver-in-use", f"init container k8s-driver-manager on {SECOND}: CrashLoopBackOff"),
     ("hangs", f"container nvidia-driver-ctr on {NODE}: NotStarted since"),
     ("node-not-ready", f"node {SECOND} on {SECOND}: NotReady since"),
+    ("crash", f"container nvidia-driver-ctr on {NODE}: CrashLoopBackOff since"),
+    ("unvalidated", f"init container driver-validation on {SECOND}: BlockedInInit since"),
 ])
 def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_keeps_its_driver(
         pool_fleet: dict[str, str], failing_runs: dict[str, Run], case: str, words: str) -> None:
     """No image for the target, a driver the driver manager cannot unload, a driver container that never
-    loads, or the node gone NotReady: the run calls it once it has outlasted the kubelet's back-offs (for the
-    hang, once its log has been quiet for the stall time; for the node, once it has been NotReady that long),
-    without waiting out the budget, names it, and puts the node back on its old driver."""
+    loads or crashes loading, the node gone NotReady, or operands that wait behind a Ready driver: the run calls
+    it once it has outlasted the kubelet's back-offs (for the hang, once its log has been quiet for the stall
+    time; for the node and the operands, once they have waited that long), without waiting out the budget,
+    names it, and puts the node back on its old driver."""
     run = failing_runs[case]
     receipt, output = run.receipt, run.output
     assert run.proc.returncode == 1, output
@@ -321,7 +329,8 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
     assert rollout["outcome"] == "fail", rollout["summary"]
     assert words in rollout["summary"] and "it will not clear by itself" in rollout["summary"], rollout["summary"]
     assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
-    said = f"] rollout: node {SECOND} on" if case == "node-not-ready" else "] rollout: driver pod gpu-operator/"
+    said = {"node-not-ready": f"] rollout: node {SECOND} on",
+            "unvalidated": "] rollout: operator pod gpu-operator/nvidia-"}.get(case, "] rollout: driver pod gpu-operator/")
     assert any(said in line for line in run.stdout.splitlines()), output     # the cause reached the progress
     if case == "node-not-ready":                                             # as it happened
         assert "NodeStatusUnknown: Kubelet stopped posting node status" in rollout["summary"], rollout["summary"]
@@ -337,6 +346,14 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
         assert "running, its startup probe has not passed; its log ends: Installing Linux kernel headers..." \
             in rollout["summary"], rollout["summary"]
         assert "rollout: nvidia-driver-ctr said last: Installing Linux kernel headers..." in run.stdout, output
+    if case == "crash":                             # the exit and the driver's own last words
+        assert "exit code 1 (Error) after " in rollout["summary"], rollout["summary"]
+        assert "its log ends: ERROR: Unable to load the kernel module 'nvidia.ko'" in rollout["summary"], \
+            rollout["summary"]
+    if case == "unvalidated":                       # behind a Ready driver, in the validator's words
+        assert "(the driver pod is Ready)" in rollout["summary"], rollout["summary"]
+        assert "its log ends: Failed to initialize NVML: Driver/library version mismatch" in rollout["summary"], \
+            rollout["summary"]
     kube = _kube(pool_fleet)
     [driver] = [image for app, (_, image) in _operand_pods(kube, run.node).items() if app.startswith("nvidia-gpu-driver")]
     assert driver == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"

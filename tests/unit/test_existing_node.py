@@ -332,3 +332,45 @@ def test_a_pool_driven_by_two_nvidiadrivers_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"the pool \['canary-0', 'gpu-1'\] is driven by different NVIDIADrivers "
                                           r"\(\['all', 'canary'\]\)"):
         ExistingNodeProvider(selector=GPU_PRESENT_LABEL, size=2).provision(fake, CLUSTER, run_id="r1")
+
+
+@pytest.mark.parametrize("state", ["validation-required", "upgrade-failed"])
+def test_a_node_stranded_on_the_target_is_put_back_into_upgrade_required_to_roll_back(state: str) -> None:
+    """GPU Operator leaves an out-of-date driver pod alone in validation-required and upgrade-failed: the give-back
+    puts the node into upgrade-required (what the operator does for an out-of-date pod), once; the operator then
+    restarts the pod at the restored version."""
+    from pytest_gpucanary.pool.existing_node import wait_for_driver
+
+    fake = FakeKube()
+    fake.create(node("canary-0", **{UPGRADE_STATE_LABEL: state}))
+    fake.create(driver_pod("canary-0", version=DRIVER_TO))
+    states: list[str] = []
+
+    def operator() -> None:         # the upgrade cycle, from upgrade-required to the restored driver
+        fake.wait_for("v1", "Node", "canary-0",
+                      lambda n: n["metadata"]["labels"][UPGRADE_STATE_LABEL] == "upgrade-required", timeout_s=10)
+        states.append("upgrade-required")
+        fake.delete("v1", "Pod", "nvidia-driver-canary-0", namespace="gpu-operator")
+        fake.create(driver_pod("canary-0"))
+        fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-done"}}})
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    said: list[str] = []
+    wait_for_driver(fake, "canary-0", DRIVER_FROM, timeout_s=10, report=said.append)
+    thread.join()
+    assert states == ["upgrade-required"]
+    assert said == [f"node canary-0 stayed in {state} on driver {DRIVER_TO}, which GPU Operator does not restart "
+                    f"there: put it back into upgrade-required to roll it back to {DRIVER_FROM}"]
+
+
+def test_a_node_in_validation_on_its_own_driver_is_left_to_the_operator() -> None:
+    from pytest_gpucanary.pool.existing_node import wait_for_driver
+
+    fake = FakeKube()
+    fake.create(node("canary-0", **{UPGRADE_STATE_LABEL: "validation-required"}))
+    fake.create(driver_pod("canary-0"))
+    writes = len(fake.writes)
+    with pytest.raises(EnvError, match="did not return to driver"):
+        wait_for_driver(fake, "canary-0", DRIVER_FROM, timeout_s=0.5, report=print)
+    assert len(fake.writes) == writes

@@ -76,3 +76,29 @@ def test_the_progress_line_says_a_v26_release_waits_for_its_requeue_once_the_new
     assert line.startswith(f"{NODE}: pod-restart-required | 100/1200 s | ")
     assert line.endswith("new driver pod Ready; this release moves on at its next 2-minute requeue")
     assert "requeue" not in CanaryRun._status_text(run, pool, SimpleNamespace(records=records), 100.0, "v25.10.1")
+
+
+def test_a_log_the_kubelet_cannot_give_while_it_replaces_the_container_is_read_again(monkeypatch) -> None:
+    """A crash loop's previous container, read as the kubelet starts the next one: its answer is a line saying
+    it has no log; a moment later it has."""
+    from types import SimpleNamespace
+
+    from pytest_gpucanary import run as run_module
+    from pytest_gpucanary.ladder import stall
+    from pytest_gpucanary.run import CanaryRun
+
+    monkeypatch.setattr(run_module.time, "sleep", lambda s: None)
+    cause = stall.Cause("gpu-kubelet-0", "driver pod", "CrashLoopBackOff", "", 0, 1, "gpu-operator", "driver-x",
+                        "nvidia-driver-ctr")
+    answers = ["unable to retrieve container logs for containerd://decf", "Installing...\nERROR: Unable to load\n"]
+    said: list[str] = []
+    noted: list = []
+    run = SimpleNamespace(kube=SimpleNamespace(pod_log=lambda *a, **k: answers.pop(0)),
+                          progress=SimpleNamespace(line=said.append))
+    recorder = SimpleNamespace(records=[], note=noted.append)
+    assert CanaryRun._read_log(run, cause, recorder, previous=True) is True
+    assert noted[0].object["lines"] == ["Installing...", "ERROR: Unable to load"] and said == []
+    answers[:] = ["unable to retrieve container logs for containerd://decf"] * run_module.LOG_READS
+    assert CanaryRun._read_log(run, cause, recorder, previous=True) is False
+    assert said == ["rollout: cannot read the log of driver-x/nvidia-driver-ctr: unable to retrieve container logs "
+                    "for containerd://decf"]

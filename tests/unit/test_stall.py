@@ -255,11 +255,11 @@ def test_the_rung_names_the_budget_when_the_operator_gives_up_the_drain() -> Non
            "team-a/trainer allows 0 disruptions" in verdict.summary, verdict.summary
 
 
-def operand_pod(at_s: float, *, holding: bool = True) -> Record:
-    inits = [{"name": "driver-validation", "state": {"running": {}} if holding else {"terminated": {"exitCode": 0}}}]
-    obj = {"metadata": {"name": "nvidia-device-plugin-daemonset-x", "namespace": "gpu-operator", "uid": "op1",
-                        "labels": {"app": "nvidia-device-plugin-daemonset"},
-                        "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-device-plugin-daemonset"}]},
+def operand_pod(at_s: float, *, holding: bool = True, app: str = "nvidia-device-plugin-daemonset",
+                init: str = "driver-validation") -> Record:
+    inits = [{"name": init, "state": {"running": {}} if holding else {"terminated": {"exitCode": 0}}}]
+    obj = {"metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "uid": app,
+                        "labels": {"app": app}, "ownerReferences": [{"kind": "DaemonSet", "name": app}]},
            "spec": {"nodeName": NODE}, "status": {"phase": "Pending" if holding else "Running",
                                                   "initContainerStatuses": inits}}
     return Record("pods", "MODIFIED", "Pod", "gpu-operator", obj["metadata"]["name"], int(at_s * S), int(at_s * S), obj)
@@ -281,6 +281,39 @@ def test_an_operand_blocked_behind_the_driver_waits_for_the_driver_then_is_termi
     stuck = stall.terminal([*records, operand_pod(500)], [NODE], since_wall_ns=0)
     assert stuck.reason == stall.OPERAND_BLOCKED and stuck.terminal_wall_ns == 500 * S
     assert stall.causes([*records, operand_pod(450, holding=False)], NODE, since_wall_ns=0) == []
+
+
+def test_an_operand_blocked_behind_a_ready_driver_is_quoted_by_what_its_check_said_before_the_retry() -> None:
+    stuck = stall.terminal([operand_pod(10), ready_driver(20), operand_pod(200)], [NODE], since_wall_ns=0)
+    assert stuck.container == "driver-validation" and "(the driver pod is Ready)" in stuck.message, stuck
+    log = stall.log_record(stuck, "Attempting to validate a driver container installation\n"
+                                  "Failed to initialize NVML: Driver/library version mismatch\n"
+                                  "failed to validate the driver, retrying after 5 seconds\n"
+                                  "Attempting to validate a driver container installation\n",
+                           mono_ns=201 * S, wall_ns=201 * S)
+    assert stall.last_meaningful(log.object["lines"]) == "Failed to initialize NVML: Driver/library version mismatch"
+    assert stall.last_meaningful(["waiting", "retrying after 5 seconds"]) == "waiting"
+    assert stall.last_meaningful(["command failed, retrying after 5 seconds"]) == \
+        "command failed, retrying after 5 seconds"           # nothing said before it: the retry is all there is
+
+
+def test_an_operand_that_waits_on_after_its_driver_turned_ready_is_terminal_without_another_record_of_it() -> None:
+    """The operand's last record says the driver was not ready; the driver's Ready starts its time all the same."""
+    records = [operand_pod(70), ready_driver(90)]
+    [cause] = [c for c in stall.causes(records, NODE, since_wall_ns=0, now_wall_ns=150 * S)
+               if c.reason == stall.OPERAND_BLOCKED]
+    assert cause.message.endswith("(the driver pod is Ready)") and cause.terminal_wall_ns is None, cause
+    stuck = stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=271 * S)
+    assert stuck.reason == stall.OPERAND_BLOCKED and stuck.terminal_wall_ns == 270 * S, stuck
+
+
+def test_of_operands_blocked_at_once_the_one_the_others_wait_on_is_named() -> None:
+    plugin = lambda at: operand_pod(at, init="toolkit-validation")          # noqa: E731
+    validator = lambda at: operand_pod(at, app="nvidia-operator-validator")  # noqa: E731
+    stuck = stall.terminal([plugin(10), validator(11), ready_driver(20), plugin(200), validator(200)], [NODE],
+                           since_wall_ns=0)
+    assert (stuck.pod, stuck.container, stuck.terminal_wall_ns) == ("nvidia-operator-validator-x", "driver-validation",
+                                                                    200 * S), stuck
 
 
 def test_a_crash_loop_keeps_its_first_moment_across_the_runs_between_crashes() -> None:

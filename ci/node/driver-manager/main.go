@@ -35,8 +35,10 @@ const (
 	serviceAccount = "/var/run/secrets/kubernetes.io/serviceaccount"
 	driverMarker   = "/run/nvidia/gpucanary-driver-loaded"
 	nvmlState      = "/run/nvidia/gpucanary-nvml.env" // the NVML stand-in's answers while the driver is loaded
-	paused         = "paused-for-driver-upgrade"
-	evictTimeout   = 10 * time.Minute
+	// what nvidia-smi says to the validator while a driver of the fleet's "unvalidated" fault is loaded
+	validationFault = "/run/nvidia/validations/.gpucanary-nvidia-smi-fails"
+	paused          = "paused-for-driver-upgrade"
+	evictTimeout    = 10 * time.Minute
 )
 
 // The labels and pod apps k8s-driver-manager evicts (its GPU_OPERATOR_COMPONENTS).
@@ -261,8 +263,10 @@ func driverManager(c *client, name string) error {
 			return fmt.Errorf("failed to uninstall nvidia driver components: failed to unload driver: " +
 				"resource temporarily unavailable")
 		}
-		if err := os.Remove(nvmlState); err != nil && !os.IsNotExist(err) {
-			return err
+		for _, path := range []string{nvmlState, validationFault} {
+			if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+				return err
+			}
 		}
 		if err := os.Remove(driverMarker); err != nil {
 			return err
