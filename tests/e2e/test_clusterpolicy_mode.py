@@ -91,7 +91,7 @@ CAUSES = {
     "crash": ("574.0.1", f"container nvidia-driver-ctr on {KUBELET_NODE}: CrashLoopBackOff since"),
     "driver-in-use": ("580.95.05", f"init container k8s-driver-manager on {KUBELET_NODE}: CrashLoopBackOff since"),
     "hangs": ("574.0.2", f"container nvidia-driver-ctr on {KUBELET_NODE}: NotStarted since"),
-    "unvalidated": ("574.0.3", f"init container driver-validation on {KUBELET_NODE}: BlockedInInit since"),
+    "unvalidated": ("574.0.3", f"on {KUBELET_NODE}: BlockedInInit since"),
     "node-not-ready": ("580.95.05", f"node {KUBELET_NODE} on {KUBELET_NODE}: NotReady since"),
     "eviction-refused": ("580.95.05", "drain cannot evict it: PodDisruptionBudget gpucanary-"),
 }
@@ -157,12 +157,16 @@ def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_ever
     [rollout] = [v for v in json.loads((run_dir / "receipt.json").read_text())["verdicts"] if v["stage"] == "rollout"]
     assert rollout["outcome"] == "fail", rollout["summary"]
     assert words in rollout["summary"], rollout["summary"]
-    assert "it will not clear by itself" in rollout["summary"], rollout["summary"]
-    assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
+    if case == "eviction-refused":      # the operator fails the node at the drain's own timeout, named
+        assert f"drain gave up after {STALL_S} s" in rollout["summary"], rollout["summary"]
+    else:
+        assert "it will not clear by itself" in rollout["summary"], rollout["summary"]
+        assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
     if case == "no-image":
         assert f"container nvidia-driver-ctr on {KUBELET_NODE}: " in rollout["summary"], rollout["summary"]
     if case == "unvalidated":
-        assert "its log ends: Failed to initialize NVML: Driver/library version mismatch" in rollout["summary"]
+        assert "in init container driver-validation (the driver pod is Ready); its log ends: Failed to initialize " \
+               "NVML: Driver/library version mismatch" in rollout["summary"], rollout["summary"]
 
     assert kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["version"] == "580.82.07"
     [pod] = kube.list("v1", "Pod", label_selector="app=nvidia-driver-daemonset",
@@ -171,7 +175,9 @@ def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_ever
     assert pod["status"]["phase"] == "Running", pod["status"]
     node = kube.get("v1", "Node", KUBELET_NODE)
     assert node["metadata"]["labels"].get("nvidia.com/gpu-driver-upgrade-state") == "upgrade-done"
-    assert not node["spec"].get("taints") and not node["spec"].get("unschedulable"), node["spec"]
+    # the run's fence went with the restore (the node controller's unreachable taint goes on its own time)
+    assert not [t for t in node["spec"].get("taints") or [] if not t["key"].startswith("node.kubernetes.io/")] \
+        and not node["spec"].get("unschedulable"), node["spec"]
     assert {n: p for n, p in driver_pods(kube).items() if n in KWOK_NODES} == \
         {n: p for n, p in before.items() if n in KWOK_NODES}, "a held-back driver pod restarted"
 
