@@ -560,7 +560,7 @@ class CanaryRun:
         blast_radius = run.blast_radius
         started, started_wall_ns = time.monotonic(), time.time_ns()
         budget_s = self.settings.upgrade_budget_s
-        said: set[tuple[str, str]] = set()
+        said: set[tuple[str, str, bool]] = set()
         read_at: dict[tuple[str, str, str], int] = {}      # wall ns of each not-started container's last log read
         while time.monotonic() - started < budget_s:
             if blast_radius is not None and blast_radius.breaches:
@@ -575,8 +575,10 @@ class CanaryRun:
             if self._read_quiet_logs(found, recorder, read_at):     # a start still printing keeps its time
                 found = self._causes(pool, recorder, run, started_wall_ns)
             for cause in found:
-                if (cause.what, cause.reason) not in said:          # a change of cause, printed once
-                    said.add((cause.what, cause.reason))
+                # a change of cause, printed once; an operand's also when its wait starts to count (the driver Ready)
+                key = (cause.what, cause.reason, cause.message.endswith(f"({stall.READY_DRIVER})"))
+                if key not in said:
+                    said.add(key)
                     self.progress.line(f"rollout: {cause.line((cause.since_wall_ns - started_wall_ns) / 1e9)}")
             if stuck := stall.first_terminal(found):
                 run.stalled = stuck

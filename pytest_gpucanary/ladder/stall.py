@@ -47,6 +47,7 @@ STUCK_S = 180            # unschedulable, the node NotReady, an operand blocked 
                          # (the default of the stall_s knob)
 EVICTION_REFUSED = "EvictionRefused"
 OPERAND_BLOCKED = "BlockedInInit"
+READY_DRIVER = "the driver pod is Ready"   # what an operand waits behind once its wait counts
 NOT_STARTED = "NotStarted"  # running, its startup probe not yet passed
 # the upgrade state in which the operator evicts, the policy knob it reads, and whether only GPU pods go
 EVICTING = {op.POD_DELETION_REQUIRED: ("podDeletion", True), op.DRAIN_REQUIRED: ("drain", False)}
@@ -348,7 +349,7 @@ def _behind(track: _Track, at: int, scene: _Scene) -> str:
     and again from each time it turns Ready; what it waits behind, in words."""
     ready = scene.driver_ready_wall_ns
     track.outlasted(at, scene.stuck_s if ready is not None else None, from_wall_ns=ready or 0)
-    return "the driver pod is Ready" if ready is not None else "the driver is not ready"
+    return READY_DRIVER if ready is not None else "the driver is not ready"
 
 
 def _container(container: dict, init: bool, at: int, node: str, who: str, pod_meta: dict, holders: str,
