@@ -622,7 +622,9 @@ class CanaryRun:
         """A container's own words (a crash loop's last run: `previous`): its log tail, into the timeline when
         it differs from the last read (the rung quotes it). Best effort: a log that cannot be read leaves the
         cause as the kubelet put it. True when a record was added."""
-        for attempt in range(LOG_READS):
+        for read in range(LOG_READS):
+            if read:
+                time.sleep(2.0)
             try:
                 text = self.kube.pod_log(cause.pod, namespace=cause.namespace, container=cause.container,
                                          previous=previous, tail_lines=stall.LOG_TAIL_LINES)
@@ -631,7 +633,6 @@ class CanaryRun:
                 return False
             if not text.startswith(LOG_GONE):
                 break
-            time.sleep(2.0)
         else:
             self.progress.line(f"rollout: cannot read the log of {cause.pod}/{cause.container}: {text.strip()}")
             return False

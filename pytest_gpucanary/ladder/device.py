@@ -20,7 +20,6 @@ from pytest_gpucanary.ladder.model import CapacityDip, Evidence, Outcome, Stage,
 from pytest_gpucanary.ladder.rules import Finding, at, metrics_note, stage_metrics, verdict
 
 
-
 def _pods_on(ev: RunEvidence, node: str, is_operand: Callable[[Mapping[str, str]], bool]) -> list[timeline.PodSeen]:
     return [p for p in timeline.latest_pods(ev.records) if p.node == node and is_operand(p.labels)]
 
@@ -41,8 +40,8 @@ def validator_line(ev: RunEvidence, node: str) -> str:
     """Why a node waits in validation-required: its validator pod as last seen, or that it has none."""
     live = [p for p in _pods_on(ev, node, op.is_validator_pod) if p.removed_wall_ns is None]
     if not live:
-        return (f"no {op.VALIDATOR_SELECTOR} pod on {node}: the operator waits in {op.VALIDATION_REQUIRED} without ever "
-                f"starting its validation timeout")
+        return (f"no {op.VALIDATOR_SELECTOR} pod on {node}: the operator waits in {op.VALIDATION_REQUIRED} "
+                f"without ever starting its validation timeout")
     p = live[-1]
     return (f"validator pod {p.namespace}/{p.name} is {_describe(p)} since {ev.offset_s(p.first_seen_wall_ns):+.0f}s "
             f"(the operator fails the node after its 600 s validation timeout)")
@@ -145,7 +144,8 @@ def _device_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[list[F
         held = states[-1:] == [op.VALIDATION_REQUIRED] or states[-2:] == [op.VALIDATION_REQUIRED, op.UPGRADE_FAILED]
         if held:
             where = "failed in" if states[-1] == op.UPGRADE_FAILED else "held in"
-            return [Finding(Outcome.FAIL, f"node {node} {where} {op.VALIDATION_REQUIRED}: {validator_line(ev, node)}")], \
+            return [Finding(Outcome.FAIL,
+                            f"node {node} {where} {op.VALIDATION_REQUIRED}: {validator_line(ev, node)}")], \
                 [_pod_evidence(ev, p) for p in _pods_on(ev, node, op.is_validator_pod)], dip
         return [Finding(Outcome.INCONCLUSIVE, f"node {node} never reached upgrade-done; device state not judged")], [], dip
     finding, driver, items = _new_driver(ev, node)

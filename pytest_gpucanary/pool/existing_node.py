@@ -261,15 +261,16 @@ def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float,
     """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done. A node
     stranded on another driver (STRANDED_STATES) is put back into upgrade-required, the state the operator
     itself gives a node whose driver pod is out of date, so it rolls the node back."""
-    tries = [UNSTRAND_TRIES]
+    tries = UNSTRAND_TRIES
 
     def back(nodes: dict[str, dict]) -> bool | None:
+        nonlocal tries
         labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
         state = labels.get(UPGRADE_STATE_LABEL)
         if state == UPGRADE_DONE and _driver_version_on(kube, node) == version:
             return True
-        if state in STRANDED_STATES and tries[0] and (stale := _other_drivers_on(kube, node, version)):
-            tries[0] -= 1
+        if state in STRANDED_STATES and tries and (stale := _other_drivers_on(kube, node, version)):
+            tries -= 1
             if _unstrand(kube, node):
                 report(f"node {node} stayed in {state} on driver {', '.join(stale)}, which GPU Operator does not "
                        f"restart there: put it back into {UPGRADE_REQUIRED} to roll it back to {version}")
@@ -282,11 +283,15 @@ def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float,
                        hint="check it, then run `gpucanary cleanup` to restore its labels and taints") from None
 
 
+def _driver_pods_on(kube: Kube, node: str) -> list[dict]:
+    """The node's driver pods, but those being deleted."""
+    pods = kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector=f"spec.nodeName={node}")
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
 def _other_drivers_on(kube: Kube, node: str, version: str) -> list[str]:
     """The versions of the node's driver pods (any phase) that are not `version`."""
-    pods = kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector=f"spec.nodeName={node}")
-    return sorted({v for p in pods if not p["metadata"].get("deletionTimestamp")
-                   and (v := driver_version_of(p)) and v != version})
+    return sorted({v for p in _driver_pods_on(kube, node) if (v := driver_version_of(p)) and v != version})
 
 
 def _unstrand(kube: Kube, node: str) -> bool:
@@ -299,6 +304,5 @@ def _unstrand(kube: Kube, node: str) -> bool:
 
 
 def _driver_version_on(kube: Kube, node: str) -> str:
-    pods = kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector=f"spec.nodeName={node}")
-    ready = [p for p in pods if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    ready = [p for p in _driver_pods_on(kube, node) if p.get("status", {}).get("phase") == "Running"]
     return driver_version_of(ready[0]) if len(ready) == 1 else ""
