@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import yaml
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.layout import DEFAULT_OPERATOR_RELEASE, KUBELET_POOL_RELEASES
 from pytest_gpucanary.kube import Kube
 from test_kubelet_pool import stop_kubelet_during_the_upgrade   # tests/e2e is on sys.path (rootdir import mode)
+from test_rollout_diagnosis import refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -105,15 +105,7 @@ def _case_args(case: str, root: Path) -> tuple[str, ...]:
         return (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
     if case != "eviction-refused":
         return (f"--gpucanary-stall-s={STALL_S}",) if case in ("hangs", "unvalidated", "node-not-ready") else ()
-    policy = yaml.safe_load((FIXTURES / "policies" / "field-note.yaml").read_text())
-    policy["spec"]["driver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = STALL_S
-    service = list(yaml.safe_load_all((FIXTURES / "workloads" / "service.yaml").read_text()))
-    [budget] = [doc for doc in service if doc["kind"] == "PodDisruptionBudget"]
-    budget["spec"] = {"maxUnavailable": 0, "selector": budget["spec"]["selector"]}
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "policy.yaml").write_text(yaml.safe_dump(policy))
-    (root / "service.yaml").write_text(yaml.safe_dump_all(service))
-    return (f"--gpucanary-policy={root / 'policy.yaml'}", f"--gpucanary-service={root / 'service.yaml'}")
+    return refused_drain_options(root, drain_timeout_s=STALL_S)
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, marks=() if case == "no-image" else pytest.mark.diagnosis_matrix)

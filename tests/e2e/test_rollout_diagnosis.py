@@ -21,20 +21,26 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DRAIN_TIMEOUT_S = 60
 
 
-def test_a_budget_that_refuses_the_drain_fails_at_rollout_naming_it(
-        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
-    # the field note's policy: pod deletion refuses the job's /dev/shm, the drain fallback must evict the service
+def refused_drain_options(root: Path, *, drain_timeout_s: int) -> tuple[str, str]:
+    """The field note's policy (pod deletion refuses the job's /dev/shm, so the drain fallback must evict the
+    service) with the drain's timeout, and the service whose budget allows no disruption at all: the run's
+    --gpucanary-policy and --gpucanary-service, written under `root`."""
     policy = yaml.safe_load((FIXTURES / "policies" / "field-note.yaml").read_text())
-    policy["spec"]["driver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = DRAIN_TIMEOUT_S
-    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
-    # ... whose budget allows no disruption at all
+    policy["spec"]["driver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = drain_timeout_s
     service = list(yaml.safe_load_all((FIXTURES / "workloads" / "service.yaml").read_text()))
     [budget] = [doc for doc in service if doc["kind"] == "PodDisruptionBudget"]
     budget["spec"] = {"maxUnavailable": 0, "selector": budget["spec"]["selector"]}
-    (tmp_path / "service.yaml").write_text(yaml.safe_dump_all(service))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "policy.yaml").write_text(yaml.safe_dump(policy))
+    (root / "service.yaml").write_text(yaml.safe_dump_all(service))
+    return f"--gpucanary-policy={root / 'policy.yaml'}", f"--gpucanary-service={root / 'service.yaml'}"
 
-    result = gpucanary("run", f"--gpucanary-policy={tmp_path / 'policy.yaml'}", f"--gpucanary-driver-version={TARGET}",
-                       *FAST, f"--gpucanary-service={tmp_path / 'service.yaml'}", reports=tmp_path / "reports")
+
+def test_a_budget_that_refuses_the_drain_fails_at_rollout_naming_it(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    policy, service = refused_drain_options(tmp_path, drain_timeout_s=DRAIN_TIMEOUT_S)
+    result = gpucanary("run", policy, f"--gpucanary-driver-version={TARGET}", *FAST, service,
+                       reports=tmp_path / "reports")
 
     output = result.stdout[-4000:] + result.stderr[-2000:]
     assert result.returncode == 1, output
