@@ -14,6 +14,7 @@ from pytest_gpucanary.config import BY_NAME, KNOBS, Knob, Settings, env_source, 
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 if TYPE_CHECKING:
+    from pytest_gpucanary.kube import Kube
     from pytest_gpucanary.policy.helm import HelmChart
 
 
@@ -221,6 +222,26 @@ def _cmd_evaluate(args: argparse.Namespace) -> ExitCode:
 VERDICT_KNOBS = ("policy", "driver_version", "kubeconfig", "context", "helm_chart", "helm_binary")
 
 
+def _change_settings(args: argparse.Namespace, what: str) -> Settings:
+    """The settings of a command about one change (a policy and a target driver), both given."""
+    settings = Settings.resolve(lambda knob: getattr(args, knob.name, None), env_source(os.environ))
+    if settings.policy is None or not settings.driver_version:
+        raise ConfigError(what, hint=f"pass {flag('policy')} PATH and {flag('driver_version')} VERSION, as the canary "
+                                     "run had")
+    return settings
+
+
+def _connect(settings: Settings) -> Kube:
+    """The cluster the settings name, or the local fleet."""
+    from pytest_gpucanary.kube import Kube
+
+    if settings.kubeconfig:
+        return Kube.connect(settings.kubeconfig, context=settings.context)
+    from pytest_gpucanary.fleet import Fleet
+
+    return Kube.connect(Fleet.from_env().kubeconfig)
+
+
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "verdict", help="Exit 0 only if a canary run recently passed for exactly this policy, target and release",
@@ -241,23 +262,14 @@ def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
     import json
 
     from pytest_gpucanary import preflight, publish
-    from pytest_gpucanary.kube import Kube
     from pytest_gpucanary.policy.parse import load_policy
     from pytest_gpucanary.receipt.verdict import VerdictKey
 
-    settings = Settings.resolve(lambda knob: getattr(args, knob.name, None), env_source(os.environ))
-    if settings.policy is None or not settings.driver_version:
-        raise ConfigError("a verdict is of one policy and one target driver",
-                          hint=f"pass {flag('policy')} PATH and {flag('driver_version')} VERSION, as the canary run had")
+    settings = _change_settings(args, "a verdict is of one policy and one target driver")
     if not (args.max_age_h > 0 and math.isfinite(args.max_age_h)):
         raise ConfigError(f"--max-age-h={args.max_age_h} is not a positive number of hours", hint="e.g. --max-age-h=24")
     policy = load_policy(settings.policy, helm=_helm(settings))
-    if settings.kubeconfig:
-        kube = Kube.connect(settings.kubeconfig, context=settings.context)
-    else:
-        from pytest_gpucanary.fleet import Fleet
-
-        kube = Kube.connect(Fleet.from_env().kubeconfig)
+    kube = _connect(settings)
     key = VerdictKey.of(policy.to_cr(), settings.driver_version, preflight.operator_release(kube))
     found = publish.read(kube, key)
     print(json.dumps(dataclasses.asdict(found) if found else None, indent=1))
@@ -266,6 +278,84 @@ def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
         return ExitCode.GATE_FAILED
     _progress(f"gpucanary: proceed: {found.line()}")
     return ExitCode.OK
+
+
+WIDEN_KNOBS = (*VERDICT_KNOBS, "allowed_evictions", "reports_dir")
+
+
+def _add_widen(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "widen", help="Roll a change the canary passed out to the rest of the fleet, in waves",
+        description="Needs the passing verdict `gpucanary verdict` would find for this policy, target and release; "
+                    "refuses before any write without one. Holds every node of the NVIDIADriver (or, in ClusterPolicy "
+                    "mode, every driver node) with the operator's skip label, writes the target version and the "
+                    "policy, then releases one wave at a time. Each wave must reach upgrade-done on the target driver "
+                    "within --wave-budget-s and stay so for --soak-s, removing no pod the allowed-evictions rule does "
+                    "not allow; a failed wave halts the sweep with every later node held on its old driver. The "
+                    "sweep's state is in ConfigMap gpucanary/gpucanary-widen-<key>. Exit 0 when every wave passed; 1 "
+                    "when a wave failed or the verdict refused; 2 interrupted (the holds stay: --resume, or "
+                    "`gpucanary cleanup --run-id` rolls it back); 4 bad input; 6 the cluster refused.")
+    add_knob_options(parser, (BY_NAME[name] for name in WIDEN_KNOBS))
+    parser.add_argument("--waves", default="fixed:1", metavar="STRATEGY",
+                        help="fixed:N (N nodes a wave), linear:N (N, 2N, 3N...) or exponential:N (N, 2N, 4N...); "
+                             "default fixed:1")
+    parser.add_argument("--soak-s", type=float, default=300.0, metavar="SECONDS",
+                        help="How long each wave must stay upgraded and undisturbed (default 300)")
+    parser.add_argument("--wave-budget-s", type=float, default=1800.0, metavar="SECONDS",
+                        help="Longest a wave may take to reach upgrade-done (default 1800)")
+    parser.add_argument("--max-age-h", type=float, default=24.0, metavar="HOURS",
+                        help="Oldest passing verdict that counts, in hours (default 24)")
+    parser.add_argument("--nvidiadriver", metavar="NAME",
+                        help="NVIDIADriver mode: the NVIDIADriver to widen (needed when there are several)")
+    parser.add_argument("--resume", action="store_true", help="Go on with the sweep of this change a killed widen left")
+    parser.add_argument("--rollback", action="store_true",
+                        help="When a wave fails: restore the policy object (the failed wave returns to the old "
+                             "driver under the operator's own policy) and release every hold, as cleanup does")
+    parser.set_defaults(handler=_cmd_widen)
+
+
+def _cmd_widen(args: argparse.Namespace) -> ExitCode:
+    import signal
+
+    from pytest_gpucanary.policy.parse import load_policy
+    from pytest_gpucanary.widen import plan, receipt
+    from pytest_gpucanary.widen.rollout import Refused, WidenOptions, widen
+
+    settings = _change_settings(args, "a sweep rolls out one policy and one target driver")
+    for name, value, least in (("--soak-s", args.soak_s, 0), ("--wave-budget-s", args.wave_budget_s, 1),
+                               ("--max-age-h", args.max_age_h, 0.01)):
+        if not (value >= least and math.isfinite(value)):
+            raise ConfigError(f"{name}={value:g} is out of range", hint=f"{least:g} or more")
+    strategy = plan.Strategy.parse(args.waves)
+    policy = load_policy(settings.policy, helm=_helm(settings))
+    kube = _connect(settings)
+    opts = WidenOptions(policy.to_cr(), settings.driver_version, strategy, soak_s=args.soak_s,
+                        wave_budget_s=args.wave_budget_s, max_age_s=args.max_age_h * 3600,
+                        nvidiadriver=args.nvidiadriver, resume=args.resume, rollback=args.rollback, settings=settings)
+    latest: list = []
+
+    def keep(sweep: object) -> None:
+        latest[:] = [sweep]
+        receipt.write(settings.reports_dir / sweep.run_id, sweep)   # type: ignore[attr-defined]
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        sweep = widen(kube, opts, report=_progress, on_sweep=keep)
+    except Refused as why:
+        _progress(f"gpucanary: hold: {why}")
+        return ExitCode.GATE_FAILED
+    except KeyboardInterrupt:
+        if latest:
+            _progress(f"widen: stopped; sweep {latest[0].run_id}'s holds stay: `gpucanary widen --resume` with the "
+                      f"same options goes on, `gpucanary cleanup --run-id {latest[0].run_id}` rolls it back")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _progress(f"widen: receipt in {settings.reports_dir / sweep.run_id}")
+    return ExitCode.OK if sweep.status == "done" else ExitCode.GATE_FAILED
 
 
 def _add_cleanup(sub: argparse._SubParsersAction) -> None:
@@ -425,7 +515,7 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
 
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_run, _add_preflight,
                                                                        _add_evaluate, _add_verdict, _add_cleanup,
-                                                                       _add_plan_sweep, _add_lint, _add_gate)
+                                                                       _add_widen, _add_plan_sweep, _add_lint, _add_gate)
 
 
 def _progress(line: str) -> None:

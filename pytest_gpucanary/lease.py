@@ -187,6 +187,16 @@ class RunLease:
         self._thread.start()
         return self
 
+    def take_over(self, seen: LeaseSeen | None) -> RunLease:
+        """Own the Lease of this run, judged dead (`observe`), by compare-and-swap on it as seen, and renew it from
+        now on: a sweep resumed by another process. EnvError when someone else took it first."""
+        if not take_over(self.kube, self.run_id, seen, self.holder) or (now := read(self.kube, self.run_id)) is None:
+            raise EnvError(f"run {self.run_id}'s Lease was taken by someone else first",
+                           hint="another resume or a cleanup is at work on it")
+        self._version, self._renewed = now.resource_version, time.monotonic()
+        self._thread.start()
+        return self
+
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.renew_every_s):
             try:
@@ -221,12 +231,16 @@ class RunLease:
             if self._interrupt:     # the run unwinds as on Ctrl-C: its restores are conditional writes
                 _thread.interrupt_main()
 
-    def release(self) -> None:
-        """Stop renewing and delete the Lease's namespace: the run has put everything back."""
+    def stop(self) -> None:
+        """Stop renewing and keep the Lease: what the run left stays its own, for a resume or a cleanup to take."""
         with self._stopping:
             self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+
+    def release(self) -> None:
+        """Stop renewing and delete the Lease's namespace: the run has put everything back."""
+        self.stop()
         if self.lost:
             return      # a cleanup owns what is left now
         release(self.kube, self.run_id)

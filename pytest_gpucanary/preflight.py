@@ -139,6 +139,12 @@ class ClusterInfo:
     def mode(self) -> str:
         return "NVIDIADriver" if self.nvidiadriver_mode else "ClusterPolicy"
 
+    @property
+    def writes_cluster_policy(self) -> bool:
+        """Whether a change of the policy writes the ClusterPolicy: in its mode, and for the cluster-wide policy
+        before v26.7."""
+        return not self.nvidiadriver_mode or not self.per_driver_policy
+
 
 def _cluster_policy(kube: Kube) -> dict:
     try:
@@ -195,13 +201,11 @@ def _nvidiadriver_has_upgrade_policy(kube: Kube) -> bool:
                .get("spec", {}).get("properties", {}) for v in versions)
 
 
-
 def missing_permissions(kube: Kube, permissions: Iterable[Permission], cluster: ClusterInfo) -> list[Problem]:
-    writes_cluster_policy = not (cluster.nvidiadriver_mode and cluster.per_driver_policy)
     problems = []
     for perm in permissions:
         if (perm.scope == "operator" and cluster.nvidiadriver_mode) or (
-                perm.writes_cluster_policy and not writes_cluster_policy):
+                perm.writes_cluster_policy and not cluster.writes_cluster_policy):
             continue
         namespace = {"operator": cluster.operator_namespace, "verdicts": VERDICT_NAMESPACE}.get(perm.scope)
         name = cluster.cluster_policy if perm.name == CHART_CLUSTER_POLICY else perm.name

@@ -11,7 +11,7 @@ change is. Every write is one of
   pool's nodes and NVIDIADriver, the workload namespace; everything else lives in that namespace);
 - a patch that saves the prior value in an annotation naming the run id, strictly before the patch
   that changes the value (`policy.apply._save_and_patch`), or one patch doing both at once
-  (`existing_node._mark`, `policy.apply._hold_back`);
+  (`existing_node._mark`, `policy.apply.hold_back`);
 - an undo, each one patch that puts the saved value back and drops its annotation in the same write,
   or a delete of an object found by its label; the Lease's namespace goes last;
 - after the restore, the verdict (`publish.record`): a create or a conditional patch of the ConfigMap
@@ -158,11 +158,6 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def writes_cluster_policy(cluster: preflight.ClusterInfo) -> bool:
-    """Whether a run writes the ClusterPolicy: in its mode, and for the cluster-wide policy before v26.7."""
-    return not cluster.nvidiadriver_mode or not cluster.per_driver_policy
-
-
 def refuse_other_runs(kube: Kube, cluster: preflight.ClusterInfo, *, allow_shared_policy: bool = False) -> None:
     """Before the first write: exit 6 when another run's saved state or hold is on an object this run would
     write (the ClusterPolicy; in its mode, every node the driver reaches). Never adopt, never overlap. Before
@@ -177,7 +172,7 @@ def refuse_other_runs(kube: Kube, cluster: preflight.ClusterInfo, *, allow_share
                                    f"{state}: before operator v26.7 the upgradePolicy is cluster-wide, so that upgrade "
                                    "would go on under the policy under test",
                                    hint=f"wait for it to finish, or pass {flag('allow_shared_policy')}")
-    if writes_cluster_policy(cluster):
+    if cluster.writes_cluster_policy:
         upgrade.refuse_foreign({"kind": "ClusterPolicy", **kube.get(*op.CLUSTER_POLICY, cluster.cluster_policy)},
                                upgrade.SAVED_SPEC_ANNOTATION, run_id="")
     if not cluster.nvidiadriver_mode:
@@ -232,7 +227,7 @@ class CanaryRun:
                 cleanup.callback(self._say_restored, run_id)
                 # the first write: every later change has a live owner that `gpucanary cleanup` leaves alone
                 cleanup.callback(RunLease(self.kube, run_id, say=self.progress.line).acquire().release)
-                if writes_cluster_policy(cluster):
+                if cluster.writes_cluster_policy:
                     lease.take_cluster_lock(self.kube, run_id)
                     cleanup.callback(lease.release_cluster_lock, self.kube, run_id)
                 clock.next("pool")

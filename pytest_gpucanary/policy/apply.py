@@ -102,7 +102,7 @@ def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *,
         if cluster.per_driver_policy:
             patch["upgradePolicy"] = upgrade_policy
         else:
-            _apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy}, applied, run_id)
+            apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy}, applied, run_id)
         prior = {key: driver_spec.get(key) for key in patch}
         _save_and_patch(kube, NVIDIADRIVER, pool.driver, patch, prior, applied, run_id)
         return applied
@@ -110,12 +110,12 @@ def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *,
     applied.prior_version = pool.driver_from
     for name, node in driver_nodes(kube).items():     # a fresh list: nodes that joined since preflight too
         if name not in pool.nodes:
-            _hold_back(kube, node, applied, run_id)
-    _apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy, "version": driver_to}, applied, run_id)
+            hold_back(kube, node, applied, run_id)
+    apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy, "version": driver_to}, applied, run_id)
     return applied
 
 
-def _apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, applied: AppliedUpgrade,
+def apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, applied: AppliedUpgrade,
                           run_id: str) -> None:
     driver_spec = kube.get(*CLUSTER_POLICY, cluster.cluster_policy)["spec"]["driver"]
     prior = {"driver": {key: driver_spec.get(key) for key in driver_patch}}
@@ -137,7 +137,7 @@ def driver_nodes(kube: Kube) -> dict[str, dict]:
     return nodes
 
 
-def _hold_back(kube: Kube, node_obj: dict, applied: AppliedUpgrade, run_id: str) -> None:
+def hold_back(kube: Kube, node_obj: dict, applied: AppliedUpgrade, run_id: str) -> None:
     """The skip label keeps the node in upgrade-required; its prior state is saved to put back. A node that
     changed since it was listed (its kubelet writes it often) is read and judged again."""
     name = node_obj["metadata"]["name"]

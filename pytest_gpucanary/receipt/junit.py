@@ -26,6 +26,11 @@ def render_stage_junit(result: LadderResult, evidence: RunEvidence) -> str:
     properties = {"run_id": evidence.run_id, "pool": ",".join(evidence.pool_nodes),
                   "driver_from": evidence.driver_from, "driver_to": evidence.driver_to}
     suite = TestSuite("gpucanary ladder", cases, properties=properties, timestamp=utc(evidence.upgrade_started_wall_ns))
+    return junit_document(suite)
+
+
+def junit_document(suite: TestSuite) -> str:
+    """The suite as a JUnit file every pipeline UI reads."""
     # junit-xml adds `disabled` counts, which strict schemas (Jenkins xUnit's junit-10.xsd) refuse
     root = ET.fromstring(to_xml_report_string([suite], prettyprint=False))
     for element in root.iter():

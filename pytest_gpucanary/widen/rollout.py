@@ -1,0 +1,401 @@
+"""The sweep: hold every node the change reaches, write the change, release and judge one wave at a time.
+
+Containment is the canary run's (policy/apply.py): the holds and the change go through the same writes, each
+conditional on what was read, each undo saved on the object it undoes under the sweep's run id, and a Lease
+says the sweep lives. A failed wave halts with every later node held; `--rollback` then restores the policy
+object (the failed wave's nodes go back to the old driver under the operator's own policy) and releases
+the holds once the driver DaemonSet is back at the old version, exactly as `gpucanary cleanup` would for a
+sweep that died. A sweep that passes every wave keeps the change and drops its saved copies.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pytest_gpucanary import lease, preflight, publish
+from pytest_gpucanary.config import Settings
+from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
+from pytest_gpucanary.gpu_operator import (
+    CLUSTER_POLICY, DRIVER_OWNER_LABEL, NVIDIADRIVER, SKIP_LABEL, driver_node_selector,
+)
+from pytest_gpucanary.kube import OWNER, OWNER_LABEL, Conflict, Kube, NotFound, patch_as_read, saved_run
+from pytest_gpucanary.policy import apply as upgrade
+from pytest_gpucanary.pool import Pool
+from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION
+from pytest_gpucanary.receipt.verdict import VerdictKey
+from pytest_gpucanary.widen import plan, state
+from pytest_gpucanary.widen.state import FAILED, PASSED, PENDING, ROLLING, SOAKING, Sweep, Wave
+from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, wait_and_judge
+
+CONFIGMAP = ("v1", "ConfigMap")
+
+
+class Refused(GpucanaryError):
+    """The verdict does not let the rollout start: exit 1, nothing written."""
+
+
+@dataclass(frozen=True)
+class WidenOptions:
+    upgrade_policy: dict
+    target: str
+    strategy: plan.Strategy
+    soak_s: float = 300.0
+    wave_budget_s: float = 1800.0
+    max_age_s: float = 24 * 3600.0
+    nvidiadriver: str | None = None
+    resume: bool = False
+    rollback: bool = False
+    settings: Settings = Settings()
+
+
+def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = print,
+          on_sweep: Callable[[Sweep], None] = lambda sweep: None) -> Sweep:
+    """Run (or resume) the sweep to its end: every wave passed (status done), or one failed (halted, or
+    rolled back). `on_sweep` sees the record each time it is written."""
+    key = VerdictKey.of(opts.upgrade_policy, opts.target, preflight.operator_release(kube))
+    found = publish.read(kube, key)
+    if why := publish.refusal(found, key, max_age_s=opts.max_age_s):
+        raise Refused(why)
+    assert found is not None
+    cluster = preflight.discover(kube)
+    before = read(kube, key)
+    if opts.resume:
+        sweep, run_lease = _resume(kube, before, report)
+    else:
+        _refuse_earlier(kube, before)
+        sweep, run_lease = _start(kube, cluster, opts, key, found.run_id, report)
+    pods = PodWatch(kube, opts.settings).start()
+    try:
+        save(kube, sweep, on_sweep)
+        applied = _applied(kube, cluster, sweep)
+        try:
+            _apply(kube, cluster, opts, sweep, applied, report)
+        except GpucanaryError:
+            report("widen: the change could not be written whole; putting back what was")
+            upgrade.restore(kube, applied, report=report)
+            sweep.status, sweep.ended_wall_ns = state.ROLLED_BACK, time.time_ns()
+            save(kube, sweep, on_sweep)
+            lease.release_cluster_lock(kube, sweep.run_id)
+            run_lease.release()
+            raise
+        failure = _waves(kube, cluster, opts, sweep, pods, applied, report, on_sweep)
+        if failure:
+            sweep.status = state.HALTED
+            report(f"widen: halted: {failure}; {_held(sweep)} nodes stay on driver {sweep.prior_version}")
+            if opts.rollback:
+                _roll_back(kube, cluster, sweep, applied, report)
+        else:
+            for kind, name in applied.saved:
+                _forget_saved_spec(kube, kind, name, sweep.run_id)
+            sweep.status = state.DONE
+            report(f"widen: every wave passed: {len(sweep.nodes())} nodes on driver {opts.target}")
+        sweep.ended_wall_ns = time.time_ns()
+        save(kube, sweep, on_sweep)
+    except BaseException:
+        run_lease.stop()          # killed: the holds stay; --resume or `gpucanary cleanup` takes it from here
+        raise
+    finally:
+        pods.stop()
+    if sweep.status == state.HALTED:
+        run_lease.stop()
+        report(f"widen: `gpucanary cleanup --run-id {sweep.run_id}` rolls the sweep back and releases the holds")
+    else:
+        lease.release_cluster_lock(kube, sweep.run_id)
+        run_lease.release()
+    return sweep
+
+
+def read(kube: Kube, key: VerdictKey) -> Sweep | None:
+    try:
+        found = kube.get(*CONFIGMAP, state.configmap_name(key), namespace=publish.NAMESPACE)
+    except NotFound:
+        return None
+    try:
+        return Sweep.from_data(found.get("data") or {})
+    except (ValueError, KeyError, TypeError):
+        raise EnvError(f"ConfigMap {publish.NAMESPACE}/{state.configmap_name(key)} holds no sweep gpucanary can read",
+                       hint="look at it, and delete it if no sweep is under way") from None
+
+
+def save(kube: Kube, sweep: Sweep, on_sweep: Callable[[Sweep], None] = lambda sweep: None) -> None:
+    """Write the record, only over a record of the same sweep (a sweep never takes over another's record)."""
+    name = state.configmap_name(sweep.key)
+    body = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": publish.NAMESPACE,
+                         "labels": {OWNER_LABEL: OWNER, "gpucanary.io/widen": sweep.status}},
+            "data": sweep.data()}
+    on_sweep(sweep)
+    try:
+        kube.create(body)
+        return
+    except Conflict:
+        pass
+
+    def decide(current: dict) -> tuple[dict, bool]:
+        if (current.get("data") or {}).get("run-id") not in (None, sweep.run_id):
+            raise EnvError(f"ConfigMap {publish.NAMESPACE}/{name} now records sweep {current['data']['run-id']}, "
+                           f"not {sweep.run_id}", hint="two sweeps of one change cannot run at once")
+        return {"metadata": {"labels": body["metadata"]["labels"]}, "data": body["data"]}, True
+
+    patch_as_read(kube, *CONFIGMAP, name, decide, what=f"ConfigMap {publish.NAMESPACE}/{name}",
+                  namespace=publish.NAMESPACE)
+
+
+def _refuse_earlier(kube: Kube, before: Sweep | None) -> None:
+    """A sweep of the same change that did not finish, with its holds or its change still in the cluster."""
+    if before is None or before.status in (state.DONE, state.ROLLED_BACK):
+        return
+    problems: list[str] = []
+    from pytest_gpucanary.cleanup import leftovers
+
+    if before.run_id in leftovers(kube, problems, only=before.run_id):
+        how = "--resume it" if before.status == state.RUNNING else "roll it back"
+        raise EnvError(f"sweep {before.run_id} of this change is {before.status}, its holds and change still in "
+                       "the cluster", hint=f"{how}, or run `gpucanary cleanup --run-id {before.run_id}`")
+
+
+def _resume(kube: Kube, before: Sweep | None, report: Callable[[str], None]) -> tuple[Sweep, lease.RunLease]:
+    if before is None or before.status != state.RUNNING:
+        raise ConfigError("--resume: no sweep of this change is under way" +
+                          (f" (sweep {before.run_id} is {before.status})" if before else ""),
+                          hint="start one without --resume")
+    dead, live = lease.observe(kube, {before.run_id}, report=report)
+    if before.run_id in live:
+        raise EnvError(f"sweep {before.run_id} is alive: its Lease is renewed by {live[before.run_id].holder}",
+                       hint="let it run; resume only a sweep whose process is gone")
+    run_lease = lease.RunLease(kube, before.run_id, say=report).take_over(dead[before.run_id])
+    report(f"widen: resuming sweep {before.run_id} at wave {(before.current() or 0) + 1}/{len(before.waves)}")
+    return before, run_lease
+
+
+def _start(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, key: VerdictKey, verdict_run: str,
+           report: Callable[[str], None]) -> tuple[Sweep, lease.RunLease]:
+    target, prior, nodes = _target(kube, cluster, opts.nvidiadriver, report)
+    if prior == opts.target:
+        raise ConfigError(f"{target[1]} {target[2]} is at driver {opts.target} already: nothing to widen",
+                          hint="widen a change the canary proved and the fleet does not run yet")
+    if not nodes:
+        raise EnvError(f"{target[1]} {target[2]} reaches no node that gpucanary may roll out to",
+                       hint="look at the nodes' skip labels and canary pools")
+    waves = [Wave(nodes=w) for w in plan.waves(nodes, opts.strategy)]
+    run_id = f"widen-{secrets.token_hex(4)}"
+    sweep = Sweep(run_id, key, target, prior, str(opts.strategy), opts.soak_s, waves, verdict_run,
+                  started_wall_ns=time.time_ns())
+    report(f"widen: sweep {run_id}: {target[1]} {target[2]} from driver {prior} to {opts.target}, "
+           f"{len(nodes)} nodes in {len(waves)} waves ({opts.strategy}, soak {opts.soak_s:g} s), "
+           f"on the verdict of canary run {verdict_run}")
+    run_lease = lease.RunLease(kube, run_id, say=report).acquire()     # the first write: every later one has an owner
+    try:
+        if cluster.writes_cluster_policy:
+            lease.take_cluster_lock(kube, run_id)
+    except BaseException:
+        run_lease.release()
+        raise
+    return sweep, run_lease
+
+
+def _target(kube: Kube, cluster: preflight.ClusterInfo, name: str | None,
+            report: Callable[[str], None]) -> tuple[tuple[str, str, str], str, list[str]]:
+    """What carries the version (the NVIDIADriver, or the ClusterPolicy), the version it is at, and its nodes
+    less those held by someone else or carved out as a canary pool."""
+    if cluster.nvidiadriver_mode:
+        drivers = {d["metadata"]["name"]: d for d in kube.list(*NVIDIADRIVER)
+                   if (d["metadata"].get("labels") or {}).get(OWNER_LABEL) != OWNER}
+        if name is None and len(drivers) != 1:
+            raise ConfigError(f"the cluster has {len(drivers)} NVIDIADrivers: name the one to widen",
+                              hint=f"--nvidiadriver NAME, one of: {', '.join(sorted(drivers)) or '(none)'}")
+        name = name or next(iter(drivers))
+        if name not in drivers:
+            raise ConfigError(f"no NVIDIADriver {name} (other than canary pools') in the cluster",
+                              hint=f"one of: {', '.join(sorted(drivers)) or '(none)'}")
+        driver = drivers[name]
+        nodes = list(kube.each("v1", "Node", label_selector=f"{DRIVER_OWNER_LABEL}={name}")) or \
+            list(kube.each("v1", "Node", label_selector=driver_node_selector(driver)))
+        target, prior = (*NVIDIADRIVER, name), str(driver["spec"].get("version") or "")
+    else:
+        policy = kube.get(*CLUSTER_POLICY, cluster.cluster_policy)
+        nodes = [{"metadata": n["metadata"]} for n in upgrade.driver_nodes(kube).values()]
+        target = (*CLUSTER_POLICY, cluster.cluster_policy)
+        prior = str(((policy.get("spec") or {}).get("driver") or {}).get("version") or "")
+    ours = []
+    for node in nodes:
+        meta = node["metadata"]
+        if (meta.get("labels") or {}).get(SKIP_LABEL) == "true":
+            report(f"widen: node {meta['name']} is held by someone else (its skip label): left out of the sweep")
+        elif SAVED_STATE_ANNOTATION in (meta.get("annotations") or {}):
+            report(f"widen: node {meta['name']} is a canary run's pool: left out of the sweep")
+        else:
+            ours.append(meta["name"])
+    return target, prior, ours
+
+
+def _applied(kube: Kube, cluster: preflight.ClusterInfo, sweep: Sweep) -> upgrade.AppliedUpgrade:
+    """What the sweep changed, as the canary's restore reads it: rebuilt from the sweep's record and what its
+    run id marks in the cluster, so a resumed sweep undoes what the killed one wrote."""
+    applied = upgrade.AppliedUpgrade(run_id=sweep.run_id, operator_namespace=cluster.operator_namespace,
+                                     prior_version=sweep.prior_version)
+    if not cluster.nvidiadriver_mode:
+        applied.cluster_policy = cluster.cluster_policy
+    from pytest_gpucanary.cleanup import leftovers
+
+    left = leftovers(kube, [], only=sweep.run_id).get(sweep.run_id)
+    if left is not None:
+        applied.saved = list(left.specs)
+        applied.skipped_nodes = [node["metadata"]["name"] for node in left.holds]
+    return applied
+
+
+def _apply(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep: Sweep,
+           applied: upgrade.AppliedUpgrade, report: Callable[[str], None]) -> None:
+    """Every node held first, then the change: no node can start on the new driver before its wave. Again on a
+    resume, writing only what the killed sweep had not (a second saved copy would save the change itself)."""
+    for name in sweep.nodes():
+        if not any(w.outcome != PENDING and name in w.nodes for w in sweep.waves):
+            upgrade.hold_back(kube, kube.get("v1", "Node", name), applied, sweep.run_id)
+    if applied.saved:
+        return
+    _, kind, name = sweep.target
+    if kind == NVIDIADRIVER[1]:
+        pool = Pool(nodes=tuple(sweep.nodes()), driver=name, driver_from=sweep.prior_version)
+        upgrade.apply(kube, cluster, pool, opts.upgrade_policy, driver_to=opts.target, run_id=sweep.run_id,
+                      applied=applied)
+    else:
+        upgrade.apply_cluster_policy(kube, cluster, {"upgradePolicy": opts.upgrade_policy, "version": opts.target},
+                                     applied, sweep.run_id)
+    report(f"widen: {len(applied.skipped_nodes)} nodes held on driver {sweep.prior_version}; "
+           f"wrote {applied.describe()}")
+
+
+def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep: Sweep, pods: PodWatch,
+           applied: upgrade.AppliedUpgrade, report: Callable[[str], None], on_sweep: Callable[[Sweep], None]) -> str:
+    """Each wave in turn from the first not passed; the failure that halts the sweep, or ""."""
+    while (index := sweep.current()) is not None:
+        _hold_joined(kube, cluster, opts, sweep, applied, report)
+        wave = sweep.waves[index]
+        where = f"wave {index + 1}/{len(sweep.waves)}"
+        if wave.outcome == PENDING:
+            pods.watch_nodes(wave.nodes)
+            for node in wave.nodes:
+                release_hold(kube, node, sweep.run_id)
+            wave.outcome, wave.started_wall_ns = ROLLING, time.time_ns()
+            save(kube, sweep, on_sweep)
+            report(f"widen: {where}: released {', '.join(wave.nodes)}")
+        pods.watch_nodes(wave.nodes)
+        progress = _Progress(where, report)
+
+        def record(seen: dict[str, NodeSeen], found: list, wave: Wave = wave) -> None:
+            now = time.time_ns()
+            for node, node_seen in seen.items():
+                states = wave.states.setdefault(node, [])
+                if not states or states[-1][1] != node_seen.state:
+                    states.append((now, node_seen.state))
+            wave.disruptions.extend(found)
+            progress.show(wave, seen, found)
+
+        if wave.outcome == ROLLING:
+            left_s = opts.wave_budget_s - (time.time_ns() - wave.started_wall_ns) / 1e9
+            failure = wait_and_judge(kube, pods, wave.nodes, cluster.operator_namespace, target=opts.target,
+                                     seconds=max(0.0, left_s), soaking=False, record=record)
+            if failure == "timeout":
+                failure = (f"{where}: not every node upgraded within {opts.wave_budget_s:g} s: "
+                           + ", ".join(f"{n} {s[-1][1] if s else '?'}" for n, s in sorted(wave.states.items())))
+            if failure:
+                return _fail(kube, sweep, wave, where, failure, on_sweep)
+            wave.outcome, wave.done_wall_ns = SOAKING, time.time_ns()
+            save(kube, sweep, on_sweep)
+            report(f"widen: {where}: every node on driver {opts.target}; soaking {sweep.soak_s:g} s")
+        left_s = sweep.soak_s - (time.time_ns() - wave.done_wall_ns) / 1e9
+        failure = wait_and_judge(kube, pods, wave.nodes, cluster.operator_namespace, target=opts.target,
+                                 seconds=max(0.0, left_s), soaking=True, record=record)
+        if failure:
+            return _fail(kube, sweep, wave, where, failure, on_sweep)
+        wave.outcome, wave.ended_wall_ns = PASSED, time.time_ns()
+        pods.watch_nodes([])
+        save(kube, sweep, on_sweep)
+        report(f"widen: {where} passed: {len(wave.nodes)} node{'' if len(wave.nodes) == 1 else 's'}, "
+               f"{sum(1 for d in wave.disruptions if d.gpus)} GPU pods and 0 other pods removed")
+    return ""
+
+
+def _fail(kube: Kube, sweep: Sweep, wave: Wave, where: str, failure: str,
+          on_sweep: Callable[[Sweep], None]) -> str:
+    wave.outcome, wave.ended_wall_ns, wave.signal = FAILED, time.time_ns(), failure
+    save(kube, sweep, on_sweep)
+    return f"{where}: {failure}" if not failure.startswith(where) else failure
+
+
+class _Progress:
+    """One line when what the wave waits on changes, and one every 30 s while it does not."""
+
+    def __init__(self, where: str, report: Callable[[str], None]) -> None:
+        self.where, self.report, self.said, self.at = where, report, "", 0.0
+
+    def show(self, wave: Wave, seen: dict[str, NodeSeen], found: list) -> None:
+        for d in found:
+            self.report(f"widen: {self.where}: {d.line()}" + ("" if d.allowed else " (not an allowed eviction)"))
+        text = ", ".join(f"{node} {now.state or 'no state'}" + ("" if now.ready else " NotReady")
+                         + (f" driver {now.driver}" if now.driver else " no driver pod")
+                         for node, now in sorted(seen.items()))
+        if text != self.said or time.monotonic() - self.at >= 30:
+            started = wave.done_wall_ns or wave.started_wall_ns
+            phase = "soak" if wave.done_wall_ns else "rolling"
+            self.report(f"widen: {self.where} {phase} +{(time.time_ns() - started) / 1e9:.0f} s: {text}")
+            self.said, self.at = text, time.monotonic()
+
+
+def _hold_joined(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep: Sweep,
+                 applied: upgrade.AppliedUpgrade, report: Callable[[str], None]) -> None:
+    """A node the change reaches that joined since the sweep started is held, and widened in the last wave."""
+    _, _, nodes = _target(kube, cluster, sweep.target[2] if cluster.nvidiadriver_mode else None, lambda line: None)
+    joined = sorted(set(nodes) - set(sweep.nodes()))
+    if not joined:
+        return
+    for name in joined:
+        upgrade.hold_back(kube, kube.get("v1", "Node", name), applied, sweep.run_id)
+    if sweep.waves[-1].outcome == PENDING:
+        sweep.waves[-1].nodes.extend(joined)
+    else:
+        sweep.waves.append(Wave(nodes=joined))
+    report(f"widen: {', '.join(joined)} joined: held, widened in wave {len(sweep.waves)}")
+
+
+def release_hold(kube: Kube, node: str, run_id: str) -> bool:
+    """Let the operator upgrade a held node: the skip label and the run's note of it go; its upgrade state stays
+    (upgrade-required, which the operator takes from there). False when the run holds nothing there."""
+    def decide(obj: dict) -> tuple[dict | None, bool]:
+        if saved_run(obj, upgrade.SKIP_SET_ANNOTATION) != run_id:
+            return None, False
+        labels = {SKIP_LABEL: None} if (obj["metadata"].get("labels") or {}).get(SKIP_LABEL) == "true" else {}
+        return {"metadata": {"labels": labels, "annotations": {upgrade.SKIP_SET_ANNOTATION: None}}}, True
+
+    return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}'s hold"))
+
+
+def _forget_saved_spec(kube: Kube, kind: tuple[str, str], name: str, run_id: str) -> None:
+    """The change is the fleet's state now: the run's saved copy of what it replaced goes."""
+    def decide(obj: dict) -> tuple[dict | None, bool]:
+        if saved_run(obj, upgrade.SAVED_SPEC_ANNOTATION) != run_id:
+            return None, False
+        return {"metadata": {"annotations": {upgrade.SAVED_SPEC_ANNOTATION: None}}}, True
+
+    patch_as_read(kube, *kind, name, decide, what=f"{kind[1]} {name}")
+
+
+def _roll_back(kube: Kube, cluster: preflight.ClusterInfo, sweep: Sweep, applied: upgrade.AppliedUpgrade,
+               report: Callable[[str], None]) -> None:
+    failed = next(w for w in sweep.waves if w.outcome == FAILED)
+    upgraded = [n for w in sweep.waves if w.outcome in (PASSED, FAILED, ROLLING, SOAKING) for n in w.nodes]
+    upgrade.restore(kube, applied, report=report)
+    sweep.status = state.ROLLED_BACK
+    sweep.rollback = (f"{sweep.target[1]} {sweep.target[2]} restored to driver {sweep.prior_version} and its earlier "
+                      f"upgradePolicy; the operator takes {', '.join(upgraded)} (the failed wave: "
+                      f"{', '.join(failed.nodes)}) back to {sweep.prior_version} under that policy; every held node "
+                      f"released once the driver DaemonSet was back at {sweep.prior_version}")
+    report(f"widen: rolled back: {sweep.rollback}")
+
+
+def _held(sweep: Sweep) -> int:
+    return sum(len(w.nodes) for w in sweep.waves if w.outcome == PENDING)

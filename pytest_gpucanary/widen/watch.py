@@ -1,0 +1,171 @@
+"""What a wave is judged on, read from the live cluster: every pod removed from the wave's nodes (a watch
+of all pods, from the wave's release to the end of its soak), and the nodes' upgrade states, readiness and
+driver pods. `judge` is the rule; the rest reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pytest_gpucanary.config import Settings
+from pytest_gpucanary.gpu_operator import (
+    DRIVER_COMPONENT_SELECTOR, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_STATE_LABEL, driver_version_of, gpus_requested,
+    of_daemonset,
+)
+from pytest_gpucanary.kube import Kube, KubeError
+from pytest_gpucanary.ladder.application import allows_eviction
+from pytest_gpucanary.widen.state import Disruption
+
+
+@dataclass(frozen=True)
+class NodeSeen:
+    state: str
+    ready: bool
+    driver: str          # the version its driver pod runs; "" when it has none
+    driver_ready: bool
+
+
+class PodWatch:
+    """Records, once per pod, every pod not of a DaemonSet that leaves one of the watched nodes: deleted (pod
+    deletion, a drain's eviction, anyone's delete) or evicted by the kubelet. DaemonSet pods are the
+    operator's own operands, which it restarts by design and which neither pod deletion nor drain touches."""
+
+    def __init__(self, kube: Kube, settings: Settings) -> None:
+        self.kube, self.settings = kube, settings
+        self._nodes: frozenset[str] = frozenset()
+        self._known: dict[str, dict] = {}       # uid -> a pod on a watched node, as last seen
+        self._seen_gone: set[str] = set()
+        self._found: list[Disruption] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.error = ""
+        self._thread = threading.Thread(target=self._run, name="gpucanary-widen-pods", daemon=True)
+
+    def start(self) -> PodWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=70)
+
+    def watch_nodes(self, nodes: list[str]) -> None:
+        with self._lock:
+            self._nodes = frozenset(nodes)
+
+    def take(self) -> list[Disruption]:
+        """The disruptions found since the last call."""
+        with self._lock:
+            found, self._found = self._found, []
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self.kube.watch("v1", "Pod", stop=self._stop):
+                    with self._lock:
+                        self._see(event.type, event.object, event.received_wall_ns)
+            except KubeError as err:
+                self.error = str(err)
+                self._stop.wait(2)
+
+    def _see(self, kind: str, obj: dict, wall_ns: int) -> None:
+        if kind == "RELISTED":            # what vanished while the watch was down was deleted
+            present = {p["metadata"]["uid"] for p in obj["items"]}
+            for uid, pod in list(self._known.items()):
+                if uid not in present:
+                    self._gone(pod, "deleted", wall_ns)
+            for pod in obj["items"]:
+                self._see("ADDED", pod, wall_ns)
+            return
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        if spec.get("nodeName") not in self._nodes or of_daemonset(meta):
+            return
+        if kind == "DELETED" or meta.get("deletionTimestamp"):
+            self._gone(obj, "deleted", wall_ns)
+        elif (obj.get("status") or {}).get("reason") == "Evicted":
+            self._gone(obj, "evicted by the kubelet", wall_ns)
+        else:
+            self._known[meta["uid"]] = obj
+
+    def _gone(self, pod: dict, how: str, wall_ns: int) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        self._known.pop(meta["uid"], None)
+        if meta["uid"] in self._seen_gone:
+            return
+        self._seen_gone.add(meta["uid"])
+        gpus = gpus_requested(spec.get("containers") or [])
+        allowed = allows_eviction(self.settings, gpus=gpus, labels=meta.get("labels") or {})
+        self._found.append(Disruption(spec.get("nodeName", ""), meta.get("namespace", ""), meta["name"], gpus,
+                                      allowed, wall_ns, how))
+
+
+def nodes_seen(kube: Kube, nodes: list[str], namespace: str | None) -> dict[str, NodeSeen]:
+    """Each node's upgrade state, readiness and driver pod; a node gone is not in the answer."""
+    drivers: dict[str, dict] = {}
+    for pod in kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, namespace=namespace):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node in nodes and not pod["metadata"].get("deletionTimestamp"):
+            drivers[node] = pod
+    seen = {}
+    for name in nodes:
+        try:
+            node = kube.get("v1", "Node", name)
+        except KubeError:
+            continue
+        pod = drivers.get(name)
+        seen[name] = NodeSeen((node["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL, ""),
+                              _ready(node), driver_version_of(pod) if pod else "", bool(pod) and _ready(pod))
+    return seen
+
+
+def _ready(obj: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+def judge(nodes: list[str], seen: dict[str, NodeSeen], disruptions: list[Disruption], *, target: str,
+          soaking: bool) -> tuple[bool, str]:
+    """(every node upgraded and healthy, why the wave failed or ""). Rolling, a node may pass through any state;
+    soaking, it must stay upgrade-done, Ready, on the target driver."""
+    for d in disruptions:
+        if not d.allowed:
+            return False, f"{d.line()}, not an allowed eviction"
+    for node in nodes:
+        now = seen.get(node)
+        if now is None:
+            return False, f"node {node} was deleted during its wave"
+        if now.state == UPGRADE_FAILED:
+            return False, f"node {node} went {UPGRADE_FAILED} (driver pod at {now.driver or 'none'})"
+    healthy = {n: seen[n].state == UPGRADE_DONE and seen[n].ready and seen[n].driver == target and seen[n].driver_ready
+               for n in nodes}
+    if soaking:
+        for node, ok in healthy.items():
+            if not ok:
+                now = seen[node]
+                return False, (f"node {node} left the upgraded state during the soak: {now.state or 'no state'}, "
+                               f"{'Ready' if now.ready else 'NotReady'}, driver {now.driver or 'none'}"
+                               f"{'' if now.driver_ready else ' not ready'}")
+    return all(healthy.values()), ""
+
+
+def wait_and_judge(kube: Kube, pods: PodWatch, nodes: list[str], namespace: str | None, *, target: str,
+                   seconds: float, soaking: bool, record: Callable[[dict[str, NodeSeen], list[Disruption]], None],
+                   tick_s: float = 2.0) -> str:
+    """Judge the wave every tick for up to `seconds`. Rolling: returns "" once every node is upgraded, the
+    failure when one shows, "timeout" at the end. Soaking: "" at the end unless a failure shows first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        seen = nodes_seen(kube, nodes, namespace)
+        found = pods.take()
+        record(seen, found)
+        done, failure = judge(nodes, seen, found, target=target, soaking=soaking)
+        if failure:
+            return failure
+        if done and not soaking:
+            return ""
+        if time.monotonic() >= deadline:
+            return "" if soaking else "timeout"
+        time.sleep(min(tick_s, max(0.0, deadline - time.monotonic())))

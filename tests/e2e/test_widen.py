@@ -1,0 +1,206 @@
+"""`gpucanary widen` on a fleet of its own (four KWOK GPU nodes of one NVIDIADriver), with the real GPU
+Operator doing every upgrade: no write without a passing verdict; a sweep killed mid-wave and resumed from
+the cluster passes every wave; the field note's policy fails its first wave on the service it evicts and
+leaves every later node held on the old driver, and `gpucanary cleanup` rolls the sweep back.
+
+The verdict a sweep needs is written here as a canary run records it (`publish.record`): what a canary run
+records is the canary's own e2e (test_canary_gate); what is proved here is what widen does with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+from pytest_gpucanary import preflight, publish
+from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.gpu_operator import NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL, driver_version_of
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.policy.parse import load_policy
+from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
+from test_clusterpolicy_mode import gpucanary   # tests/e2e is on sys.path (rootdir import mode)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2350  # a second fleet beside the session's
+NODES = [f"gpu-node-{i}" for i in range(4)]
+DRIVER = "fleet"
+FAST = ["--soak-s=10", "--wave-budget-s=600"]
+
+
+@pytest.fixture(scope="module")
+def widen_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    binaries = gpucanary_fleet.fleet.binaries()
+    env = {"GPUCANARY_FLEET_DIR": str(tmp_path_factory.mktemp("widen-fleet")), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
+           "GPUCANARY_FLEET_GPU_NODES": str(len(NODES)), "GPUCANARY_FLEET_KUBELET_NODES": "0",
+           "GPUCANARY_BIN_DIR": str(binaries.control_plane), "GPUCANARY_OPERATOR_BIN_DIR": str(binaries.operator)}
+    up = gpucanary(env, "fleet", "up")
+    assert up.returncode == 0, up.stderr[-2000:]
+    env["KUBECONFIG_PATH"] = up.stdout.strip().splitlines()[-1]
+    yield env
+    gpucanary(env, "fleet", "down")
+
+
+@pytest.fixture
+def kube(widen_fleet: dict[str, str]) -> Kube:
+    return Kube.connect(widen_fleet["KUBECONFIG_PATH"])
+
+
+def policy_file(tmp_path: Path, source: str, **changes: object) -> Path:
+    """A fixture policy with some upgradePolicy fields changed (every node of a wave at once, for speed)."""
+    doc = yaml.safe_load((FIXTURES / "policies" / source).read_text())
+    doc["spec"]["driver"]["upgradePolicy"].update(changes)
+    path = tmp_path / source
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def record_verdict(kube: Kube, policy: Path, target: str, *, passed: bool) -> None:
+    key = VerdictKey.of(load_policy(policy).to_cr(), target, preflight.operator_release(kube))
+    assert publish.record(kube, Verdict(key, passed, "canary-e2e", time.time_ns(), "" if passed else "application",
+                                        {"rollout": "pass", "application": "pass" if passed else "fail"}))
+
+
+def driver_version(kube: Kube) -> str:
+    return kube.get(*NVIDIADRIVER, DRIVER)["spec"]["version"]
+
+
+def nodes_now(kube: Kube) -> dict[str, tuple[str, str | None, str]]:
+    """node -> (upgrade state, skip label, its driver pod's version)"""
+    drivers = {p["spec"]["nodeName"]: driver_version_of(p)
+               for p in kube.list("v1", "Pod", label_selector="app.kubernetes.io/component=nvidia-driver")
+               if not p["metadata"].get("deletionTimestamp")}
+    return {name: ((labels := kube.get("v1", "Node", name)["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL, ""),
+                   labels.get(SKIP_LABEL), drivers.get(name, "")) for name in NODES}
+
+
+def sweep_record(kube: Kube) -> list[dict]:
+    return [json.loads(cm["data"]["sweep"]) for cm in kube.list("v1", "ConfigMap", namespace="gpucanary")
+            if cm["metadata"]["name"].startswith("gpucanary-widen-")]
+
+
+def widen_args(policy: Path, target: str, reports: Path, *extra: str) -> list[str]:
+    return ["widen", f"--gpucanary-policy={policy}", f"--gpucanary-driver-version={target}",
+            f"--gpucanary-reports-dir={reports}", *FAST, *extra]
+
+
+def test_widen_without_a_passing_verdict_refuses_before_any_write(widen_fleet: dict[str, str], kube: Kube,
+                                                                   tmp_path: Path) -> None:
+    policy = policy_file(tmp_path, "default.yaml")
+    before = (kube.get(*NVIDIADRIVER, DRIVER)["metadata"]["resourceVersion"],
+              [kube.get("v1", "Node", n)["metadata"]["resourceVersion"] for n in NODES])
+    none = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path))
+    assert none.returncode == 1, none.stderr
+    assert none.stderr.strip().splitlines() == [
+        f"gpucanary: hold: no canary verdict for {load_key(kube, policy, '580.95.05').describe()}: run the canary "
+        "with exactly this policy and target"]
+    record_verdict(kube, policy, "580.95.05", passed=False)
+    failed = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path))
+    assert failed.returncode == 1 and failed.stderr.startswith("gpucanary: hold: the canary failed: "), failed.stderr
+    after = (kube.get(*NVIDIADRIVER, DRIVER)["metadata"]["resourceVersion"],
+             [kube.get("v1", "Node", n)["metadata"]["resourceVersion"] for n in NODES])
+    assert after == before and not sweep_record(kube)
+    assert not [ns for ns in kube.list("v1", "Namespace") if ns["metadata"]["name"].startswith("gpucanary-widen")]
+
+
+def load_key(kube: Kube, policy: Path, target: str) -> VerdictKey:
+    return VerdictKey.of(load_policy(policy).to_cr(), target, preflight.operator_release(kube))
+
+
+def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_waves(
+        widen_fleet: dict[str, str], kube: Kube, tmp_path: Path) -> None:
+    policy = policy_file(tmp_path, "default.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
+    before = driver_version(kube)
+    target = "580.95.05"
+    record_verdict(kube, policy, target, passed=True)
+    args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", *args], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **widen_fleet, "PYTHONUNBUFFERED": "1"})
+    said = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        said.append(line)
+        if line.startswith("widen: wave 1/2: released gpu-node-0, gpu-node-1"):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert said and said[-1].startswith("widen: wave 1/2: released"), "".join(said)
+    held = nodes_now(kube)
+    assert driver_version(kube) == target
+    assert all(held[n][1] == "true" and held[n][2] == before for n in NODES[2:]), held   # wave 2 held on the old driver
+    resumed = gpucanary(widen_fleet, *args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    lines = resumed.stderr.splitlines()
+    assert any(line.startswith("widen: resuming sweep widen-") and "at wave 1/2" in line for line in lines), lines
+    assert [line for line in lines if " passed: " in line] == [
+        "widen: wave 1/2 passed: 2 nodes, 0 GPU pods and 0 other pods removed",
+        "widen: wave 2/2 passed: 2 nodes, 0 GPU pods and 0 other pods removed"]
+    assert nodes_now(kube) == {n: ("upgrade-done", None, target) for n in NODES}
+    assert "gpucanary.io/saved-spec" not in (kube.get(*NVIDIADRIVER, DRIVER)["metadata"].get("annotations") or {})
+    [record] = sweep_record(kube)
+    assert record["status"] == "done" and [w["outcome"] for w in record["waves"]] == ["passed", "passed"]
+    assert [w["nodes"] for w in record["waves"]] == [NODES[:2], NODES[2:]]
+    wave_2 = record["waves"][1]
+    assert wave_2["started_wall_ns"] >= record["waves"][0]["ended_wall_ns"], "wave 2 released after wave 1 passed"
+    assert not [ns for ns in kube.list("v1", "Namespace") if ns["metadata"]["name"] == f"gpucanary-{record['run_id']}-owner"]
+    run_dir = tmp_path / "reports" / record["run_id"]
+    junit = (run_dir / "widen-junit.xml").read_text()
+    assert junit.count("<testcase ") == 2 and "<failure" not in junit
+    assert json.loads((run_dir / "widen.json").read_text())["headline"] == "widen done: 2/2 waves passed, 4 nodes"
+    assert "wave 2: passed" in (run_dir / "widen.html").read_text()
+
+
+def deployment(name: str, spec: dict) -> dict:
+    """One replica on the first wave's node, as a customer's would be: managed, so a drain may evict it."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"nodeSelector": {"kubernetes.io/hostname": NODES[0]}, **spec}}}}
+
+
+SERVICE = deployment("sched-api", {"containers": [{"name": "api", "image": "registry.k8s.io/pause:3.10"}]})
+# PyTorch's /dev/shm: the field note's pod deletion (deleteEmptyDir false) refuses it, so its drain fallback runs
+TRAINER = deployment("trainer", {"volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+                                 "containers": [{"name": "train", "image": "registry.k8s.io/pause:3.10",
+                                                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]})
+
+
+def test_the_field_note_policy_fails_its_first_wave_on_the_evicted_service_and_holds_the_rest(
+        widen_fleet: dict[str, str], kube: Kube, tmp_path: Path) -> None:
+    before = driver_version(kube)
+    target = "580.95.06"
+    policy = policy_file(tmp_path, "field-note.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
+    record_verdict(kube, policy, target, passed=True)
+    kube.create(SERVICE)
+    kube.create(TRAINER)
+    kube.watch_until("v1", "Pod", lambda pods: True if {p["metadata"]["labels"]["app"] for p in pods.values()
+                                                        if p.get("status", {}).get("phase") == "Running"}
+                     >= {"sched-api", "trainer"} else None, timeout_s=120, namespace="default")
+    result = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1"))
+    assert result.returncode == 1, result.stderr[-4000:]
+    halted = [line for line in result.stderr.splitlines() if line.startswith("widen: halted: ")]
+    assert len(halted) == 1 and halted[0].startswith("widen: halted: wave 1/4: pod that uses no GPU default/sched-api-")
+    assert halted[0].endswith(f"deleted on {NODES[0]}, not an allowed eviction; 3 nodes stay on driver {before}"), halted
+    now = nodes_now(kube)
+    assert all(now[n] == ("upgrade-required", "true", before) for n in NODES[1:]), now
+    [record] = [r for r in sweep_record(kube) if r["key"]["target"] == target]
+    assert record["status"] == "halted"
+    assert [w["outcome"] for w in record["waves"]] == ["failed", "pending", "pending", "pending"]
+    junit = (tmp_path / "reports" / record["run_id"] / "widen-junit.xml").read_text()
+    assert junit.count("<failure") == 1 and junit.count("<skipped") == 3
+    again = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1"))
+    assert again.returncode == 6 and f"sweep {record['run_id']} of this change is halted" in again.stderr, again.stderr
+    cleanup = gpucanary(widen_fleet, "cleanup", f"--run-id={record['run_id']}", "--force")
+    assert cleanup.returncode == 0, cleanup.stderr[-3000:]
+    assert driver_version(kube) == before
+    assert all(kube.get("v1", "Node", n)["metadata"].get("labels", {}).get(SKIP_LABEL) is None for n in NODES)
+    assert f"run {record['run_id']}: nothing of it is left on the cluster" in cleanup.stderr

@@ -1,0 +1,259 @@
+"""`gpucanary widen`: waves from a strategy, the wave rule, the record a resume reads, the receipt, and a whole
+sweep over the in-memory apiserver with the operator's part scripted (a node upgrades once released)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kube_double import FakeKube
+from test_policy_apply import OPERATOR_NS, cluster_policy, node   # the same cluster shapes
+
+from pytest_gpucanary import publish
+from pytest_gpucanary.cli import main
+from pytest_gpucanary.config import Settings
+from pytest_gpucanary.errors import ConfigError, EnvError
+from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, SKIP_LABEL, UPGRADE_STATE_LABEL
+from pytest_gpucanary.policy import apply as upgrade
+from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
+from pytest_gpucanary.widen import plan, receipt, state
+from pytest_gpucanary.widen.rollout import Refused, WidenOptions, release_hold, widen
+from pytest_gpucanary.widen.state import Disruption, Sweep, Wave
+from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, judge
+
+OLD, NEW = "570.172.08", "580.82.07"
+POLICY = {"autoUpgrade": True, "maxParallelUpgrades": 0, "maxUnavailable": "100%"}
+NODES = [f"gpu-{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("text, sizes", [("fixed:2", [2, 2, 1]), ("linear:1", [1, 2, 2]), ("exponential:1", [1, 2, 2]),
+                                         ("fixed:9", [5])])
+def test_waves_follow_the_strategy_in_node_name_order(text: str, sizes: list[int]) -> None:
+    waves = plan.waves(list(reversed(NODES)), plan.Strategy.parse(text))
+    assert [len(w) for w in waves] == sizes and [n for w in waves for n in w] == NODES
+
+
+@pytest.mark.parametrize("text", ["fixed", "fixed:0", "steps:2", "linear:-1", "exponential:x"])
+def test_a_strategy_that_is_not_one_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="is not a wave strategy"):
+        plan.Strategy.parse(text)
+
+
+def seen(state_: str = "upgrade-done", *, ready: bool = True, driver: str = NEW, driver_ready: bool = True) -> NodeSeen:
+    return NodeSeen(state_, ready, driver, driver_ready)
+
+
+def gone(name: str, *, gpus: int = 0, allowed: bool = False, on: str = "gpu-0") -> Disruption:
+    return Disruption(on, "default", name, gpus, allowed, 1, "deleted")
+
+
+def test_a_wave_passes_only_with_every_node_upgraded_ready_and_on_the_target() -> None:
+    nodes = ["gpu-0", "gpu-1"]
+    assert judge(nodes, {"gpu-0": seen(), "gpu-1": seen()}, [], target=NEW, soaking=False) == (True, "")
+    for other in (seen("pod-restart-required"), seen(ready=False), seen(driver=OLD), seen(driver_ready=False)):
+        assert judge(nodes, {"gpu-0": seen(), "gpu-1": other}, [], target=NEW, soaking=False) == (False, "")
+    assert judge(nodes, {"gpu-0": seen(), "gpu-1": seen("upgrade-failed")}, [], target=NEW, soaking=False)[1] == \
+        f"node gpu-1 went upgrade-failed (driver pod at {NEW})"
+    assert judge(nodes, {"gpu-0": seen()}, [], target=NEW, soaking=False)[1] == "node gpu-1 was deleted during its wave"
+
+
+def test_a_pod_the_rule_does_not_allow_fails_the_wave_and_a_gpu_pod_does_not() -> None:
+    nodes = ["gpu-0"]
+    assert judge(nodes, {"gpu-0": seen()}, [gone("trainer", gpus=1, allowed=True)], target=NEW, soaking=False) == (True, "")
+    assert judge(nodes, {"gpu-0": seen()}, [gone("api")], target=NEW, soaking=False)[1] == \
+        "pod that uses no GPU default/api deleted on gpu-0, not an allowed eviction"
+
+
+def test_soaking_a_node_must_stay_upgraded() -> None:
+    nodes = ["gpu-0"]
+    assert judge(nodes, {"gpu-0": seen()}, [], target=NEW, soaking=True) == (True, "")
+    assert judge(nodes, {"gpu-0": seen(ready=False)}, [], target=NEW, soaking=True)[1] == \
+        f"node gpu-0 left the upgraded state during the soak: upgrade-done, NotReady, driver {NEW}"
+
+
+def pod(name: str, node_name: str, *, uid: str, gpus: int = 0, daemonset: bool = False, **meta: object) -> dict:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"metadata": {"name": name, "namespace": "default", "uid": uid, "labels": {"app": name},
+                         **({"ownerReferences": [{"kind": "DaemonSet", "name": "ds"}]} if daemonset else {}), **meta},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "resources": {"limits": limits}}]}}
+
+
+def test_the_pod_watch_records_each_pod_that_leaves_a_watched_node_once() -> None:
+    watch = PodWatch(FakeKube(), Settings())
+    watch.watch_nodes(["gpu-0"])
+    watch._see("RELISTED", {"items": [pod("api", "gpu-0", uid="1"), pod("job", "gpu-0", uid="2", gpus=1),
+                                      pod("ds", "gpu-0", uid="3", daemonset=True), pod("x", "gpu-9", uid="4"),
+                                      pod("vanishes", "gpu-0", uid="5")]}, 10)
+    watch._see("MODIFIED", pod("api", "gpu-0", uid="1", deletionTimestamp="t"), 11)
+    watch._see("DELETED", pod("api", "gpu-0", uid="1"), 12)
+    watch._see("DELETED", pod("job", "gpu-0", uid="2", gpus=1), 13)
+    watch._see("DELETED", pod("ds", "gpu-0", uid="3", daemonset=True), 14)
+    watch._see("DELETED", pod("x", "gpu-9", uid="4"), 15)
+    watch._see("RELISTED", {"items": []}, 16)            # the watch was down while it went
+    evicted = pod("cache", "gpu-0", uid="6")
+    evicted["status"] = {"phase": "Failed", "reason": "Evicted"}
+    watch._see("MODIFIED", evicted, 17)
+    found = [(d.name, d.gpus, d.allowed, d.wall_ns, d.how) for d in watch.take()]
+    assert found == [("api", 0, False, 11, "deleted"), ("job", 1, True, 13, "deleted"),
+                     ("vanishes", 0, False, 16, "deleted"), ("cache", 0, False, 17, "evicted by the kubelet")]
+    assert watch.take() == []
+
+
+def sweep_of(*outcomes: str) -> Sweep:
+    waves = [Wave(nodes=[n], outcome=o, started_wall_ns=10**18 if o != "pending" else 0,
+                  ended_wall_ns=10**18 + 5 * 10**9 if o in ("passed", "failed") else 0,
+                  states={n: [(10**18, "upgrade-required"), (10**18 + 10**9, "upgrade-done")]} if o != "pending" else {})
+             for n, o in zip(NODES, outcomes)]
+    if "failed" in outcomes:
+        waves[outcomes.index("failed")].signal = "pod that uses no GPU default/api deleted on gpu-1, not an allowed eviction"
+        waves[outcomes.index("failed")].disruptions = [gone("api", on=NODES[outcomes.index("failed")])]
+    return Sweep("widen-0a1b2c3d", VerdictKey.of(POLICY, NEW, "v26.7.0"), ("nvidia.com/v1", "ClusterPolicy", "cp"), OLD,
+                 "fixed:1", 10.0, waves, "r1", status="halted" if "failed" in outcomes else "done", started_wall_ns=10**18)
+
+
+def test_the_record_round_trips_through_its_configmap() -> None:
+    sweep = sweep_of("passed", "failed", "pending")
+    data = sweep.data()
+    assert all(isinstance(v, str) for v in data.values()) and data["status"] == "halted"
+    assert Sweep.from_data(data) == sweep
+    assert sweep.current() == 1 and sweep_of("passed").current() is None
+    assert state.configmap_name(sweep.key).startswith("gpucanary-widen-") and len(state.configmap_name(sweep.key)) <= 63
+
+
+def test_the_receipt_names_the_failed_wave_and_has_a_testcase_per_wave() -> None:
+    sweep = sweep_of("passed", "failed", "pending")
+    assert receipt.headline(sweep) == ("widen halted: wave 2/3 failed: pod that uses no GPU default/api deleted on "
+                                       "gpu-1, not an allowed eviction")
+    junit = receipt.render_junit(sweep)
+    assert junit.count("<testcase ") == 3 and junit.count("<failure") == 1 and junit.count("<skipped") == 1
+    markdown = receipt.render_markdown(sweep)
+    assert "| 2 | failed | gpu-1 |" in markdown and "(not allowed)" in markdown
+    page = receipt.render_html(sweep)
+    assert page.count("<rect ") == 4 and "stroke=\"#d50000\"" in page      # two states on two nodes, one bad removal
+
+
+# --- a whole sweep over the in-memory apiserver -------------------------------------------------------------
+
+def driver_pod(node_name: str, version: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"driver-{node_name}-{version}", "namespace": OPERATOR_NS,
+                         "labels": {"app.kubernetes.io/component": "nvidia-driver"},
+                         "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-driver-daemonset"}]},
+            "spec": {"nodeName": node_name, "containers": [{"name": "d", "image": f"nvcr.io/nvidia/driver:{version}-ubuntu22.04"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def fleet(fake: FakeKube) -> None:
+    fake.create(cluster_policy(nvidiadriver_mode=False))
+    for name in NODES[:3]:
+        fake.create({**node(name, **{UPGRADE_STATE_LABEL: "upgrade-done"}),
+                     "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        fake.create(driver_pod(name, OLD))
+    fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": publish.NAMESPACE}})
+
+
+def operator(fake: FakeKube, stop: threading.Event, released: list[str]) -> None:
+    """The operator's part: a node whose driver pod is behind the ClusterPolicy's version goes to
+    upgrade-required, and unless the skip label holds it, is upgraded (new driver pod, upgrade-done); the
+    order nodes were upgraded in is kept."""
+    while not stop.wait(0.02):
+        if fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]["version"] != NEW:
+            continue
+        behind = {p["spec"]["nodeName"] for p in fake.list("v1", "Pod", namespace=OPERATOR_NS) if p["metadata"]["name"].endswith(OLD)}
+        for name in sorted(behind):
+            if (fake.get("v1", "Node", name)["metadata"].get("labels") or {}).get(SKIP_LABEL) == "true":
+                fake.patch("v1", "Node", name, {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
+                continue
+            released.append(name)
+            fake.delete("v1", "Pod", f"driver-{name}-{OLD}", namespace=OPERATOR_NS)
+            fake.create(driver_pod(name, NEW))
+            fake.patch("v1", "Node", name, {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-done"}}})
+
+
+def record_verdict(fake: FakeKube, *, passed: bool = True) -> None:
+    publish.record(fake, Verdict(VerdictKey.of(POLICY, NEW, None), passed, "r1", time.time_ns(), "", {}))
+
+
+def test_without_a_passing_verdict_nothing_is_written() -> None:
+    fake = FakeKube()
+    fleet(fake)
+    writes = len(fake.writes)
+    options = WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1"), soak_s=0)
+    with pytest.raises(Refused, match="no canary verdict"):
+        widen(fake, options, report=lambda line: None)
+    record_verdict(fake, passed=False)
+    writes = len(fake.writes)
+    with pytest.raises(Refused, match="the canary failed"):
+        widen(fake, options, report=lambda line: None)
+    assert len(fake.writes) == writes
+
+
+def test_a_sweep_releases_one_wave_at_a_time_and_keeps_the_change() -> None:
+    fake = FakeKube()
+    fleet(fake)
+    record_verdict(fake)
+    stop, released = threading.Event(), []
+    thread = threading.Thread(target=operator, args=(fake, stop, released), daemon=True)
+    thread.start()
+    lines: list[str] = []
+    try:
+        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("exponential:1"), soak_s=0.1),
+                      report=lines.append)
+    finally:
+        stop.set()
+        thread.join()
+    assert sweep.status == "done" and [w.nodes for w in sweep.waves] == [["gpu-0"], ["gpu-1", "gpu-2"]]
+    assert released[0] == "gpu-0" and sorted(released[1:]) == ["gpu-1", "gpu-2"]
+    assert sweep.waves[1].started_wall_ns >= sweep.waves[0].ended_wall_ns
+    policy = fake.get(*CLUSTER_POLICY, "cluster-policy")
+    assert policy["spec"]["driver"]["version"] == NEW and policy["spec"]["driver"]["upgradePolicy"].items() >= POLICY.items()
+    assert upgrade.SAVED_SPEC_ANNOTATION not in policy["metadata"]["annotations"]
+    for name in NODES[:3]:
+        meta = fake.get("v1", "Node", name)["metadata"]
+        assert SKIP_LABEL not in meta["labels"] and upgrade.SKIP_SET_ANNOTATION not in (meta.get("annotations") or {})
+    assert not [n for n in fake.list("v1", "Namespace") if n["metadata"]["name"].startswith("gpucanary-widen")]
+    assert lines[-1] == f"widen: every wave passed: 3 nodes on driver {NEW}"
+
+
+def test_a_hold_is_released_only_by_its_own_sweep_and_keeps_the_upgrade_state() -> None:
+    fake = FakeKube()
+    fake.create(node("gpu-0", **{UPGRADE_STATE_LABEL: "upgrade-done"}))
+    applied = upgrade.AppliedUpgrade(run_id="widen-1", prior_version=OLD, operator_namespace=OPERATOR_NS)
+    upgrade.hold_back(fake, fake.get("v1", "Node", "gpu-0"), applied, "widen-1")
+    fake.patch("v1", "Node", "gpu-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
+    assert not release_hold(fake, "gpu-0", "widen-2")
+    assert release_hold(fake, "gpu-0", "widen-1")
+    meta = fake.get("v1", "Node", "gpu-0")["metadata"]
+    assert meta["labels"][UPGRADE_STATE_LABEL] == "upgrade-required" and SKIP_LABEL not in meta["labels"]
+    assert not release_hold(fake, "gpu-0", "widen-1")
+
+
+def test_an_unfinished_sweep_of_the_same_change_is_refused_before_any_write() -> None:
+    fake = FakeKube()
+    fleet(fake)
+    record_verdict(fake)
+    applied = upgrade.AppliedUpgrade(run_id="widen-0a1b2c3d", prior_version=OLD, operator_namespace=OPERATOR_NS)
+    upgrade.hold_back(fake, fake.get("v1", "Node", "gpu-2"), applied, "widen-0a1b2c3d")
+    halted = sweep_of("passed", "failed", "pending")
+    halted.key = VerdictKey.of(POLICY, NEW, None)
+    from pytest_gpucanary.widen.rollout import save
+
+    save(fake, halted)
+    writes = len(fake.writes)
+    with pytest.raises(EnvError, match="sweep widen-0a1b2c3d of this change is halted"):
+        widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1")), report=lambda line: None)
+    assert len(fake.writes) == writes
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--waves=steps:2"], "gpucanary: error: --waves='steps:2' is not a wave strategy; fixed:N, linear:N or "
+                          "exponential:N, with N the first wave's size (e.g. fixed:2)"),
+    (["--soak-s=-1"], "gpucanary: error: --soak-s=-1 is out of range; 0 or more"),
+    (["--wave-budget-s=0"], "gpucanary: error: --wave-budget-s=0 is out of range; 1 or more"),
+    (["--max-age-h=nan"], "gpucanary: error: --max-age-h=nan is out of range; 0.01 or more"),
+])
+def test_gpucanary_widen_refuses_bad_input_in_one_line(args: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["widen", "--gpucanary-policy=fixtures/policies/default.yaml", "--gpucanary-driver-version=580.95.05",
+                 *args]) == 4
+    assert capsys.readouterr().err.splitlines() == [line]
