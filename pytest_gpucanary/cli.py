@@ -280,7 +280,7 @@ def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-WIDEN_KNOBS = (*VERDICT_KNOBS, "allowed_evictions", "reports_dir")
+WIDEN_KNOBS = (*VERDICT_KNOBS, "allowed_evictions", "prometheus_url", "reports_dir")
 
 
 def _add_widen(sub: argparse._SubParsersAction) -> None:
@@ -307,6 +307,9 @@ def _add_widen(sub: argparse._SubParsersAction) -> None:
                         help="Oldest passing verdict that counts, in hours (default 24)")
     parser.add_argument("--nvidiadriver", metavar="NAME",
                         help="NVIDIADriver mode: the NVIDIADriver to widen (needed when there are several)")
+    parser.add_argument("--slo", action="append", default=[], metavar="'QUERY < N'",
+                        help="A service SLO every wave must keep, read from --gpucanary-prometheus-url: every series "
+                             "of the PromQL answer on the right side of N (<, <=, >, >=); repeatable")
     parser.add_argument("--resume", action="store_true", help="Go on with the sweep of this change a killed widen left")
     parser.add_argument("--rollback", action="store_true",
                         help="When a wave fails: restore the policy object (the failed wave returns to the old "
@@ -317,9 +320,11 @@ def _add_widen(sub: argparse._SubParsersAction) -> None:
 def _cmd_widen(args: argparse.Namespace) -> ExitCode:
     import signal
 
+    from pytest_gpucanary.metrics import Prometheus
     from pytest_gpucanary.policy.parse import load_policy
     from pytest_gpucanary.widen import plan, receipt
     from pytest_gpucanary.widen.rollout import Refused, WidenOptions, widen
+    from pytest_gpucanary.widen.slo import Slo
 
     settings = _change_settings(args, "a sweep rolls out one policy and one target driver")
     for name, value, least in (("--soak-s", args.soak_s, 0), ("--wave-budget-s", args.wave_budget_s, 1),
@@ -327,11 +332,20 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
         if not (value >= least and math.isfinite(value)):
             raise ConfigError(f"{name}={value:g} is out of range", hint=f"{least:g} or more")
     strategy = plan.Strategy.parse(args.waves)
+    slos = tuple(Slo.parse(text) for text in args.slo)
     policy = load_policy(settings.policy, helm=_helm(settings))
+    prometheus_url = settings.prometheus_url
+    if slos and not prometheus_url and not settings.kubeconfig:
+        from pytest_gpucanary.fleet import Fleet
+
+        prometheus_url = Fleet.from_env().prometheus_url
+    if slos and not prometheus_url:
+        raise ConfigError("--slo is read from a Prometheus", hint=f"pass {flag('prometheus_url')} URL")
     kube = _connect(settings)
     opts = WidenOptions(policy.to_cr(), settings.driver_version, strategy, soak_s=args.soak_s,
                         wave_budget_s=args.wave_budget_s, max_age_s=args.max_age_h * 3600,
-                        nvidiadriver=args.nvidiadriver, resume=args.resume, rollback=args.rollback, settings=settings)
+                        nvidiadriver=args.nvidiadriver, resume=args.resume, rollback=args.rollback, settings=settings,
+                        slos=slos, prometheus=Prometheus(prometheus_url) if slos and prometheus_url else None)
     latest: list = []
 
     def keep(sweep: object) -> None:

@@ -22,11 +22,13 @@ from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, DRIVER_OWNER_LABEL, NVIDIADRIVER, SKIP_LABEL, driver_node_selector,
 )
 from pytest_gpucanary.kube import OWNER, OWNER_LABEL, Conflict, Kube, NotFound, patch_as_read, saved_run
+from pytest_gpucanary.metrics import MetricsError, Prometheus
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.receipt.verdict import VerdictKey
 from pytest_gpucanary.widen import plan, state
+from pytest_gpucanary.widen.slo import Slo, SloLook
 from pytest_gpucanary.widen.state import FAILED, PASSED, PENDING, ROLLING, SOAKING, Sweep, Wave
 from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, wait_and_judge
 
@@ -49,6 +51,8 @@ class WidenOptions:
     resume: bool = False
     rollback: bool = False
     settings: Settings = Settings()
+    slos: tuple[Slo, ...] = ()
+    prometheus: Prometheus | None = None     # where the SLOs are read
 
 
 def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = print,
@@ -60,6 +64,12 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
     if why := publish.refusal(found, key, max_age_s=opts.max_age_s):
         raise Refused(why)
     assert found is not None
+    for slo in opts.slos:       # an SLO that cannot be read now would hold every wave: say so before any write
+        assert opts.prometheus is not None, "SLOs are given with a Prometheus"
+        try:
+            opts.prometheus.query(slo.query)
+        except MetricsError as err:
+            raise EnvError(f"SLO `{slo}` cannot be read: {err}", hint="check the query and the Prometheus URL") from None
     cluster = preflight.discover(kube)
     before = read(kube, key)
     if opts.resume:
@@ -272,6 +282,7 @@ def _apply(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
 def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep: Sweep, pods: PodWatch,
            applied: upgrade.AppliedUpgrade, report: Callable[[str], None], on_sweep: Callable[[Sweep], None]) -> str:
     """Each wave in turn from the first not passed; the failure that halts the sweep, or ""."""
+    slos = SloLook(opts.prometheus, opts.slos)
     while (index := sweep.current()) is not None:
         _hold_joined(kube, cluster, opts, sweep, applied, report)
         wave = sweep.waves[index]
@@ -297,7 +308,7 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
 
         if wave.outcome == ROLLING:
             left_s = opts.wave_budget_s - (time.time_ns() - wave.started_wall_ns) / 1e9
-            failure = wait_and_judge(kube, pods, wave.nodes, cluster.operator_namespace, target=opts.target,
+            failure = wait_and_judge(kube, pods, slos, wave.nodes, cluster.operator_namespace, target=opts.target,
                                      seconds=max(0.0, left_s), soaking=False, record=record)
             if failure == "timeout":
                 failure = (f"{where}: not every node upgraded within {opts.wave_budget_s:g} s: "
@@ -308,7 +319,7 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
             save(kube, sweep, on_sweep)
             report(f"widen: {where}: every node on driver {opts.target}; soaking {sweep.soak_s:g} s")
         left_s = sweep.soak_s - (time.time_ns() - wave.done_wall_ns) / 1e9
-        failure = wait_and_judge(kube, pods, wave.nodes, cluster.operator_namespace, target=opts.target,
+        failure = wait_and_judge(kube, pods, slos, wave.nodes, cluster.operator_namespace, target=opts.target,
                                  seconds=max(0.0, left_s), soaking=True, record=record)
         if failure:
             return _fail(kube, sweep, wave, where, failure, on_sweep)

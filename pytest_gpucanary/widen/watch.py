@@ -16,6 +16,7 @@ from pytest_gpucanary.gpu_operator import (
 )
 from pytest_gpucanary.kube import Kube, KubeError
 from pytest_gpucanary.ladder.application import allows_eviction
+from pytest_gpucanary.widen.slo import SloLook
 from pytest_gpucanary.widen.state import Disruption
 
 
@@ -151,9 +152,9 @@ def judge(nodes: list[str], seen: dict[str, NodeSeen], disruptions: list[Disrupt
     return all(healthy.values()), ""
 
 
-def wait_and_judge(kube: Kube, pods: PodWatch, nodes: list[str], namespace: str | None, *, target: str,
-                   seconds: float, soaking: bool, record: Callable[[dict[str, NodeSeen], list[Disruption]], None],
-                   tick_s: float = 2.0) -> str:
+def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], namespace: str | None, *,
+                   target: str, seconds: float, soaking: bool,
+                   record: Callable[[dict[str, NodeSeen], list[Disruption]], None], tick_s: float = 2.0) -> str:
     """Judge the wave every tick for up to `seconds`. Rolling: returns "" once every node is upgraded, the
     failure when one shows, "timeout" at the end. Soaking: "" at the end unless a failure shows first."""
     deadline = time.monotonic() + seconds
@@ -162,6 +163,7 @@ def wait_and_judge(kube: Kube, pods: PodWatch, nodes: list[str], namespace: str 
         found = pods.take()
         record(seen, found)
         done, failure = judge(nodes, seen, found, target=target, soaking=soaking)
+        failure = failure or slos.failure()
         if failure:
             return failure
         if done and not soaking:

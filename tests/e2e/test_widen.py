@@ -105,6 +105,11 @@ def test_widen_without_a_passing_verdict_refuses_before_any_write(widen_fleet: d
     record_verdict(kube, policy, "580.95.05", passed=False)
     failed = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path))
     assert failed.returncode == 1 and failed.stderr.startswith("gpucanary: hold: the canary failed: "), failed.stderr
+    record_verdict(kube, policy, "580.95.05", passed=True)
+    unreadable = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path, "--slo=sum(rate(nope[1m]) < 1"))
+    assert unreadable.returncode == 6, unreadable.stderr
+    assert unreadable.stderr.startswith("gpucanary: error: SLO `sum(rate(nope[1m]) < 1` cannot be read: Prometheus at "
+                                        "http://127.0.0.1:"), unreadable.stderr
     after = (kube.get(*NVIDIADRIVER, DRIVER)["metadata"]["resourceVersion"],
              [kube.get("v1", "Node", n)["metadata"]["resourceVersion"] for n in NODES])
     assert after == before and not sweep_record(kube)
@@ -121,7 +126,7 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
     before = driver_version(kube)
     target = "580.95.05"
     record_verdict(kube, policy, target, passed=True)
-    args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2")
+    args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2", "--slo=count(up) > 0")
     proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", *args], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **widen_fleet, "PYTHONUNBUFFERED": "1"})
     said = []
@@ -140,7 +145,7 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     lines = resumed.stderr.splitlines()
     assert any(line.startswith("widen: resuming sweep widen-") and "at wave 1/2" in line for line in lines), lines
-    assert [line for line in lines if " passed: " in line] == [
+    assert [line for line in lines if line.startswith("widen: wave") and " passed: " in line] == [
         "widen: wave 1/2 passed: 2 nodes, 0 GPU pods and 0 other pods removed",
         "widen: wave 2/2 passed: 2 nodes, 0 GPU pods and 0 other pods removed"]
     assert nodes_now(kube) == {n: ("upgrade-done", None, target) for n in NODES}

@@ -8,17 +8,19 @@ import time
 
 import pytest
 from kube_double import FakeKube
-from test_policy_apply import OPERATOR_NS, cluster_policy, node   # the same cluster shapes
+from test_policy_apply import ORIGINAL_POLICY, OPERATOR_NS, cluster_policy, driver_daemonset, node   # the same shapes
 
 from pytest_gpucanary import publish
 from pytest_gpucanary.cli import main
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, SKIP_LABEL, UPGRADE_STATE_LABEL
+from pytest_gpucanary.metrics import MetricsError, Series
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from pytest_gpucanary.widen import plan, receipt, state
 from pytest_gpucanary.widen.rollout import Refused, WidenOptions, release_hold, widen
+from pytest_gpucanary.widen.slo import Slo, SloLook
 from pytest_gpucanary.widen.state import Disruption, Sweep, Wave
 from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, judge
 
@@ -252,8 +254,94 @@ def test_an_unfinished_sweep_of_the_same_change_is_refused_before_any_write() ->
     (["--soak-s=-1"], "gpucanary: error: --soak-s=-1 is out of range; 0 or more"),
     (["--wave-budget-s=0"], "gpucanary: error: --wave-budget-s=0 is out of range; 1 or more"),
     (["--max-age-h=nan"], "gpucanary: error: --max-age-h=nan is out of range; 0.01 or more"),
+    (["--slo=up"], "gpucanary: error: --slo='up' is not a query and a threshold; e.g. --slo='histogram_quantile(0.99, "
+                   "sum by (le) (rate(http_request_duration_seconds_bucket[1m]))) < 0.5'"),
 ])
 def test_gpucanary_widen_refuses_bad_input_in_one_line(args: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["widen", "--gpucanary-policy=fixtures/policies/default.yaml", "--gpucanary-driver-version=580.95.05",
                  *args]) == 4
     assert capsys.readouterr().err.splitlines() == [line]
+
+
+# --- service SLOs --------------------------------------------------------------------------------------------
+
+class Answers:
+    """A Prometheus that answers from a script: a list of series, or a MetricsError to raise."""
+
+    def __init__(self, *answers: object) -> None:
+        self.answers = list(answers)
+
+    def query(self, promql: str) -> list:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def series(value: float, **labels: str) -> Series:
+    return Series(labels, 0.0, value)
+
+
+def test_an_slo_is_a_query_and_a_threshold_kept_by_every_series() -> None:
+    slo = Slo.parse("histogram_quantile(0.99, sum by (le) (rate(x_bucket[1m]))) <= 0.5")
+    assert (slo.query, slo.op, slo.threshold) == ("histogram_quantile(0.99, sum by (le) (rate(x_bucket[1m])))", "<=", 0.5)
+    assert slo.broken([series(0.5), series(0.1)]) == ""
+    assert slo.broken([series(0.2), series(0.7, __name__="x", service="api")]) == "0.7 on {service=api}"
+    assert Slo.parse("sum(up{job='sched-api'}) > 0").broken([series(0)]) == "0"
+    for bad in ("up", "up < fast", "< 3"):
+        with pytest.raises(ConfigError, match="is not a query and a threshold"):
+            Slo.parse(bad)
+
+
+def test_an_slo_broken_fails_the_wave_at_once_and_unanswered_only_three_looks_in_a_row() -> None:
+    slo = Slo.parse("error_ratio < 0.01")
+    look = SloLook(Answers([series(0.002)], [], MetricsError("Prometheus at http://p is unreachable (ConnectionError)"),
+                           [series(0.001)], [], [], []), [slo])
+    assert [look.failure() for _ in range(7)] == ["", "", "", "", "", "",
+                                                  "SLO `error_ratio < 0.01` unanswered 3 looks in a row (no series)"]
+    assert SloLook(Answers([series(0.02, service="api")]), [slo]).failure() == \
+        "SLO `error_ratio < 0.01` broken: 0.02 on {service=api}"
+
+
+def failing_operator(fake: FakeKube, stop: threading.Event) -> None:
+    """An operator whose upgrade fails on every released node; its driver DaemonSet follows the ClusterPolicy."""
+    while not stop.wait(0.02):
+        version = fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]["version"]
+        ds = fake.get("apps/v1", "DaemonSet", "nvidia-driver-daemonset", namespace=OPERATOR_NS)
+        if version not in ds["spec"]["template"]["spec"]["containers"][0]["image"]:
+            fake.patch("apps/v1", "DaemonSet", "nvidia-driver-daemonset", driver_daemonset(version), namespace=OPERATOR_NS)
+            ds = fake.get("apps/v1", "DaemonSet", "nvidia-driver-daemonset", namespace=OPERATOR_NS)
+            fake.patch("apps/v1", "DaemonSet", "nvidia-driver-daemonset",
+                       {"status": {"observedGeneration": ds["metadata"]["generation"]}}, namespace=OPERATOR_NS)
+        for name in NODES[:3]:
+            labels = fake.get("v1", "Node", name)["metadata"].get("labels") or {}
+            if version == NEW and labels.get(UPGRADE_STATE_LABEL) == "upgrade-done":
+                state_ = "upgrade-required" if labels.get(SKIP_LABEL) == "true" else "upgrade-failed"
+                fake.patch("v1", "Node", name, {"metadata": {"labels": {UPGRADE_STATE_LABEL: state_}}})
+
+
+def test_a_failed_wave_halts_and_rollback_restores_the_policy_object_and_releases_the_holds() -> None:
+    fake = FakeKube()
+    fleet(fake)
+    fake.create(driver_daemonset(OLD))
+    record_verdict(fake)
+    stop = threading.Event()
+    thread = threading.Thread(target=failing_operator, args=(fake, stop), daemon=True)
+    thread.start()
+    lines: list[str] = []
+    try:
+        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1"), soak_s=0, rollback=True),
+                      report=lines.append)
+    finally:
+        stop.set()
+        thread.join()
+    assert sweep.status == "rolled-back" and [w.outcome for w in sweep.waves] == ["failed", "pending", "pending"]
+    assert f"widen: halted: wave 1/3: node gpu-0 went upgrade-failed (driver pod at {OLD}); 2 nodes stay on driver {OLD}" in lines
+    policy = fake.get(*CLUSTER_POLICY, "cluster-policy")
+    assert policy["spec"]["driver"]["version"] == OLD and policy["spec"]["driver"]["upgradePolicy"] == ORIGINAL_POLICY
+    for name in NODES[1:3]:
+        labels = fake.get("v1", "Node", name)["metadata"]["labels"]
+        assert SKIP_LABEL not in labels and labels[UPGRADE_STATE_LABEL] == "upgrade-done"
+    assert sweep.rollback.startswith(f"ClusterPolicy cluster-policy restored to driver {OLD} and its earlier upgradePolicy")
+    assert state.configmap_name(sweep.key) and fake.get("v1", "ConfigMap", state.configmap_name(sweep.key),
+                                                        namespace=publish.NAMESPACE)["data"]["status"] == "rolled-back"
