@@ -178,8 +178,11 @@ def _release_holds(kube: Kube, run: str, holds: list[dict], report: Callable[[st
     version = saved.get("version") or ""
     if not version:
         raise EnvError("the holds name no driver version to wait for", hint="release them by hand")
+    # holds written before they named their owner are ClusterPolicy mode's
+    cluster_policy = saved["cluster_policy"] if "cluster_policy" in saved else (
+        policies[0]["metadata"]["name"] if policies else None)
     return upgrade.release_holds(kube, run, [n["metadata"]["name"] for n in holds], version, saved.get("namespace") or None,
-                          cluster_policy=policies[0]["metadata"]["name"] if policies else None, report=report)
+                                 cluster_policy=cluster_policy, nvidiadriver=saved.get("nvidiadriver"), report=report)
 
 
 def _delete(kube: Kube, api_version: str, kind: str, name: str, *, uid: str | None = None) -> bool:

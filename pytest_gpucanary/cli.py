@@ -297,8 +297,8 @@ def _add_widen(sub: argparse._SubParsersAction) -> None:
                     "`gpucanary cleanup --run-id` rolls it back); 4 bad input; 6 the cluster refused.")
     add_knob_options(parser, (BY_NAME[name] for name in WIDEN_KNOBS))
     parser.add_argument("--waves", default="fixed:1", metavar="STRATEGY",
-                        help="fixed:N (N nodes a wave), linear:N (N, 2N, 3N...) or exponential:N (N, 2N, 4N...); "
-                             "default fixed:1")
+                        help="fixed:N (N nodes a wave), linear:N (N, 2N, 3N...), exponential:N (N, 2N, 4N...), or "
+                             "plan:FILE, the waves of `gpucanary plan-sweep --json`; default fixed:1")
     parser.add_argument("--soak-s", type=float, default=300.0, metavar="SECONDS",
                         help="How long each wave must stay upgraded and undisturbed (default 300)")
     parser.add_argument("--wave-budget-s", type=float, default=1800.0, metavar="SECONDS",

@@ -51,6 +51,7 @@ class AppliedUpgrade:
     skipped_nodes: list[str] = field(default_factory=list)
     operator_namespace: str = ""
     cluster_policy: str | None = None   # ClusterPolicy mode: holds are released only while it is at prior_version
+    nvidiadriver: str | None = None     # holds on an NVIDIADriver's nodes: released once its DaemonSets are back
     prior_version: str = ""      # ClusterPolicy mode: the driver version the held-back nodes run
     where: list[str] = field(default_factory=list)   # what went where, for the receipt
 
@@ -148,7 +149,8 @@ def hold_back(kube: Kube, node_obj: dict, applied: AppliedUpgrade, run_id: str) 
         if labels.get(SKIP_LABEL) == "true":
             return None, False      # someone else holds it back already; leave their label alone
         saved = json.dumps({"run_id": run_id, "state": labels.get(UPGRADE_STATE_LABEL, ""),
-                            "version": applied.prior_version, "namespace": applied.operator_namespace})
+                            "version": applied.prior_version, "namespace": applied.operator_namespace,
+                            "cluster_policy": applied.cluster_policy, "nvidiadriver": applied.nvidiadriver})
         return {"metadata": {"labels": {SKIP_LABEL: "true"}, "annotations": {SKIP_SET_ANNOTATION: saved}}}, True
 
     if patch_as_read(kube, "v1", "Node", name, decide, what=f"node {name}", hint="run again", read=node_obj):
@@ -162,25 +164,26 @@ def restore(kube: Kube, applied: AppliedUpgrade, *, report: Callable[[str], None
     applied.saved.clear()
     if applied.skipped_nodes:
         release_holds(kube, applied.run_id, applied.skipped_nodes, applied.prior_version,
-                      applied.operator_namespace, cluster_policy=applied.cluster_policy, report=report)
+                      applied.operator_namespace, cluster_policy=applied.cluster_policy,
+                      nvidiadriver=applied.nvidiadriver, report=report)
         applied.skipped_nodes.clear()
 
 
 def release_holds(kube: Kube, run_id: str, nodes: list[str], version: str, namespace: str | None, *,
-                  cluster_policy: str | None = None, timeout_s: float = 120.0,
+                  cluster_policy: str | None = None, nvidiadriver: str | None = None, timeout_s: float = 120.0,
                   report: Callable[[str], None] = print) -> int:
     """Held-back nodes wait in upgrade-required. Once the driver DaemonSet is back at their version their
     pods are in sync again, and putting their prior state back spares them a pointless cordon-and-evict
     cycle when the skip label goes. Released only then; a wait that runs out leaves them held (EnvError).
-    With `cluster_policy`, also only while that ClusterPolicy's driver version is theirs again. Returns how
-    many it released."""
+    With `cluster_policy`, also only while that ClusterPolicy's driver version is theirs again; with
+    `nvidiadriver`, only that NVIDIADriver's DaemonSets are waited for. Returns how many it released."""
     if cluster_policy is not None:
         now = ((kube.get(*CLUSTER_POLICY, cluster_policy).get("spec") or {}).get("driver") or {}).get("version")
         if now != version:
             raise EnvError(f"ClusterPolicy {cluster_policy} is at driver {now}, not {version} that "
                            f"{len(nodes)} held nodes run: they stay held",
                            hint="set the ClusterPolicy's driver version back, then run `gpucanary cleanup` again")
-    wait_driver_daemonsets(kube, namespace, version, timeout_s=timeout_s)
+    wait_driver_daemonsets(kube, namespace, version, timeout_s=timeout_s, owner=nvidiadriver)
     released = 0
     for node in nodes:
         if release_hold(kube, node, run_id):
@@ -280,11 +283,18 @@ def release_hold(kube: Kube, node: str, run_id: str) -> bool:
     return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}'s hold"))
 
 
-def wait_driver_daemonsets(kube: Kube, namespace: str | None, version: str, *, timeout_s: float = 120.0) -> None:
-    """Watch (bounded) until every driver DaemonSet's template is at `version` and its controller caught up."""
+def wait_driver_daemonsets(kube: Kube, namespace: str | None, version: str, *, timeout_s: float = 120.0,
+                           owner: str | None = None) -> None:
+    """Watch (bounded) until every driver DaemonSet (of NVIDIADriver `owner`, when given) has its template at
+    `version` and its controller caught up."""
+    def done(dss: dict[str, dict]) -> bool | None:
+        dss = {k: d for k, d in dss.items() if owner is None or any(
+            ref.get("kind") == NVIDIADRIVER[1] and ref.get("name") == owner
+            for ref in d["metadata"].get("ownerReferences") or [])}
+        return True if dss and all(_at_version(d, version) for d in dss.values()) else None
+
     try:
-        kube.watch_until("apps/v1", "DaemonSet", lambda dss: True if dss and all(_at_version(d, version) for d in dss.values())
-                         else None,
+        kube.watch_until("apps/v1", "DaemonSet", done,
                          timeout_s=timeout_s, namespace=namespace, label_selector=DRIVER_COMPONENT_SELECTOR)
     except TimeoutError:
         raise EnvError(f"the driver DaemonSet did not return to {version} within {timeout_s:.0f} s",

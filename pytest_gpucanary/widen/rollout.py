@@ -91,7 +91,7 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
             lease.release_cluster_lock(kube, sweep.run_id)
             run_lease.release()
             raise
-        failure = _waves(kube, cluster, opts, sweep, pods, applied, report, on_sweep)
+        failure = _waves(kube, cluster, opts, sweep, pods, report, on_sweep)
         if failure:
             sweep.status = state.HALTED
             report(f"widen: halted: {failure}; {_held(sweep)} nodes stay on driver {sweep.prior_version}")
@@ -247,7 +247,9 @@ def _applied(kube: Kube, cluster: preflight.ClusterInfo, sweep: Sweep) -> upgrad
     run id marks in the cluster, so a resumed sweep undoes what the killed one wrote."""
     applied = upgrade.AppliedUpgrade(run_id=sweep.run_id, operator_namespace=cluster.operator_namespace,
                                      prior_version=sweep.prior_version)
-    if not cluster.nvidiadriver_mode:
+    if cluster.nvidiadriver_mode:
+        applied.nvidiadriver = sweep.target[2]
+    else:
         applied.cluster_policy = cluster.cluster_policy
     from pytest_gpucanary.cleanup import leftovers
 
@@ -280,12 +282,13 @@ def _apply(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
 
 
 def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep: Sweep, pods: PodWatch,
-           applied: upgrade.AppliedUpgrade, report: Callable[[str], None], on_sweep: Callable[[Sweep], None]) -> str:
+           report: Callable[[str], None], on_sweep: Callable[[Sweep], None]) -> str:
     """Each wave in turn from the first not passed; the failure that halts the sweep, or ""."""
     slos = SloLook(opts.prometheus, opts.slos)
     while (index := sweep.current()) is not None:
-        _hold_joined(kube, cluster, opts, sweep, applied, report)
         wave = sweep.waves[index]
+        if wave.outcome == PENDING:
+            _take_joined(kube, cluster, sweep, index, report)
         where = f"wave {index + 1}/{len(sweep.waves)}"
         if wave.outcome == PENDING:
             pods.watch_nodes(wave.nodes)
@@ -357,20 +360,16 @@ class _Progress:
             self.said, self.at = text, time.monotonic()
 
 
-def _hold_joined(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep: Sweep,
-                 applied: upgrade.AppliedUpgrade, report: Callable[[str], None]) -> None:
-    """A node the change reaches that joined since the sweep started is held, and widened in the last wave."""
+def _take_joined(kube: Kube, cluster: preflight.ClusterInfo, sweep: Sweep, index: int,
+                 report: Callable[[str], None]) -> None:
+    """A node the change reaches that joined since the sweep started gets its first driver pod from the driver
+    DaemonSet's current template, which is the target version: the skip label holds an upgrade, not a first
+    install. It is judged with the wave about to start."""
     _, _, nodes = _target(kube, cluster, sweep.target[2] if cluster.nvidiadriver_mode else None, lambda line: None)
-    joined = sorted(set(nodes) - set(sweep.nodes()))
-    if not joined:
-        return
-    for name in joined:
-        upgrade.hold_back(kube, kube.get("v1", "Node", name), applied, sweep.run_id)
-    if sweep.waves[-1].outcome == PENDING:
-        sweep.waves[-1].nodes.extend(joined)
-    else:
-        sweep.waves.append(Wave(nodes=joined))
-    report(f"widen: {', '.join(joined)} joined: held, widened in wave {len(sweep.waves)}")
+    if joined := sorted(set(nodes) - set(sweep.nodes())):
+        sweep.waves[index].nodes.extend(joined)
+        report(f"widen: {', '.join(joined)} joined, on the target driver from its first install: judged in wave "
+               f"{index + 1}")
 
 
 def release_hold(kube: Kube, node: str, run_id: str) -> bool:

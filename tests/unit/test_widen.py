@@ -3,8 +3,10 @@ sweep over the in-memory apiserver with the operator's part scripted (a node upg
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from kube_double import FakeKube
@@ -12,12 +14,13 @@ from test_policy_apply import ORIGINAL_POLICY, OPERATOR_NS, cluster_policy, driv
 
 from pytest_gpucanary import publish
 from pytest_gpucanary.cli import main
-from pytest_gpucanary.config import Settings
+from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, SKIP_LABEL, UPGRADE_STATE_LABEL
 from pytest_gpucanary.metrics import MetricsError, Series
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
+from pytest_gpucanary.sweep.inventory import load_inventory
 from pytest_gpucanary.widen import plan, receipt, state
 from pytest_gpucanary.widen.rollout import Refused, WidenOptions, release_hold, widen
 from pytest_gpucanary.widen.slo import Slo, SloLook
@@ -155,11 +158,20 @@ def fleet(fake: FakeKube) -> None:
     fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": publish.NAMESPACE}})
 
 
+def join(fake: FakeKube, name: str) -> None:
+    """A new GPU node: its first driver pod comes from the DaemonSet's current template, the target."""
+    fake.create({**node(name, **{UPGRADE_STATE_LABEL: "upgrade-done"}),
+                 "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    fake.create(driver_pod(name, NEW))
+
+
 def operator(fake: FakeKube, stop: threading.Event, released: list[str]) -> None:
     """The operator's part: a node whose driver pod is behind the ClusterPolicy's version goes to
     upgrade-required, and unless the skip label holds it, is upgraded (new driver pod, upgrade-done); the
-    order nodes were upgraded in is kept."""
+    order nodes were upgraded in is kept. A GPU node joins once the first one is upgraded."""
     while not stop.wait(0.02):
+        if released == ["gpu-0"] and not any(n["metadata"]["name"] == "gpu-3" for n in fake.list("v1", "Node")):
+            join(fake, "gpu-3")
         if fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]["version"] != NEW:
             continue
         behind = {p["spec"]["nodeName"] for p in fake.list("v1", "Pod", namespace=OPERATOR_NS) if p["metadata"]["name"].endswith(OLD)}
@@ -200,22 +212,23 @@ def test_a_sweep_releases_one_wave_at_a_time_and_keeps_the_change() -> None:
     thread.start()
     lines: list[str] = []
     try:
-        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("exponential:1"), soak_s=0.1),
+        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("exponential:1"), soak_s=0.1, wave_budget_s=30),
                       report=lines.append)
     finally:
         stop.set()
         thread.join()
-    assert sweep.status == "done" and [w.nodes for w in sweep.waves] == [["gpu-0"], ["gpu-1", "gpu-2"]]
+    assert sweep.status == "done" and [w.nodes for w in sweep.waves] == [["gpu-0"], ["gpu-1", "gpu-2", "gpu-3"]]
     assert released[0] == "gpu-0" and sorted(released[1:]) == ["gpu-1", "gpu-2"]
+    assert "widen: gpu-3 joined, on the target driver from its first install: judged in wave 2" in lines
     assert sweep.waves[1].started_wall_ns >= sweep.waves[0].ended_wall_ns
     policy = fake.get(*CLUSTER_POLICY, "cluster-policy")
     assert policy["spec"]["driver"]["version"] == NEW and policy["spec"]["driver"]["upgradePolicy"].items() >= POLICY.items()
     assert upgrade.SAVED_SPEC_ANNOTATION not in policy["metadata"]["annotations"]
-    for name in NODES[:3]:
+    for name in NODES[:4]:
         meta = fake.get("v1", "Node", name)["metadata"]
         assert SKIP_LABEL not in meta["labels"] and upgrade.SKIP_SET_ANNOTATION not in (meta.get("annotations") or {})
     assert not [n for n in fake.list("v1", "Namespace") if n["metadata"]["name"].startswith("gpucanary-widen")]
-    assert lines[-1] == f"widen: every wave passed: 3 nodes on driver {NEW}"
+    assert lines[-1] == f"widen: every wave passed: 4 nodes on driver {NEW}"
 
 
 def test_a_hold_is_released_only_by_its_own_sweep_and_keeps_the_upgrade_state() -> None:
@@ -250,7 +263,10 @@ def test_an_unfinished_sweep_of_the_same_change_is_refused_before_any_write() ->
 
 @pytest.mark.parametrize("args, line", [
     (["--waves=steps:2"], "gpucanary: error: --waves='steps:2' is not a wave strategy; fixed:N, linear:N or "
-                          "exponential:N, with N the first wave's size (e.g. fixed:2)"),
+                          "exponential:N, with N the first wave's size (e.g. fixed:2), or plan:FILE from `gpucanary "
+                          "plan-sweep --json`"),
+    (["--waves=plan:/nonexistent.json"], "gpucanary: error: --waves=plan:/nonexistent.json: cannot read it (No such "
+                                         "file or directory); the file of `gpucanary plan-sweep --json`"),
     (["--soak-s=-1"], "gpucanary: error: --soak-s=-1 is out of range; 0 or more"),
     (["--wave-budget-s=0"], "gpucanary: error: --wave-budget-s=0 is out of range; 1 or more"),
     (["--max-age-h=nan"], "gpucanary: error: --max-age-h=nan is out of range; 0.01 or more"),
@@ -330,7 +346,7 @@ def test_a_failed_wave_halts_and_rollback_restores_the_policy_object_and_release
     thread.start()
     lines: list[str] = []
     try:
-        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1"), soak_s=0, rollback=True),
+        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1"), soak_s=0, wave_budget_s=30, rollback=True),
                       report=lines.append)
     finally:
         stop.set()
@@ -345,3 +361,42 @@ def test_a_failed_wave_halts_and_rollback_restores_the_policy_object_and_release
     assert sweep.rollback.startswith(f"ClusterPolicy cluster-policy restored to driver {OLD} and its earlier upgradePolicy")
     assert state.configmap_name(sweep.key) and fake.get("v1", "ConfigMap", state.configmap_name(sweep.key),
                                                         namespace=publish.NAMESPACE)["data"]["status"] == "rolled-back"
+
+
+def test_the_waves_of_a_sweep_plan_and_the_nodes_it_does_not_name_last(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    inventory = FIXTURES / "sweep" / "inventory.yaml"
+    assert main(["plan-sweep", "--inventory", str(inventory), "--change", "driver=580.95.05", "--json"]) == 0
+    planned = tmp_path / "plan.json"
+    planned.write_text(capsys.readouterr().out)
+    in_plan = [w["nodes"] for w in json.loads(planned.read_text())["plan"]["waves"]]
+    nodes = [n.name for n in load_inventory(inventory).fleet.nodes]
+    strategy = plan.Strategy.parse(f"plan:{planned}")
+    assert str(strategy) == f"plan:{planned}"
+    waves = plan.waves(nodes, strategy)
+    named = {n for wave in in_plan for n in wave}
+    assert waves[:len(in_plan)] == in_plan and sorted(n for w in waves for n in w) == sorted(nodes)
+    assert waves[len(in_plan):] == ([sorted(set(nodes) - named)] if set(nodes) - named else [])
+    with pytest.raises(ConfigError, match="names nodes this change does not reach: "):
+        plan.waves(nodes[1:], strategy)
+    planned.write_text("{}")
+    with pytest.raises(ConfigError, match="is not the JSON of `gpucanary plan-sweep --json`"):
+        plan.Strategy.parse(f"plan:{planned}")
+
+
+def test_holds_on_an_nvidiadrivers_nodes_wait_only_for_its_own_daemonsets() -> None:
+    fake = FakeKube()
+    for owner, version in (("fleet", OLD), ("canary-pool", NEW)):     # another NVIDIADriver's DaemonSet at another version
+        ds = driver_daemonset(version)
+        ds["metadata"] |= {"name": f"nvidia-gpu-driver-{owner}",
+                           "ownerReferences": [{"kind": "NVIDIADriver", "name": owner, "controller": True}]}
+        fake.create(ds)
+    fake.create(node("gpu-0", **{UPGRADE_STATE_LABEL: "upgrade-done"}))
+    applied = upgrade.AppliedUpgrade(run_id="widen-1", prior_version=OLD, operator_namespace=OPERATOR_NS,
+                                     nvidiadriver="fleet")
+    upgrade.hold_back(fake, fake.get("v1", "Node", "gpu-0"), applied, "widen-1")
+    held = [{"kind": "Node", "metadata": fake.get("v1", "Node", "gpu-0")["metadata"]}]
+    from pytest_gpucanary.cleanup import _release_holds
+
+    assert _release_holds(fake, "widen-1", held, lambda line: None) == 1
+    assert SKIP_LABEL not in fake.get("v1", "Node", "gpu-0")["metadata"]["labels"]
