@@ -298,7 +298,7 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
             save(kube, sweep, on_sweep)
             report(f"widen: {where}: released {', '.join(wave.nodes)}")
         pods.watch_nodes(wave.nodes)
-        progress = _Progress(where, report)
+        progress = _Progress(where, report, target=opts.target, budget_s=opts.wave_budget_s, soak_s=sweep.soak_s)
 
         def record(seen: dict[str, NodeSeen], found: list, wave: Wave = wave) -> None:
             now = time.time_ns()
@@ -344,19 +344,20 @@ def _fail(kube: Kube, sweep: Sweep, wave: Wave, where: str, failure: str,
 class _Progress:
     """One line when what the wave waits on changes, and one every 30 s while it does not."""
 
-    def __init__(self, where: str, report: Callable[[str], None]) -> None:
+    def __init__(self, where: str, report: Callable[[str], None], *, target: str, budget_s: float,
+                 soak_s: float) -> None:
         self.where, self.report, self.said, self.at = where, report, "", 0.0
+        self.target, self.budget_s, self.soak_s = target, budget_s, soak_s
 
     def show(self, wave: Wave, seen: dict[str, NodeSeen], found: list) -> None:
         for d in found:
             self.report(f"widen: {self.where}: {d.line()}" + ("" if d.allowed else " (not an allowed eviction)"))
-        text = ", ".join(f"{node} {now.state or 'no state'}" + ("" if now.ready else " NotReady")
-                         + (f" driver {now.driver}" if now.driver else " no driver pod")
+        text = ", ".join(f"{node} " + (now.trouble(self.target) or f"serving on {now.driver}")
                          for node, now in sorted(seen.items()))
         if text != self.said or time.monotonic() - self.at >= 30:
             started = wave.done_wall_ns or wave.started_wall_ns
-            phase = "soak" if wave.done_wall_ns else "rolling"
-            self.report(f"widen: {self.where} {phase} +{(time.time_ns() - started) / 1e9:.0f} s: {text}")
+            phase, limit = ("soak", self.soak_s) if wave.done_wall_ns else ("rolling", self.budget_s)
+            self.report(f"widen: {self.where} {phase} {(time.time_ns() - started) / 1e9:.0f}/{limit:g} s: {text}")
             self.said, self.at = text, time.monotonic()
 
 

@@ -1,6 +1,6 @@
 """What a wave is judged on, read from the live cluster: every pod removed from the wave's nodes (a watch
-of all pods, from the wave's release to the end of its soak), and the nodes' upgrade states, readiness and
-driver pods. `judge` is the rule; the rest reads."""
+of all pods, from the wave's release to the end of its soak), and each node's upgrade state, readiness,
+driver pod, validator pod and GPUs back in allocatable. `judge` is the rule; the rest reads."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Callable
 
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.gpu_operator import (
-    DRIVER_COMPONENT_SELECTOR, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_STATE_LABEL, driver_version_of, gpus_requested,
-    of_daemonset,
+    DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_STATE_LABEL, VALIDATOR_SELECTOR,
+    driver_version_of, gpus_requested, of_daemonset,
 )
 from pytest_gpucanary.kube import Kube, KubeError
 from pytest_gpucanary.ladder.application import allows_eviction
@@ -26,6 +26,23 @@ class NodeSeen:
     ready: bool
     driver: str          # the version its driver pod runs; "" when it has none
     driver_ready: bool
+    validated: bool = True     # the operator's validator pod on the node is Ready
+    gpus: int = 0              # nvidia.com/gpu allocatable
+    gpus_before: int = 0       # nvidia.com/gpu capacity: what allocatable must be back to
+
+    def trouble(self, target: str) -> str:
+        """What keeps the node from counting as upgraded and serving ("" when nothing does)."""
+        if self.state != UPGRADE_DONE:
+            return self.state or "no upgrade state"
+        if not self.ready:
+            return "NotReady"
+        if self.driver != target or not self.driver_ready:
+            return f"driver {self.driver or 'none'}" + ("" if self.driver_ready else " not ready")
+        if not self.validated:
+            return "validator not ready"
+        if self.gpus < self.gpus_before:
+            return f"{self.gpus}/{self.gpus_before} GPUs allocatable"
+        return ""
 
 
 class PodWatch:
@@ -105,21 +122,30 @@ class PodWatch:
 
 def nodes_seen(kube: Kube, nodes: list[str], namespace: str | None) -> dict[str, NodeSeen]:
     """Each node's upgrade state, readiness and driver pod; a node gone is not in the answer."""
-    drivers: dict[str, dict] = {}
-    for pod in kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, namespace=namespace):
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node in nodes and not pod["metadata"].get("deletionTimestamp"):
-            drivers[node] = pod
+    def by_node(selector: str) -> dict[str, dict]:
+        return {pod["spec"]["nodeName"]: pod for pod in kube.list("v1", "Pod", label_selector=selector, namespace=namespace)
+                if (pod.get("spec") or {}).get("nodeName") in nodes and not pod["metadata"].get("deletionTimestamp")}
+
+    drivers, validators = by_node(DRIVER_COMPONENT_SELECTOR), by_node(VALIDATOR_SELECTOR)
     seen = {}
     for name in nodes:
         try:
             node = kube.get("v1", "Node", name)
         except KubeError:
             continue
-        pod = drivers.get(name)
+        pod, status = drivers.get(name), node.get("status") or {}
         seen[name] = NodeSeen((node["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL, ""),
-                              _ready(node), driver_version_of(pod) if pod else "", bool(pod) and _ready(pod))
+                              _ready(node), driver_version_of(pod) if pod else "", bool(pod) and _ready(pod),
+                              name in validators and _ready(validators[name]),
+                              _count(status.get("allocatable"), GPU_RESOURCE), _count(status.get("capacity"), GPU_RESOURCE))
     return seen
+
+
+def _count(resources: dict | None, name: str) -> int:
+    try:
+        return int((resources or {}).get(name, 0))
+    except ValueError:
+        return 0
 
 
 def _ready(obj: dict) -> bool:
@@ -140,16 +166,12 @@ def judge(nodes: list[str], seen: dict[str, NodeSeen], disruptions: list[Disrupt
             return False, f"node {node} was deleted during its wave"
         if now.state == UPGRADE_FAILED:
             return False, f"node {node} went {UPGRADE_FAILED} (driver pod at {now.driver or 'none'})"
-    healthy = {n: seen[n].state == UPGRADE_DONE and seen[n].ready and seen[n].driver == target and seen[n].driver_ready
-               for n in nodes}
+    trouble = {n: seen[n].trouble(target) for n in nodes}
     if soaking:
-        for node, ok in healthy.items():
-            if not ok:
-                now = seen[node]
-                return False, (f"node {node} left the upgraded state during the soak: {now.state or 'no state'}, "
-                               f"{'Ready' if now.ready else 'NotReady'}, driver {now.driver or 'none'}"
-                               f"{'' if now.driver_ready else ' not ready'}")
-    return all(healthy.values()), ""
+        for node, what in trouble.items():
+            if what:
+                return False, f"node {node} stopped serving on driver {target} during the soak: {what}"
+    return not any(trouble.values()), ""
 
 
 def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], namespace: str | None, *,

@@ -74,7 +74,12 @@ def test_soaking_a_node_must_stay_upgraded() -> None:
     nodes = ["gpu-0"]
     assert judge(nodes, {"gpu-0": seen()}, [], target=NEW, soaking=True) == (True, "")
     assert judge(nodes, {"gpu-0": seen(ready=False)}, [], target=NEW, soaking=True)[1] == \
-        f"node gpu-0 left the upgraded state during the soak: upgrade-done, NotReady, driver {NEW}"
+        f"node gpu-0 stopped serving on driver {NEW} during the soak: NotReady"
+    for other, what in ((NodeSeen("upgrade-done", True, NEW, True, validated=False), "validator not ready"),
+                        (NodeSeen("upgrade-done", True, NEW, True, gpus=6, gpus_before=8), "6/8 GPUs allocatable"),
+                        (seen(driver=OLD), f"driver {OLD}"), (seen("upgrade-required"), "upgrade-required")):
+        assert judge(nodes, {"gpu-0": other}, [], target=NEW, soaking=True)[1] == \
+            f"node gpu-0 stopped serving on driver {NEW} during the soak: {what}"
 
 
 def pod(name: str, node_name: str, *, uid: str, gpus: int = 0, daemonset: bool = False, **meta: object) -> dict:
@@ -140,6 +145,15 @@ def test_the_receipt_names_the_failed_wave_and_has_a_testcase_per_wave() -> None
 
 # --- a whole sweep over the in-memory apiserver -------------------------------------------------------------
 
+def validator_pod(node_name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"validator-{node_name}", "namespace": OPERATOR_NS,
+                         "labels": {"app": "nvidia-operator-validator"},
+                         "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-operator-validator"}]},
+            "spec": {"nodeName": node_name, "containers": [{"name": "v", "image": "validator"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
 def driver_pod(node_name: str, version: str) -> dict:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"driver-{node_name}-{version}", "namespace": OPERATOR_NS,
@@ -155,6 +169,7 @@ def fleet(fake: FakeKube) -> None:
         fake.create({**node(name, **{UPGRADE_STATE_LABEL: "upgrade-done"}),
                      "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
         fake.create(driver_pod(name, OLD))
+        fake.create(validator_pod(name))
     fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": publish.NAMESPACE}})
 
 
@@ -163,6 +178,7 @@ def join(fake: FakeKube, name: str) -> None:
     fake.create({**node(name, **{UPGRADE_STATE_LABEL: "upgrade-done"}),
                  "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     fake.create(driver_pod(name, NEW))
+    fake.create(validator_pod(name))
 
 
 def operator(fake: FakeKube, stop: threading.Event, released: list[str]) -> None:
