@@ -329,8 +329,11 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
         wave.outcome, wave.ended_wall_ns = PASSED, time.time_ns()
         pods.watch_nodes([])
         save(kube, sweep, on_sweep)
+        gpu_pods = sum(1 for d in wave.disruptions if d.gpus)
+        others = len(wave.disruptions) - gpu_pods        # allowed by a selector rule, else the wave failed
         report(f"widen: {where} passed: {len(wave.nodes)} node{'' if len(wave.nodes) == 1 else 's'}, "
-               f"{sum(1 for d in wave.disruptions if d.gpus)} GPU pods and 0 other pods removed")
+               f"{gpu_pods} GPU pod{'' if gpu_pods == 1 else 's'} and {others} other pod{'' if others == 1 else 's'} "
+               "removed")
     return ""
 
 

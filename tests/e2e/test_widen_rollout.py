@@ -120,12 +120,38 @@ def load_key(kube: Kube, policy: Path, target: str) -> VerdictKey:
     return VerdictKey.of(load_policy(policy).to_cr(), target, preflight.operator_release(kube))
 
 
+def deployment(name: str, spec: dict, *, node: str = NODES[0]) -> dict:
+    """One replica on one node, as a customer's would be: managed, so a drain may evict it."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, **spec}}}}
+
+
+SERVICE_SPEC = {"containers": [{"name": "api", "image": "registry.k8s.io/pause:3.10"}]}
+# PyTorch's /dev/shm: the field note's pod deletion (deleteEmptyDir false) refuses it, so its drain fallback runs
+TRAINER_SPEC = {"volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+                "containers": [{"name": "train", "image": "registry.k8s.io/pause:3.10",
+                                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+
+
+def place(kube: Kube, node: str, service: str, trainer: str) -> None:
+    """A service that uses no GPU and a GPU trainer on `node`, both running."""
+    kube.create(deployment(service, SERVICE_SPEC, node=node))
+    kube.create(deployment(trainer, TRAINER_SPEC, node=node))
+    kube.watch_until("v1", "Pod", lambda pods: True if {p["metadata"]["labels"]["app"] for p in pods.values()
+                                                        if p.get("status", {}).get("phase") == "Running"}
+                     >= {service, trainer} else None, timeout_s=120, namespace="default")
+
+
 def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_waves(
         widen_fleet: dict[str, str], kube: Kube, tmp_path: Path) -> None:
     policy = policy_file(tmp_path, "default.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
     before = driver_version(kube)
     target = "580.95.05"
     record_verdict(kube, policy, target, passed=True)
+    place(kube, NODES[2], "api-2", "trainer-2")      # the default policy deletes GPU pods only
     args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2", "--slo=count(up) > 0")
     proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", *args], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **widen_fleet, "PYTHONUNBUFFERED": "1"})
@@ -147,7 +173,7 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
     assert any(line.startswith("widen: resuming sweep widen-") and "at wave 1/2" in line for line in lines), lines
     assert [line for line in lines if line.startswith("widen: wave") and " passed: " in line] == [
         "widen: wave 1/2 passed: 2 nodes, 0 GPU pods and 0 other pods removed",
-        "widen: wave 2/2 passed: 2 nodes, 0 GPU pods and 0 other pods removed"]
+        "widen: wave 2/2 passed: 2 nodes, 1 GPU pod and 0 other pods removed"]
     assert nodes_now(kube) == {n: ("upgrade-done", None, target) for n in NODES}
     assert "gpucanary.io/saved-spec" not in (kube.get(*NVIDIADRIVER, DRIVER)["metadata"].get("annotations") or {})
     [record] = sweep_record(kube)
@@ -164,33 +190,13 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
     assert "wave 2: passed" in (run_dir / "widen.html").read_text()
 
 
-def deployment(name: str, spec: dict) -> dict:
-    """One replica on the first wave's node, as a customer's would be: managed, so a drain may evict it."""
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}},
-                                  "spec": {"nodeSelector": {"kubernetes.io/hostname": NODES[0]}, **spec}}}}
-
-
-SERVICE = deployment("sched-api", {"containers": [{"name": "api", "image": "registry.k8s.io/pause:3.10"}]})
-# PyTorch's /dev/shm: the field note's pod deletion (deleteEmptyDir false) refuses it, so its drain fallback runs
-TRAINER = deployment("trainer", {"volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
-                                 "containers": [{"name": "train", "image": "registry.k8s.io/pause:3.10",
-                                                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
-                                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]})
-
-
 def test_the_field_note_policy_fails_its_first_wave_on_the_evicted_service_and_holds_the_rest(
         widen_fleet: dict[str, str], kube: Kube, tmp_path: Path) -> None:
     before = driver_version(kube)
     target = "580.95.06"
     policy = policy_file(tmp_path, "field-note.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
     record_verdict(kube, policy, target, passed=True)
-    kube.create(SERVICE)
-    kube.create(TRAINER)
-    kube.watch_until("v1", "Pod", lambda pods: True if {p["metadata"]["labels"]["app"] for p in pods.values()
-                                                        if p.get("status", {}).get("phase") == "Running"}
-                     >= {"sched-api", "trainer"} else None, timeout_s=120, namespace="default")
+    place(kube, NODES[0], "sched-api", "trainer")
     result = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1"))
     assert result.returncode == 1, result.stderr[-4000:]
     halted = [line for line in result.stderr.splitlines() if line.startswith("widen: halted: ")]
