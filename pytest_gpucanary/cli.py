@@ -347,10 +347,17 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
                         nvidiadriver=args.nvidiadriver, resume=args.resume, rollback=args.rollback, settings=settings,
                         slos=slos, prometheus=Prometheus(prometheus_url) if slos and prometheus_url else None)
     latest: list = []
+    unwritable: list[str] = []
 
     def keep(sweep: object) -> None:
         latest[:] = [sweep]
-        receipt.write(settings.reports_dir / sweep.run_id, sweep)   # type: ignore[attr-defined]
+        where = settings.reports_dir / sweep.run_id   # type: ignore[attr-defined]
+        try:
+            receipt.write(where, sweep)   # type: ignore[arg-type]
+        except OSError as err:        # the sweep's record is in the cluster: a receipt it cannot write is one line
+            if not unwritable:
+                unwritable.append(str(where))
+                _progress(f"widen: cannot write the receipt in {where}: {err.strerror or err}")
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

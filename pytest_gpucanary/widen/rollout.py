@@ -77,9 +77,17 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
     else:
         _refuse_earlier(kube, before)
         sweep, run_lease = _start(kube, cluster, opts, key, found.run_id, report)
+    try:
+        save(kube, sweep, on_sweep, replaces=before.run_id if before and not opts.resume else None)
+    except BaseException:
+        if opts.resume:
+            run_lease.stop()
+        else:                     # nothing of the sweep is in the cluster yet but its Lease (and the lock)
+            lease.release_cluster_lock(kube, sweep.run_id)
+            run_lease.release()
+        raise
     pods = PodWatch(kube, opts.settings).start()
     try:
-        save(kube, sweep, on_sweep)
         applied = _applied(kube, cluster, sweep)
         try:
             _apply(kube, cluster, opts, sweep, applied, report)
@@ -130,28 +138,31 @@ def read(kube: Kube, key: VerdictKey) -> Sweep | None:
                        hint="look at it, and delete it if no sweep is under way") from None
 
 
-def save(kube: Kube, sweep: Sweep, on_sweep: Callable[[Sweep], None] = lambda sweep: None) -> None:
-    """Write the record, only over a record of the same sweep (a sweep never takes over another's record)."""
+def save(kube: Kube, sweep: Sweep, on_sweep: Callable[[Sweep], None] = lambda sweep: None, *,
+         replaces: str | None = None) -> None:
+    """Write the record, only over a record of the same sweep (a sweep never takes over another's record), or of
+    `replaces`, an earlier sweep of the change judged finished. `on_sweep` sees it once it is in the cluster."""
     name = state.configmap_name(sweep.key)
     body = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": publish.NAMESPACE,
                          "labels": {OWNER_LABEL: OWNER, "gpucanary.io/widen": sweep.status}},
             "data": sweep.data()}
-    on_sweep(sweep)
     try:
         kube.create(body)
+        on_sweep(sweep)
         return
     except Conflict:
         pass
 
     def decide(current: dict) -> tuple[dict, bool]:
-        if (current.get("data") or {}).get("run-id") not in (None, sweep.run_id):
+        if (current.get("data") or {}).get("run-id") not in (None, sweep.run_id, replaces):
             raise EnvError(f"ConfigMap {publish.NAMESPACE}/{name} now records sweep {current['data']['run-id']}, "
                            f"not {sweep.run_id}", hint="two sweeps of one change cannot run at once")
         return {"metadata": {"labels": body["metadata"]["labels"]}, "data": body["data"]}, True
 
     patch_as_read(kube, *CONFIGMAP, name, decide, what=f"ConfigMap {publish.NAMESPACE}/{name}",
                   namespace=publish.NAMESPACE)
+    on_sweep(sweep)
 
 
 def _refuse_earlier(kube: Kube, before: Sweep | None) -> None:
@@ -168,16 +179,23 @@ def _refuse_earlier(kube: Kube, before: Sweep | None) -> None:
 
 
 def _resume(kube: Kube, before: Sweep | None, report: Callable[[str], None]) -> tuple[Sweep, lease.RunLease]:
-    if before is None or before.status != state.RUNNING:
+    if before is None or before.status != state.RUNNING or any(w.outcome == FAILED for w in before.waves):
         raise ConfigError("--resume: no sweep of this change is under way" +
                           (f" (sweep {before.run_id} is {before.status})" if before else ""),
                           hint="start one without --resume")
+    from pytest_gpucanary.cleanup import leftovers
+
+    left = leftovers(kube, [], only=before.run_id).get(before.run_id)
+    if left is None or not left.specs:
+        raise ConfigError(f"--resume: sweep {before.run_id}'s change is no longer in the cluster (rolled back by "
+                          "`gpucanary cleanup`?)", hint="start a new sweep without --resume")
     dead, live = lease.observe(kube, {before.run_id}, report=report)
     if before.run_id in live:
         raise EnvError(f"sweep {before.run_id} is alive: its Lease is renewed by {live[before.run_id].holder}",
                        hint="let it run; resume only a sweep whose process is gone")
     run_lease = lease.RunLease(kube, before.run_id, say=report).take_over(dead[before.run_id])
-    report(f"widen: resuming sweep {before.run_id} at wave {(before.current() or 0) + 1}/{len(before.waves)}")
+    report(f"widen: resuming sweep {before.run_id} at wave {(before.current() or 0) + 1}/{len(before.waves)}; pods "
+           "removed while no widen ran are not seen")
     return before, run_lease
 
 
@@ -290,14 +308,15 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
         if wave.outcome == PENDING:
             _take_joined(kube, cluster, sweep, index, report)
         where = f"wave {index + 1}/{len(sweep.waves)}"
+        pods.watch_nodes(wave.nodes)
         if wave.outcome == PENDING:
-            pods.watch_nodes(wave.nodes)
+            wave.outcome, wave.started_wall_ns = ROLLING, time.time_ns()
+            save(kube, sweep, on_sweep)          # before the holds go: a resume never releases a wave twice
             for node in wave.nodes:
                 release_hold(kube, node, sweep.run_id)
-            wave.outcome, wave.started_wall_ns = ROLLING, time.time_ns()
-            save(kube, sweep, on_sweep)
             report(f"widen: {where}: released {', '.join(wave.nodes)}")
-        pods.watch_nodes(wave.nodes)
+        elif wave.outcome == ROLLING and (late := [n for n in wave.nodes if release_hold(kube, n, sweep.run_id)]):
+            report(f"widen: {where}: released {', '.join(late)}, which the killed sweep had not")
         progress = _Progress(where, report, target=opts.target, budget_s=opts.wave_budget_s, soak_s=sweep.soak_s)
 
         def record(seen: dict[str, NodeSeen], found: list, wave: Wave = wave) -> None:
@@ -340,6 +359,7 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
 def _fail(kube: Kube, sweep: Sweep, wave: Wave, where: str, failure: str,
           on_sweep: Callable[[Sweep], None]) -> str:
     wave.outcome, wave.ended_wall_ns, wave.signal = FAILED, time.time_ns(), failure
+    sweep.status = state.HALTED          # in the same write: a failed wave is never resumed
     save(kube, sweep, on_sweep)
     return f"{where}: {failure}" if not failure.startswith(where) else failure
 

@@ -14,10 +14,13 @@ from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_STATE_LABEL, VALIDATOR_SELECTOR,
     driver_version_of, gpus_requested, of_daemonset,
 )
-from pytest_gpucanary.kube import Kube, KubeError
+from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.ladder.application import allows_eviction
 from pytest_gpucanary.widen.slo import SloLook
 from pytest_gpucanary.widen.state import Disruption
+
+
+UNSEEN_LOOKS = 3
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class PodWatch:
     def __init__(self, kube: Kube, settings: Settings) -> None:
         self.kube, self.settings = kube, settings
         self._nodes: frozenset[str] = frozenset()
-        self._known: dict[str, dict] = {}       # uid -> a pod on a watched node, as last seen
+        self._known: dict[str, dict] = {}       # uid -> a pod not of a DaemonSet, as last seen
         self._seen_gone: set[str] = set()
         self._found: list[Disruption] = []
         self._lock = threading.Lock()
@@ -79,14 +82,21 @@ class PodWatch:
             found, self._found = self._found, []
         return found
 
+    def unseen(self) -> str:
+        """Why pods are not being watched now ("" while they are)."""
+        if not self._thread.is_alive() and not self._stop.is_set():
+            return self.error or "the pod watch stopped"
+        return self.error
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 for event in self.kube.watch("v1", "Pod", stop=self._stop):
                     with self._lock:
                         self._see(event.type, event.object, event.received_wall_ns)
-            except KubeError as err:
-                self.error = str(err)
+                        self.error = ""
+            except Exception as err:  # noqa: BLE001 - a watch that cannot read is judged (`unseen`), never silent
+                self.error = f"pods cannot be watched: {err}"[:300]
                 self._stop.wait(2)
 
     def _see(self, kind: str, obj: dict, wall_ns: int) -> None:
@@ -98,8 +108,8 @@ class PodWatch:
             for pod in obj["items"]:
                 self._see("ADDED", pod, wall_ns)
             return
-        meta, spec = obj["metadata"], obj.get("spec") or {}
-        if spec.get("nodeName") not in self._nodes or of_daemonset(meta):
+        meta = obj["metadata"]
+        if of_daemonset(meta):
             return
         if kind == "DELETED" or meta.get("deletionTimestamp"):
             self._gone(obj, "deleted", wall_ns)
@@ -109,9 +119,10 @@ class PodWatch:
             self._known[meta["uid"]] = obj
 
     def _gone(self, pod: dict, how: str, wall_ns: int) -> None:
+        """Every pod is known (a wave's nodes change), and counted only when it leaves a watched node."""
         meta, spec = pod["metadata"], pod.get("spec") or {}
         self._known.pop(meta["uid"], None)
-        if meta["uid"] in self._seen_gone:
+        if meta["uid"] in self._seen_gone or spec.get("nodeName") not in self._nodes:
             return
         self._seen_gone.add(meta["uid"])
         gpus = gpus_requested(spec.get("containers") or [])
@@ -131,7 +142,7 @@ def nodes_seen(kube: Kube, nodes: list[str], namespace: str | None) -> dict[str,
     for name in nodes:
         try:
             node = kube.get("v1", "Node", name)
-        except KubeError:
+        except NotFound:
             continue
         pod, status = drivers.get(name), node.get("status") or {}
         seen[name] = NodeSeen((node["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL, ""),
@@ -179,12 +190,15 @@ def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], 
                    record: Callable[[dict[str, NodeSeen], list[Disruption]], None], tick_s: float = 2.0) -> str:
     """Judge the wave every tick for up to `seconds`. Rolling: returns "" once every node is upgraded, the
     failure when one shows, "timeout" at the end. Soaking: "" at the end unless a failure shows first."""
-    deadline = time.monotonic() + seconds
+    deadline, unseen = time.monotonic() + seconds, 0
     while True:
         seen = nodes_seen(kube, nodes, namespace)
         found = pods.take()
         record(seen, found)
         done, failure = judge(nodes, seen, found, target=target, soaking=soaking)
+        unseen = unseen + 1 if (why := pods.unseen()) else 0
+        if not failure and unseen >= UNSEEN_LOOKS:      # a removal it cannot see is not a pass
+            failure = f"{why} ({UNSEEN_LOOKS} looks in a row)"
         failure = failure or slos.failure()
         if failure:
             return failure

@@ -23,6 +23,7 @@ from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from pytest_gpucanary.sweep.inventory import load_inventory
 from pytest_gpucanary.widen import plan, receipt, state
 from pytest_gpucanary.widen.rollout import Refused, WidenOptions, release_hold, widen
+from pytest_gpucanary.widen.rollout import read as rollout_read
 from pytest_gpucanary.widen.slo import Slo, SloLook
 from pytest_gpucanary.widen.state import Disruption, Sweep, Wave
 from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, judge
@@ -416,3 +417,56 @@ def test_holds_on_an_nvidiadrivers_nodes_wait_only_for_its_own_daemonsets() -> N
 
     assert _release_holds(fake, "widen-1", held, lambda line: None) == 1
     assert SKIP_LABEL not in fake.get("v1", "Node", "gpu-0")["metadata"]["labels"]
+
+
+def test_a_pod_watch_that_cannot_read_fails_the_wave_and_a_watch_that_came_back_does_not() -> None:
+    from pytest_gpucanary.kube import Forbidden
+    from pytest_gpucanary.widen.watch import wait_and_judge
+
+    fake = FakeKube()
+    fleet(fake)
+    fake.fail_watch("Pod", Forbidden("pods is forbidden: cannot watch pods at the cluster scope"))
+    for _ in range(20):
+        fake.fail_watch("Pod", Forbidden("pods is forbidden: cannot watch pods at the cluster scope"))
+    watch = PodWatch(fake, Settings()).start()
+    try:
+        failure = wait_and_judge(fake, watch, SloLook(None, []), ["gpu-0"], OPERATOR_NS, target=OLD, seconds=30,
+                                 soaking=True, record=lambda seen, found: None, tick_s=0.05)
+    finally:
+        watch.stop()
+    assert failure.startswith("pods cannot be watched: ") and failure.endswith("(3 looks in a row)"), failure
+
+
+def test_a_failed_wave_is_never_resumed_and_a_rolled_back_sweep_neither() -> None:
+    fake = FakeKube()
+    fleet(fake)
+    record_verdict(fake)
+    halted = sweep_of("passed", "failed", "pending")
+    halted.key, halted.status = VerdictKey.of(POLICY, NEW, None), "running"    # killed while it rolled back
+    from pytest_gpucanary.widen.rollout import save
+
+    save(fake, halted)
+    resume = WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1"), resume=True)
+    with pytest.raises(ConfigError, match="no sweep of this change is under way"):
+        widen(fake, resume, report=lambda line: None)
+    halted.waves[1].outcome = "pending"                   # cleaned up: nothing of it left in the cluster
+    save(fake, halted)
+    writes = len(fake.writes)
+    with pytest.raises(ConfigError, match="change is no longer in the cluster"):
+        widen(fake, resume, report=lambda line: None)
+    assert len(fake.writes) == writes
+
+
+def test_a_new_sweep_replaces_the_record_of_a_finished_one_and_never_a_running_ones() -> None:
+    from pytest_gpucanary.widen.rollout import save
+
+    fake = FakeKube()
+    fleet(fake)
+    first = sweep_of("failed", "pending")
+    save(fake, first)
+    second = sweep_of("pending", "pending")
+    second.run_id = "widen-99999999"
+    with pytest.raises(EnvError, match="records sweep widen-0a1b2c3d, not widen-99999999"):
+        save(fake, second)
+    save(fake, second, replaces=first.run_id)
+    assert rollout_read(fake, second.key).run_id == "widen-99999999"
