@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pytest_gpucanary import lease, preflight, publish
+from pytest_gpucanary.cleanup import RunLeftovers, leftovers
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.gpu_operator import (
@@ -72,10 +73,13 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
             raise EnvError(f"SLO `{slo}` cannot be read: {err}", hint="check the query and the Prometheus URL") from None
     cluster = preflight.discover(kube)
     before = read(kube, key)
+    # what an earlier sweep of this change that did not finish still has in the cluster: read once
+    left = (leftovers(kube, [], only=before.run_id).get(before.run_id)
+            if before is not None and before.status not in (state.DONE, state.ROLLED_BACK) else None)
     if opts.resume:
-        sweep, run_lease = _resume(kube, before, report)
+        sweep, run_lease = _resume(kube, before, left, report)
     else:
-        _refuse_earlier(kube, before)
+        _refuse_earlier(before, left)
         sweep, run_lease = _start(kube, cluster, opts, key, found.run_id, report)
     try:
         save(kube, sweep, on_sweep, replaces=before.run_id if before and not opts.resume else None)
@@ -88,7 +92,7 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
         raise
     pods = PodWatch(kube, opts.settings).start()
     try:
-        applied = _applied(kube, cluster, sweep)
+        applied = _applied(cluster, sweep, left if opts.resume else None)
         try:
             _apply(kube, cluster, opts, sweep, applied, report)
         except GpucanaryError:
@@ -165,27 +169,20 @@ def save(kube: Kube, sweep: Sweep, on_sweep: Callable[[Sweep], None] = lambda sw
     on_sweep(sweep)
 
 
-def _refuse_earlier(kube: Kube, before: Sweep | None) -> None:
+def _refuse_earlier(before: Sweep | None, left: RunLeftovers | None) -> None:
     """A sweep of the same change that did not finish, with its holds or its change still in the cluster."""
-    if before is None or before.status in (state.DONE, state.ROLLED_BACK):
-        return
-    problems: list[str] = []
-    from pytest_gpucanary.cleanup import leftovers
-
-    if before.run_id in leftovers(kube, problems, only=before.run_id):
+    if before is not None and left is not None:
         how = "--resume it" if before.status == state.RUNNING else "roll it back"
         raise EnvError(f"sweep {before.run_id} of this change is {before.status}, its holds and change still in "
                        "the cluster", hint=f"{how}, or run `gpucanary cleanup --run-id {before.run_id}`")
 
 
-def _resume(kube: Kube, before: Sweep | None, report: Callable[[str], None]) -> tuple[Sweep, lease.RunLease]:
+def _resume(kube: Kube, before: Sweep | None, left: RunLeftovers | None,
+            report: Callable[[str], None]) -> tuple[Sweep, lease.RunLease]:
     if before is None or before.status != state.RUNNING or any(w.outcome == FAILED for w in before.waves):
         raise ConfigError("--resume: no sweep of this change is under way" +
                           (f" (sweep {before.run_id} is {before.status})" if before else ""),
                           hint="start one without --resume")
-    from pytest_gpucanary.cleanup import leftovers
-
-    left = leftovers(kube, [], only=before.run_id).get(before.run_id)
     if left is None or not left.specs:
         raise ConfigError(f"--resume: sweep {before.run_id}'s change is no longer in the cluster (rolled back by "
                           "`gpucanary cleanup`?)", hint="start a new sweep without --resume")
@@ -260,18 +257,15 @@ def _target(kube: Kube, cluster: preflight.ClusterInfo, name: str | None,
     return target, prior, ours
 
 
-def _applied(kube: Kube, cluster: preflight.ClusterInfo, sweep: Sweep) -> upgrade.AppliedUpgrade:
+def _applied(cluster: preflight.ClusterInfo, sweep: Sweep, left: RunLeftovers | None) -> upgrade.AppliedUpgrade:
     """What the sweep changed, as the canary's restore reads it: rebuilt from the sweep's record and what its
-    run id marks in the cluster, so a resumed sweep undoes what the killed one wrote."""
+    run id marks in the cluster (`left`, on a resume), so a resumed sweep undoes what the killed one wrote."""
     applied = upgrade.AppliedUpgrade(run_id=sweep.run_id, operator_namespace=cluster.operator_namespace,
                                      prior_version=sweep.prior_version)
     if cluster.nvidiadriver_mode:
         applied.nvidiadriver = sweep.target[2]
     else:
         applied.cluster_policy = cluster.cluster_policy
-    from pytest_gpucanary.cleanup import leftovers
-
-    left = leftovers(kube, [], only=sweep.run_id).get(sweep.run_id)
     if left is not None:
         applied.saved = list(left.specs)
         applied.skipped_nodes = [node["metadata"]["name"] for node in left.holds]

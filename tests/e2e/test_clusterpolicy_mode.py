@@ -35,18 +35,25 @@ def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subpro
                           timeout=timeout_s, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
 
 
-@pytest.fixture(scope="module")
-def clusterpolicy_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def second_fleet(gpucanary_fleet, root: Path, port_base: int, **settings: str) -> Iterator[dict[str, str]]:
+    """A fleet beside the session's, from the same binaries, with these GPUCANARY_FLEET_* settings: its
+    environment (KUBECONFIG_PATH too) while it runs; it is stopped after."""
     binaries = gpucanary_fleet.fleet.binaries()
-    env = {"GPUCANARY_FLEET_DIR": str(tmp_path_factory.mktemp("cp-fleet")), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_FLEET_GPU_NODES": "2", "GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy",
-           "GPUCANARY_FLEET_KUBELET_NODES": "1", "GPUCANARY_FLEET_KUBELET_POOL": "1" if KUBELET_POOL else "0",
+    env = {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(port_base), **settings,
            "GPUCANARY_BIN_DIR": str(binaries.control_plane), "GPUCANARY_OPERATOR_BIN_DIR": str(binaries.operator)}
     up = gpucanary(env, "fleet", "up")
     assert up.returncode == 0, up.stderr[-2000:]
     env["KUBECONFIG_PATH"] = up.stdout.strip().splitlines()[-1]
     yield env
     gpucanary(env, "fleet", "down")
+
+
+@pytest.fixture(scope="module")
+def clusterpolicy_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    yield from second_fleet(gpucanary_fleet, tmp_path_factory.mktemp("cp-fleet"), PORT_BASE,
+                            GPUCANARY_FLEET_GPU_NODES="2", GPUCANARY_FLEET_DRIVER_MODE="clusterpolicy",
+                            GPUCANARY_FLEET_KUBELET_NODES="1",
+                            GPUCANARY_FLEET_KUBELET_POOL="1" if KUBELET_POOL else "0")
 
 
 def driver_pods(kube: Kube) -> dict[str, str]:

@@ -26,7 +26,7 @@ from pytest_gpucanary.gpu_operator import NVIDIADRIVER, SKIP_LABEL, UPGRADE_STAT
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
-from test_clusterpolicy_mode import gpucanary   # tests/e2e is on sys.path (rootdir import mode)
+from test_clusterpolicy_mode import gpucanary, second_fleet   # tests/e2e is on sys.path (rootdir import mode)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -38,15 +38,8 @@ FAST = ["--soak-s=10", "--wave-budget-s=600"]
 
 @pytest.fixture(scope="module")
 def widen_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    binaries = gpucanary_fleet.fleet.binaries()
-    env = {"GPUCANARY_FLEET_DIR": str(tmp_path_factory.mktemp("widen-fleet")), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_FLEET_GPU_NODES": str(len(NODES)), "GPUCANARY_FLEET_KUBELET_NODES": "0",
-           "GPUCANARY_BIN_DIR": str(binaries.control_plane), "GPUCANARY_OPERATOR_BIN_DIR": str(binaries.operator)}
-    up = gpucanary(env, "fleet", "up")
-    assert up.returncode == 0, up.stderr[-2000:]
-    env["KUBECONFIG_PATH"] = up.stdout.strip().splitlines()[-1]
-    yield env
-    gpucanary(env, "fleet", "down")
+    yield from second_fleet(gpucanary_fleet, tmp_path_factory.mktemp("widen-fleet"), PORT_BASE,
+                            GPUCANARY_FLEET_GPU_NODES=str(len(NODES)), GPUCANARY_FLEET_KUBELET_NODES="0")
 
 
 @pytest.fixture
