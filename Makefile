@@ -33,10 +33,12 @@ test: setup build
 kill-matrix: setup build
 	GPUCANARY_KILL_MATRIX=1 $(PY) -m pytest tests/e2e/test_faults.py tests/e2e/test_control_plane_faults.py -rA $(PYTEST_ARGS)
 
-# Every cause of a stuck rollout the watcher names, on the kubelet pool in ClusterPolicy mode, one run each
-# (`make test` runs them in NVIDIADriver mode and the no-image case here).
+# Every cause of a stuck rollout the watcher names on the kubelet pool: in ClusterPolicy mode one run each, in
+# NVIDIADriver mode two at a time (`make test` runs the no-image case in both modes, and the driver held, the
+# crash loop and the operands behind a Ready driver in NVIDIADriver mode).
 diagnosis-matrix: setup build
-	GPUCANARY_DIAGNOSIS_MATRIX=1 $(PY) -m pytest tests/e2e/test_clusterpolicy_mode.py -k driver_that_cannot_come -rA $(PYTEST_ARGS)
+	GPUCANARY_DIAGNOSIS_MATRIX=1 $(PY) -m pytest tests/e2e/test_clusterpolicy_mode.py tests/e2e/test_kubelet_pool.py \
+		-k driver_that_cannot_come -rA $(PYTEST_ARGS)
 
 # Both demo policies at once on two real kubelet nodes as canary pools (part of `make test`; alone here).
 test-kubelet-pool: setup build

@@ -136,11 +136,17 @@ def _wait_for_admission(canary: Kube, timeout_s: float = 30) -> None:
 OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX", "diagnosis_matrix": "GPUCANARY_DIAGNOSIS_MATRIX"}
 
 
+# the longest modules (minutes of canary runs each), started first so that no worker is left with one at the end
+LONGEST_FIRST = ("test_canary_gate.py", "test_kubelet_pool.py", "test_clusterpolicy_mode.py", "test_policy_gate.py",
+                 "test_widen_rollout.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The full kill matrix (hours of canary runs) and the diagnosis matrix run only from their make targets:
-    deselected, never skipped."""
+    deselected, never skipped. The longest modules go first."""
     held = [marker for marker, setting in OUTSIDE_MAKE_TEST.items() if os.environ.get(setting) != "1"]
     kept = [item for item in items if not any(item.get_closest_marker(marker) for marker in held)]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-        items[:] = kept
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    items[:] = sorted(kept, key=lambda item: rank.get(item.path.name, len(rank)))
