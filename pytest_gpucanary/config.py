@@ -200,7 +200,7 @@ class Settings:
                                    threshold=True)
     # pull failures and crash loops are called by the kubelet's retries (ladder/stall.py), the rest by this
     stall_s: float = knob(180.0, "How long a stuck pool node state may last before the run calls it, not waiting "
-                                 "out the budget: an operator pod unschedulable, the node NotReady, an operand held "
+                                 "out the budget: an operator pod unschedulable or without its sandbox, the node NotReady, an operand held "
                                  "behind a Ready driver, a container short of its startup probe whose log has gone "
                                  "quiet, an eviction a PodDisruptionBudget refuses with no timeoutSeconds", check=positive, threshold=True)
     # from the driver manager pausing the device plugin to its return with the new driver; a driver

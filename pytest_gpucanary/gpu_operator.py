@@ -92,6 +92,20 @@ def of_daemonset(meta: Mapping[str, Any]) -> bool:
     return any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
 
 
+def daemonset_node(spec: Mapping[str, Any]) -> str | None:
+    """The node a DaemonSet made a pod for, before the scheduler binds it there: the DaemonSet controller
+    pins each pod with a required node affinity on the field metadata.name (kubernetes
+    pkg/controller/daemon/util.ReplaceDaemonSetPodNodeNameNodeAffinity)."""
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    for term in required.get("nodeSelectorTerms") or []:
+        for match in term.get("matchFields") or []:
+            values = match.get("values") or []
+            if match.get("key") == "metadata.name" and match.get("operator") == "In" and len(values) == 1:
+                return values[0]
+    return None
+
+
 def is_driver_pod(labels: Mapping[str, str]) -> bool:
     return any(labels.get(key) == value for key, value in DRIVER_POD_LABELS)
 

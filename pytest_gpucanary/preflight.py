@@ -78,7 +78,8 @@ PERMISSIONS: tuple[Permission, ...] = (
             why="check that the canary pods' PriorityClass is installed"),
     *_perms("get list watch patch", "nodes", why="carve out, record, hold back and restore GPU nodes"),
     *_perms("list watch", "pods", why="find the operator's pods; record every pod on the pool"),
-    *_perms("create delete", "pods", why="pull each workload image on the pool node; the collective probe's ranks"),
+    *_perms("create delete", "pods", why="pull each workload image on the pool node; the collective probe's ranks; "
+                                         "a pool node's driver pod the scheduler could not place"),
     *_perms("get", "pods/log", why="the collective probe's rank 0 output, when it left no termination message; "
                                    "a crash-looping operand's last words"),
     *_perms("list watch", "events", why="record the upgrade's events"),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from pytest_gpucanary.errors import GpucanaryError
-from pytest_gpucanary.gpu_operator import gpus_requested, holds_driver
+from pytest_gpucanary.gpu_operator import daemonset_node, gpus_requested, holds_driver
 from pytest_gpucanary.kube import Kube, WatchEvent
 from pytest_gpucanary.ladder.timeline import Record, load
 
@@ -32,6 +32,7 @@ class StreamSpec:
     namespace: str | None = None
     label_selector: str | None = None
     field_selector: str | None = None
+    recorded_as: str = ""       # the kind its records carry, when readers of the API kind must not see them
 
 
 def trim(kind: str, obj: dict) -> dict:
@@ -48,6 +49,8 @@ def trim(kind: str, obj: dict) -> dict:
         }
         if why := holds_driver(spec):        # gets the GPUs without asking for one: the driver cannot unload
             trimmed["spec"]["holdsDriver"] = why
+        if not spec.get("nodeName") and (node := daemonset_node(spec)):
+            trimmed["spec"]["daemonSetNode"] = node
     if kind == "Job":   # its completion is in status; the pod template is the manifest the run wrote
         spec = obj.get("spec", {})
         trimmed["spec"] = {k: spec.get(k) for k in ("completions", "parallelism", "backoffLimit")}
@@ -116,8 +119,8 @@ class Recorder:
                     for record in _records(spec, event):
                         self._append(record)
             except GpucanaryError as err:
-                self._append(Record(spec.name, "WATCH_ERROR", spec.kind, spec.namespace, None, time.monotonic_ns(),
-                                    time.time_ns(), {"message": str(err)}))
+                self._append(Record(spec.name, "WATCH_ERROR", spec.recorded_as or spec.kind, spec.namespace, None,
+                                    time.monotonic_ns(), time.time_ns(), {"message": str(err)}))
                 self._stop.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
                 failures += 1
 
@@ -135,14 +138,16 @@ class Recorder:
 
 
 def _records(spec: StreamSpec, event: WatchEvent) -> list[Record]:
+    kind = spec.recorded_as or spec.kind
+
     def record(kind_type: str, obj: dict) -> Record:
         meta = obj.get("metadata", {})
-        return Record(spec.name, kind_type, spec.kind, meta.get("namespace"), meta.get("name"),
+        return Record(spec.name, kind_type, kind, meta.get("namespace"), meta.get("name"),
                       event.received_mono_ns, event.received_wall_ns, trim(spec.kind, obj))
 
     if event.type == "RELISTED":
         items = event.object["items"]
-        marker = Record(spec.name, "RELISTED", spec.kind, spec.namespace, None, event.received_mono_ns,
+        marker = Record(spec.name, "RELISTED", kind, spec.namespace, None, event.received_mono_ns,
                         event.received_wall_ns, {"count": len(items)})
         return [marker] + [record("LISTED", item) for item in items]
     return [record(event.type, event.object)]

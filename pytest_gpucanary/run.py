@@ -249,7 +249,8 @@ class CanaryRun:
                 placed = workloads.rendered(settings, placement, service_path=pool.service)
                 self._create_namespace(placement, placed, cleanup)
                 self._pull_images(placement, placed)
-                recorder = Recorder(self.kube, report_dir / "timeline.jsonl", self._streams(pool, placement))
+                recorder = Recorder(self.kube, report_dir / "timeline.jsonl",
+                                    self._streams(pool, placement, cluster.operator_namespace))
                 cleanup.enter_context(recorder)
                 self._place_workloads(placement, run, recorder)
                 clock.next("baseline")
@@ -468,8 +469,11 @@ class CanaryRun:
             self._delete_quietly("v1", "Pod", pod["metadata"]["name"], namespace=placement.namespace)
         self.progress.line(f"images pulled on {placement.node}")
 
-    def _streams(self, pool: Pool, placement: workloads.Placement) -> list[StreamSpec]:
+    def _streams(self, pool: Pool, placement: workloads.Placement, operator_namespace: str) -> list[StreamSpec]:
         streams = [StreamSpec("canary-pods", "v1", "Pod", namespace=placement.namespace),
+                   # an operand the scheduler cannot place on the pool has no node yet (the pools' streams miss it)
+                   StreamSpec("unbound-operator-pods", "v1", "Pod", namespace=operator_namespace,
+                              field_selector="spec.nodeName=", recorded_as=stall.UNBOUND_POD),
                    StreamSpec("canary-events", "v1", "Event", namespace=placement.namespace),
                    StreamSpec("canary-jobs", "batch/v1", "Job", namespace=placement.namespace,
                               label_selector=f"{workloads.ROLE_LABEL}=gpu-job"),
@@ -567,7 +571,8 @@ class CanaryRun:
             except TimeoutError:
                 pass
             found = self._causes(pool, recorder, run, started_wall_ns)
-            if self._read_quiet_logs(found, recorder, read_at):     # a start still printing keeps its time
+            # a start still printing keeps its time; a sandbox that does not come gets the kubelet's words (both read)
+            if self._read_quiet_logs(found, recorder, read_at) | self._read_warnings(found, recorder, read_at):
                 found = self._causes(pool, recorder, run, started_wall_ns)
             for cause in found:
                 # a change of cause, printed once; an operand's also when its wait starts to count (the driver Ready)
@@ -611,6 +616,31 @@ class CanaryRun:
             if due:
                 read_at[key] = now
                 changed |= self._read_log(cause, recorder, previous=False)
+        return changed
+
+    def _read_warnings(self, found: list[stall.Cause], recorder: Recorder,
+                       read_at: dict[tuple[str, str, str], int]) -> bool:
+        """The newest Warning event of each pod whose sandbox does not come (the kubelet's FailedMount or
+        FailedCreatePodSandBox), read every LOG_EVERY_S while it lasts; True when one has changed."""
+        changed = False
+        for cause in (c for c in found if c.reason == stall.SANDBOX_NOT_READY):
+            key, now = (cause.namespace, cause.pod, ""), time.time_ns()
+            if (last := read_at.get(key)) is not None and now - last < LOG_EVERY_S * 1e9:
+                continue
+            read_at[key] = now
+            try:
+                events = self.kube.list("v1", "Event", namespace=cause.namespace,
+                                        field_selector=f"involvedObject.kind=Pod,involvedObject.name={cause.pod}")
+            except GpucanaryError as err:
+                self.progress.line(f"rollout: cannot read the events of {cause.pod}: {err}")
+                continue
+            warnings = sorted((e for e in events if e.get("type") == "Warning"),
+                              key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+            if warnings:
+                record = stall.warning_record(cause, warnings[-1], mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())
+                if record.object["text"] != stall.last_warning(recorder.records, cause):
+                    recorder.note(record)
+                    changed = True
         return changed
 
     def _read_log(self, cause: stall.Cause, recorder: Recorder, *, previous: bool) -> bool:

@@ -4,8 +4,10 @@ The operator's pods on the node (DaemonSet pods: the driver, its init containers
 the Node itself are read in order of receipt. A cause is what the kubelet or the node says now; it is
 terminal once it has outlasted what recovers on its own: a pull that failed PULL_ATTEMPTS times
 across the kubelet's back-offs or for PULL_STUCK_S without a break (or an image name that can never pull), a container or init container
-in CrashLoopBackOff after CRASH_RESTARTS restarts, a pod unschedulable or a node NotReady for
-STUCK_S. A slow pull that then succeeds, or one restart and then Ready, never becomes terminal: the
+in CrashLoopBackOff after CRASH_RESTARTS restarts, a pod unschedulable (an operator pod made for the node
+that the scheduler cannot place: recorded apart, as UNBOUND_POD) or a node NotReady for STUCK_S, or a pod bound there whose sandbox the kubelet has not made that long (a volume it cannot mount, a
+runtime or network that refuses it: quoted from the pod's newest Warning event, which the run reads). A slow
+pull that then succeeds, or one restart and then Ready, never becomes terminal: the
 cause clears when the container runs. A container that runs but has not passed its startup probe (a
 driver container that hangs in `nvidia-driver init`) is terminal once it has been quiet for STUCK_S:
 its log (the run reads it while the cause lasts and keeps each change) has said nothing new in that
@@ -54,6 +56,14 @@ EVICTING = {op.POD_DELETION_REQUIRED: ("podDeletion", True), op.DRAIN_REQUIRED: 
 
 
 LOG_KIND = "ContainerLog"  # a record the run adds: a container's log tail, when it has changed
+# the operator's pods not yet bound to a node, recorded apart (kind Pod is what is on a node): a DaemonSet pod
+# the scheduler cannot place has no nodeName, only the DaemonSet's affinity for its node; leaving that watch
+# (DELETED) means bound or gone, so it ends that cause and no other
+UNBOUND_POD = "UnboundPod"
+# bound, but the kubelet has not made the pod's sandbox (PodReadyToStartContainers False): a volume it cannot
+# mount (FailedMount), a runtime or network that refuses it (FailedCreatePodSandBox); a slow pull comes after
+SANDBOX_NOT_READY = "SandboxNotReady"
+WARNING_KIND = "PodWarning"   # a record the run adds: the newest Warning event of a pod whose sandbox does not come
 LOG_TAIL_LINES = 20
 
 
@@ -110,6 +120,7 @@ class _Scene:
     holders: dict[str, str] = field(default_factory=dict)         # uid -> "ns/name (why it holds the driver)"
     uids: dict[tuple[str, str], str] = field(default_factory=dict)   # (namespace, name) -> uid, pods on the node
     said_since: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (ns, pod, container) -> last log change
+    warnings: dict[tuple[str, str], str] = field(default_factory=dict)        # (ns, pod) -> its newest Warning event
 
 
 def _one_line(text: object, limit: int = 300) -> str:
@@ -140,8 +151,15 @@ def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: 
             _scene_pod(record, at, scene)
             if at >= since_wall_ns:
                 _pod(record, at, node, scene, tracks, current)
+        elif record.kind == UNBOUND_POD and (record.object.get("spec") or {}).get("daemonSetNode") == node:
+            if at >= since_wall_ns:
+                _unbound(record, at, node, scene, tracks, current)
+            continue
         elif record.kind == LOG_KIND and (record.namespace or "", record.name or "") in scene.uids:
             _said(record, at, scene, tracks)
+            continue
+        elif record.kind == WARNING_KIND:
+            scene.warnings[(record.namespace or "", record.name or "")] = record.object.get("text", "")
             continue
         else:
             continue
@@ -152,6 +170,9 @@ def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: 
                 and now_wall_ns >= deadline:
             track.terminal_wall_ns = deadline
             current[key] = replace(current[key], terminal_wall_ns=deadline)
+    for key, cause in current.items():      # the kubelet's own words, once the run has read them
+        if cause.reason == SANDBOX_NOT_READY and (said := scene.warnings.get((cause.namespace, cause.pod))):
+            current[key] = replace(cause, message=said)
     return sorted(current.values(), key=lambda c: c.since_wall_ns)
 
 
@@ -296,23 +317,15 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
     if not op.of_daemonset(meta):
         return                                   # others' pods matter only when an eviction of them is refused
     driver = op.is_driver_pod(meta.get("labels") or {})
-    who = (f"{'driver' if driver else 'operator'} pod "
-           f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    who = _who(meta)
     if record.type == "DELETED" or meta.get("deletionTimestamp"):
         for key in [k for k in tracks if k[0] == uid]:
             tracks.pop(key)
             current.pop(key, None)
         return
-    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
-    key = (uid, "")
-    if scheduled is not None and scheduled.get("status") == "False":
-        track = tracks.setdefault(key, _Track(scheduled.get("reason", "Unschedulable"), at))
-        track.outlasted(at, scene.stuck_s)
-        current[key] = Cause(node, who, track.reason, _one_line(scheduled.get("message")), track.since_wall_ns,
-                             track.terminal_wall_ns)
-    else:
-        tracks.pop(key, None)
-        current.pop(key, None)
+    tracks.pop((uid, ""), None)                  # bound: whatever kept it off the node has cleared
+    current.pop((uid, ""), None)
+    _sandbox(status, at, node, who, meta, scene, tracks, current)
     holders = ", ".join(scene.holders.values()) if driver else ""
     for init, statuses in ((True, status.get("initContainerStatuses")), (False, status.get("containerStatuses"))):
         for container in statuses or []:
@@ -324,6 +337,59 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
         track = tracks[key]
         current[key] = replace(current[key], message=f"{track.detail} ({_behind(track, at, scene)})",
                                terminal_wall_ns=track.terminal_wall_ns)
+
+
+def _sandbox(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapping[str, Any], scene: _Scene,
+             tracks: dict, current: dict) -> None:
+    """A pod on the node whose sandbox the kubelet has not made: terminal once that has lasted the stall time."""
+    key = (meta.get("uid", ""), SANDBOX_NOT_READY)
+    waiting = next((c for c in status.get("conditions") or [] if c.get("type") == "PodReadyToStartContainers"), None)
+    if status.get("phase") != "Pending" or waiting is None or waiting.get("status") != "False":
+        tracks.pop(key, None)
+        current.pop(key, None)
+        return
+    track = tracks.setdefault(key, _Track(SANDBOX_NOT_READY, at))
+    track.outlasted(at, scene.stuck_s)
+    current[key] = Cause(node, who, SANDBOX_NOT_READY, "its sandbox is not made (PodReadyToStartContainers False): a "
+                         "volume not mounted, or a runtime or network that refuses it", track.since_wall_ns,
+                         track.terminal_wall_ns, meta.get("namespace", ""), meta.get("name", ""))
+
+
+def warning_record(cause: Cause, event: Mapping[str, Any], *, mono_ns: int, wall_ns: int) -> Record:
+    """The record the run adds for the newest Warning event of a pod whose sandbox does not come."""
+    text = without_secrets(one_line(f"{event.get('reason', '')}: {event.get('message', '')}"))[:300]
+    return Record("diagnosis", "ADDED", WARNING_KIND, cause.namespace, cause.pod, mono_ns, wall_ns, {"text": text})
+
+
+def last_warning(records: Iterable[Record], cause: Cause) -> str:
+    """The Warning the run last read for the cause's pod, if it read one."""
+    found = [r for r in records if r.kind == WARNING_KIND and r.namespace == cause.namespace and r.name == cause.pod]
+    return found[-1].object.get("text", "") if found else ""
+
+
+def _who(meta: Mapping[str, Any]) -> str:
+    kind = "driver" if op.is_driver_pod(meta.get("labels") or {}) else "operator"
+    return f"{kind} pod {meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _unbound(record: Record, at: int, node: str, scene: _Scene, tracks: dict, current: dict) -> None:
+    """An operator pod made for the node that the scheduler cannot place there (PodScheduled False)."""
+    pod = record.object
+    meta = pod.get("metadata") or {}
+    if not op.of_daemonset(meta):
+        return
+    key = (meta.get("uid", ""), "")
+    scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+                     None)
+    if record.type == "DELETED" or meta.get("deletionTimestamp") or scheduled is None \
+            or scheduled.get("status") != "False":
+        tracks.pop(key, None)
+        current.pop(key, None)
+        return
+    track = tracks.setdefault(key, _Track(scheduled.get("reason", "Unschedulable"), at))
+    track.outlasted(at, scene.stuck_s)
+    current[key] = Cause(node, _who(meta), track.reason, _one_line(scheduled.get("message")), track.since_wall_ns,
+                         track.terminal_wall_ns, meta.get("namespace", ""), meta.get("name", ""))
 
 
 def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapping[str, Any], scene: _Scene,

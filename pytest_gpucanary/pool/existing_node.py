@@ -20,6 +20,7 @@ the foreign-pod check right before the policy.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -27,11 +28,11 @@ from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_FAILED,
-    UPGRADE_REQUIRED, UPGRADE_STATE_LABEL, VALIDATION_REQUIRED, DRIVER_OWNER_LABEL, driver_node_selector,
-    driver_version_of, is_default_driver, is_driver_pod, of_daemonset,
+    UPGRADE_REQUIRED, UPGRADE_STATE_LABEL, VALIDATION_REQUIRED, DRIVER_OWNER_LABEL, daemonset_node,
+    driver_node_selector, driver_version_of, is_default_driver, is_driver_pod, of_daemonset,
 )
 from pytest_gpucanary.kube import (
-    FENCE_TAINT_KEY, RUN_ID_LABEL, Kube, NotFound, fence_taint, patch_as_read, saved_run, tolerated,
+    FENCE_TAINT_KEY, RUN_ID_LABEL, Conflict, Kube, NotFound, fence_taint, patch_as_read, saved_run, tolerated,
 )
 from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
 from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL, Pool
@@ -254,33 +255,66 @@ def _expected(pod: dict, run_id: str | None) -> bool:
 # driver that loaded but never validated, or whose upgrade failed, would stay after its version went back.
 STRANDED_STATES = (VALIDATION_REQUIRED, UPGRADE_FAILED)
 UNSTRAND_TRIES = 3     # once more if the first came before the operator had put the DaemonSet back
+LOOK_EVERY_S = 15      # a stranded node may not change: it is looked at again this often
 
 
 def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float,
                     report: Callable[[str], None] = print) -> None:
     """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done. A node
     stranded on another driver (STRANDED_STATES) is put back into upgrade-required, the state the operator
-    itself gives a node whose driver pod is out of date, so it rolls the node back."""
-    tries = UNSTRAND_TRIES
+    itself gives a node whose driver pod is out of date, so it rolls the node back; a driver pod of another
+    version that the scheduler could not place there is deleted (`_replace_unplaced`)."""
+    tries = {"unstrand": UNSTRAND_TRIES, "unplaced": UNSTRAND_TRIES}
 
     def back(nodes: dict[str, dict]) -> bool | None:
-        nonlocal tries
         labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
         state = labels.get(UPGRADE_STATE_LABEL)
         if state == UPGRADE_DONE and _driver_version_on(kube, node) == version:
             return True
-        if state in STRANDED_STATES and tries and (stale := _other_drivers_on(kube, node, version)):
-            tries -= 1
+        if state in STRANDED_STATES and tries["unstrand"] and (stale := _other_drivers_on(kube, node, version)):
+            tries["unstrand"] -= 1
             if _unstrand(kube, node):
                 report(f"node {node} stayed in {state} on driver {', '.join(stale)}, which GPU Operator does not "
                        f"restart there: put it back into {UPGRADE_REQUIRED} to roll it back to {version}")
+        if tries["unplaced"] and _replace_unplaced(kube, node, version, report):
+            tries["unplaced"] -= 1
         return None
 
-    try:
-        kube.watch_until("v1", "Node", back, timeout_s=timeout_s, field_selector=f"metadata.name={node}")
-    except TimeoutError:
-        raise EnvError(f"node {node} did not return to driver {version} within {timeout_s:.0f} s",
-                       hint="check it, then run `gpucanary cleanup` to restore its labels and taints") from None
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            kube.watch_until("v1", "Node", back, timeout_s=min(left, LOOK_EVERY_S),
+                             field_selector=f"metadata.name={node}")
+            return
+        except TimeoutError:
+            continue
+    raise EnvError(f"node {node} did not return to driver {version} within {timeout_s:.0f} s",
+                   hint="check it, then run `gpucanary cleanup` to restore its labels and taints")
+
+
+def _replace_unplaced(kube: Kube, node: str, version: str, report: Callable[[str], None]) -> bool:
+    """Delete the node's driver pods of another version that the scheduler could not place (PodScheduled False):
+    GPU Operator passes over a node whose driver pod has no node (k8s-operator-libs BuildState: "Driver Pod has
+    no NodeName, skipping"), so nothing else would; the DaemonSet makes a new one from its restored template.
+    Such a pod never ran: deleting it disrupts nothing (deploy/admission.yaml allows the canary only such pods
+    outside its namespaces). True when one was deleted."""
+    deleted = False
+    for pod in kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector="spec.nodeName="):
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        unplaced = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                         if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+        if daemonset_node(spec) != node or not of_daemonset(meta) or unplaced is None \
+                or meta.get("deletionTimestamp") or driver_version_of(pod) in ("", version):
+            continue
+        try:
+            kube.delete("v1", "Pod", meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+        except (NotFound, Conflict):
+            continue
+        deleted = True
+        report(f"driver pod {meta['namespace']}/{meta['name']} of {driver_version_of(pod)} could not be placed on "
+               f"node {node} ({' '.join(str(unplaced.get('message', '')).split())[:200]}), and GPU Operator passes over "
+               f"a node whose driver pod has no node: deleted it, so that its DaemonSet makes one of {version}")
+    return deleted
 
 
 def _driver_pods_on(kube: Kube, node: str) -> list[dict]:

@@ -59,10 +59,12 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
                      "metadata": {"name": driver, "labels": {POOL_ELIGIBLE_LABEL: "true"}},
                      "spec": {**{k: v for k, v in kube.get(*NVIDIADRIVER, "fleet")["spec"].items() if k != "default"},
                               "nodeSelector": {DRIVER_POOL_LABEL: driver}}})   # the fleet's may be the default one
+    unplaced = kube.create(unplaceable_daemonset(f"unplaced-{tag}", ops, other))
     since_s = time.time()
     try:
         # what a run writes on its own objects goes through, under the same token
         canary.create(owned_namespace(own, "adversary"))
+        never_ran = next_unplaced_pod(kube, ops, unplaced["metadata"]["name"])
         allowed = [
             ("create", "v1", "Pod", {"body": {**pod("plain", own), "metadata": {
                 "name": "plain", "namespace": own, "labels": owned_labels("adversary")}}, "namespace": own}),
@@ -74,6 +76,8 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
                 "labels": {"nvidia.com/gpu-driver-upgrade.skip": "true"}}}}),
             ("patch", *CLUSTER_POLICY, {"name": cluster.cluster_policy, "body": {"spec": {"driver": {
                 "upgradePolicy": {"maxParallelUpgrades": 1}}}}}),
+            # a DaemonSet's pod no node took, as the give-back deletes a pool node's driver pod that never placed
+            ("delete", "v1", "Pod", {"name": never_ran, "namespace": ops}),
         ]
         if cluster.nvidiadriver_mode:
             allowed.append(("patch", *NVIDIADRIVER, {"name": driver, "body": {
@@ -155,8 +159,30 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
         assert sum(r.authorization == "forbid" for r in refusals) == sum(who == "rbac" for who, *_ in battery)
         assert sum(r.authorization == "allow" for r in refusals) == sum(who == "admission" for who, *_ in battery)
     finally:
-        for api_version, kind, name in (("v1", "Namespace", own), ("nvidia.com/v1alpha1", "NVIDIADriver", driver)):
+        for api_version, kind, name, namespace in (("v1", "Namespace", own, None),
+                                                   ("nvidia.com/v1alpha1", "NVIDIADriver", driver, None),
+                                                   ("apps/v1", "DaemonSet", unplaced["metadata"]["name"], ops)):
             try:
-                kube.delete(api_version, kind, name)
+                kube.delete(api_version, kind, name, namespace=namespace)
             except NotFound:
                 pass
+
+
+def unplaceable_daemonset(name: str, namespace: str, node: str) -> dict:
+    """A DaemonSet for one node whose pod asks for more CPU than any node has: its pod stays unbound."""
+    labels = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "c", "image": "busybox:1.36", "resources": {"requests": {"cpu": "100000"}}}]}}}}
+
+
+def next_unplaced_pod(kube: Kube, namespace: str, daemonset: str, timeout_s: float = 60) -> str:
+    """The DaemonSet's pod, once the scheduler has said it cannot place it."""
+    def unplaced(pods: dict[str, dict]) -> str | None:
+        return next((name for name, p in pods.items() if any(
+            c["type"] == "PodScheduled" and c["status"] == "False" for c in p.get("status", {}).get("conditions") or [])),
+            None)
+    return kube.watch_until("v1", "Pod", unplaced, timeout_s=timeout_s, namespace=namespace,
+                            label_selector=f"app={daemonset}")

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator
 
@@ -19,7 +20,7 @@ import pytest
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.layout import DEFAULT_OPERATOR_RELEASE, KUBELET_POOL_RELEASES
 from pytest_gpucanary.kube import Kube
-from test_kubelet_pool import stop_kubelet_during_the_upgrade   # tests/e2e is on sys.path (rootdir import mode)
+from test_kubelet_pool import stop_kubelet_during_the_upgrade, unschedulable_driver_pod  # tests/e2e is on sys.path
 from test_rollout_diagnosis import refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -101,6 +102,7 @@ CAUSES = {
     "unvalidated": ("574.0.3", f"on {KUBELET_NODE}: BlockedInInit since"),
     "node-not-ready": ("580.95.05", f"node {KUBELET_NODE} on {KUBELET_NODE}: NotReady since"),
     "eviction-refused": ("580.95.05", "drain cannot evict it: PodDisruptionBudget gpucanary-"),
+    "unschedulable": ("580.95.05", f"on {KUBELET_NODE}: Unschedulable since"),
 }
 
 
@@ -111,7 +113,8 @@ def _case_args(case: str, root: Path) -> tuple[str, ...]:
     if case == "driver-in-use":
         return (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
     if case != "eviction-refused":
-        return (f"--gpucanary-stall-s={STALL_S}",) if case in ("hangs", "unvalidated", "node-not-ready") else ()
+        return (f"--gpucanary-stall-s={STALL_S}",) if case in ("hangs", "unvalidated", "node-not-ready",
+                                                                "unschedulable") else ()
     return refused_drain_options(root, drain_timeout_s=STALL_S)
 
 
@@ -121,8 +124,8 @@ def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_ever
         clusterpolicy_fleet: dict[str, str], tmp_path: Path, case: str) -> None:
     """The ClusterPolicy's own driver DaemonSet on the real kubelet node (the fleet's default pool), at a target
     that cannot come: no image, a driver that crashes loading, one a pod holds without a GPU request, one that
-    hangs before it loads, one that loads while the validator's check of it fails, the node gone NotReady, or a
-    drain that a budget refuses. Each is named in minutes, the ClusterPolicy goes back, the pool node runs its
+    hangs before it loads, one that loads while the validator's check of it fails, the node gone NotReady, a
+    drain that a budget refuses, or a driver pod the scheduler cannot place. Each is named in minutes, the ClusterPolicy goes back, the pool node runs its
     old driver again, and the held-back nodes' driver pods never restarted. On a release whose ClusterPolicy has
     no driver.hostNetwork, `fleet up` refuses such a pool in one line, starting nothing."""
     if not KUBELET_POOL:
@@ -141,14 +144,15 @@ def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_ever
                "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
                "--gpucanary-job-duration-s=150", f"--gpucanary-reports-dir={tmp_path / 'reports'}",
                *_case_args(case, tmp_path / "inputs")]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **clusterpolicy_fleet, "PYTHONUNBUFFERED": "1"})
-    try:
-        if case == "node-not-ready":
-            stop_kubelet_during_the_upgrade(clusterpolicy_fleet, KUBELET_NODE, stall_s=STALL_S)
-        stdout, stderr = proc.communicate(timeout=900)
-    finally:
-        proc.kill()
+    with unschedulable_driver_pod(clusterpolicy_fleet, KUBELET_NODE) if case == "unschedulable" else nullcontext():
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **clusterpolicy_fleet, "PYTHONUNBUFFERED": "1"})
+        try:
+            if case == "node-not-ready":
+                stop_kubelet_during_the_upgrade(clusterpolicy_fleet, KUBELET_NODE, stall_s=STALL_S)
+            stdout, stderr = proc.communicate(timeout=900)
+        finally:
+            proc.kill()
     output = stdout[-4000:] + stderr[-2000:]
     assert proc.returncode == 1, output
     assert f"pool {KUBELET_NODE} (kubelet)" in stdout and "operator in ClusterPolicy mode" in stdout
@@ -163,6 +167,9 @@ def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_ever
         assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
     if case == "no-image":
         assert f"container nvidia-driver-ctr on {KUBELET_NODE}: " in rollout["summary"], rollout["summary"]
+    if case == "unschedulable":         # the scheduler's words; the give-back replaced the pod GPU Operator skips
+        assert "Insufficient cpu" in rollout["summary"], rollout["summary"]
+        assert f"could not be placed on node {KUBELET_NODE}" in stdout, output
     if case == "unvalidated":
         assert "in init container driver-validation (the driver pod is Ready); its log ends: Failed to initialize " \
                "NVML: Driver/library version mismatch" in rollout["summary"], rollout["summary"]

@@ -23,8 +23,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -36,7 +38,8 @@ from pytest_gpucanary.fleet import processes
 from pytest_gpucanary.fleet.binaries import NVML_SHIM, find_bin_dir
 from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
-from pytest_gpucanary.kube import RUN_ID_LABEL, Kube
+from pytest_gpucanary.gpu_operator import daemonset_node
+from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
 from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -264,30 +267,70 @@ def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFa
     Then at once, with a stall time of 60 s (from `make diagnosis-matrix` only): on the first node a driver whose
     container hangs before it loads (the fleet's 574.0.2); on the second, an upgrade to a good driver during which
     the node's kubelet stops (SIGSTOP), so the node goes NotReady, and comes back once the run has had time to
-    call it. Then at once: on
-    the first node a driver whose container cannot load its module (574.0.1, a crash loop); on the second one
-    that loads and turns Ready while the validator's nvidia-smi check of it fails (574.0.3), so the operands wait
-    behind a Ready driver."""
+    call it. Then at once: on the first node a driver whose container cannot load its module (574.0.1, a crash
+    loop); on the second one that loads and turns Ready while the validator's nvidia-smi check of it fails
+    (574.0.3), so the operands wait behind a Ready driver. Then alone (stall time 60 s): a driver pod the
+    scheduler cannot place, as its namespace's defaults ask more CPU of it than the node has."""
     root = tmp_path_factory.mktemp("failing-runs")
     holder = (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
     stall = (f"--gpucanary-stall-s={STALL_S}",)
     cases = {"no-image": (NODE, "999.1.1", ()), "driver-in-use": (SECOND, TARGET, holder),
              "hangs": (NODE, "574.0.2", stall), "node-not-ready": (SECOND, TARGET, stall),
-             "crash": (NODE, "574.0.1", ()), "unvalidated": (SECOND, "574.0.3", stall)}
+             "crash": (NODE, "574.0.1", ()), "unvalidated": (SECOND, "574.0.3", stall),
+             "unschedulable": (NODE, TARGET, stall)}
     runs = {name: Run("default.yaml", node, root / name, (f"--gpucanary-pool-node={node}",
                       f"--junitxml={root / name / 'junit.xml'}", *args), target=target)
             for name, (node, target, args) in cases.items()}
-    pairs = [("no-image", "driver-in-use"), ("crash", "unvalidated")]
+    pairs = [("no-image", "driver-in-use"), ("crash", "unvalidated"), ("unschedulable",)]
     if os.environ.get("GPUCANARY_DIAGNOSIS_MATRIX") == "1":
         pairs.insert(1, ("hangs", "node-not-ready"))
     for pair in pairs:
-        for name in pair:
-            runs[name].start(pool_fleet)
-        if "node-not-ready" in pair:
-            stop_kubelet_during_the_upgrade(pool_fleet, SECOND)
-        for name in pair:
-            runs[name].finish()
+        with unschedulable_driver_pod(pool_fleet, NODE) if "unschedulable" in pair else nullcontext():
+            for name in pair:
+                runs[name].start(pool_fleet)
+            if "node-not-ready" in pair:
+                stop_kubelet_during_the_upgrade(pool_fleet, SECOND)
+            for name in pair:
+                runs[name].finish()
     return runs
+
+
+OPERATOR_NAMESPACE = "gpu-operator"
+MORE_CPU_THAN_A_NODE_HAS = {"apiVersion": "v1", "kind": "LimitRange",
+                            "metadata": {"name": "more-cpu-than-a-node-has", "namespace": OPERATOR_NAMESPACE},
+                            "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "64"}}]}}
+
+
+@contextmanager
+def unschedulable_driver_pod(env: dict[str, str], node: str) -> Iterator[None]:
+    """While it lasts, a container created in the operator's namespace without requests asks for 64 CPUs (a
+    LimitRange, as a platform's namespace defaults can), so the driver pod an upgrade brings to `node` cannot be
+    placed. Lifted as soon as that pod is Unschedulable: it keeps what it was admitted with, and the restore's
+    pods place again."""
+    kube = _kube(env)
+    kube.create(MORE_CPU_THAN_A_NODE_HAS)
+    lifted = threading.Event()
+
+    def lift_once_unschedulable() -> None:
+        deadline = time.monotonic() + 600
+        while not lifted.is_set() and time.monotonic() < deadline:
+            if any(daemonset_node(p["spec"]) == node and any(
+                    c["type"] == "PodScheduled" and c["status"] == "False" for c in p["status"].get("conditions") or [])
+                    for p in kube.list("v1", "Pod", namespace=OPERATOR_NAMESPACE, field_selector="spec.nodeName=")):
+                break
+            lifted.wait(2)
+        try:
+            kube.delete("v1", "LimitRange", MORE_CPU_THAN_A_NODE_HAS["metadata"]["name"], namespace=OPERATOR_NAMESPACE)
+        except NotFound:
+            pass
+
+    lifter = threading.Thread(target=lift_once_unschedulable, daemon=True)
+    lifter.start()
+    try:
+        yield
+    finally:
+        lifted.set()
+        lifter.join()
 
 
 def stop_kubelet_during_the_upgrade(env: dict[str, str], node: str, *, stall_s: float = STALL_S) -> None:
@@ -318,13 +361,15 @@ def _ready(node: dict) -> bool:
     pytest.param("node-not-ready", f"node {SECOND} on {SECOND}: NotReady since", marks=pytest.mark.diagnosis_matrix),
     ("crash", f"container nvidia-driver-ctr on {NODE}: CrashLoopBackOff since"),
     ("unvalidated", f"on {SECOND}: BlockedInInit since"),
+    ("unschedulable", f"on {NODE}: Unschedulable since"),
 ])
 def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_keeps_its_driver(
         pool_fleet: dict[str, str], failing_runs: dict[str, Run], case: str, words: str) -> None:
     """No image for the target, a driver the driver manager cannot unload, a driver container that never
-    loads or crashes loading, the node gone NotReady, or operands that wait behind a Ready driver: the run calls
+    loads or crashes loading, the node gone NotReady, operands that wait behind a Ready driver, or a driver pod
+    no node takes: the run calls
     it once it has outlasted the kubelet's back-offs (for the hang, once its log has been quiet for the stall
-    time; for the node and the operands, once they have waited that long), without waiting out the budget,
+    time; for the node, the operands and the unplaced pod, once they have waited that long), without waiting out the budget,
     names it, and puts the node back on its old driver."""
     run = failing_runs[case]
     receipt, output = run.receipt, run.output
@@ -357,6 +402,9 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
     if case == "unvalidated":                       # behind a Ready driver, in the validator's words
         assert "in init container driver-validation (the driver pod is Ready); its log ends: Failed to initialize " \
                "NVML: Driver/library version mismatch" in rollout["summary"], rollout["summary"]
+    if case == "unschedulable":                     # the scheduler's own words; GPU Operator passes over the node
+        assert "Insufficient cpu" in rollout["summary"], rollout["summary"]
+        assert f"could not be placed on node {NODE}" in run.stdout, output     # so the give-back replaced the pod
     kube = _kube(pool_fleet)
     [driver] = [image for app, (_, image) in _operand_pods(kube, run.node).items() if app.startswith("nvidia-gpu-driver")]
     assert driver == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"

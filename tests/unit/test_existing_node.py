@@ -374,3 +374,41 @@ def test_a_node_in_validation_on_its_own_driver_is_left_to_the_operator() -> Non
     with pytest.raises(EnvError, match="did not return to driver"):
         wait_for_driver(fake, "canary-0", DRIVER_FROM, timeout_s=0.5, report=print)
     assert len(fake.writes) == writes
+
+
+def test_a_driver_pod_no_node_took_is_deleted_so_its_daemonset_makes_one_of_the_restored_driver() -> None:
+    """GPU Operator passes over a node whose driver pod is unbound: the give-back deletes a pool node's driver pod
+    of the target that the scheduler could not place (and only that one), so the DaemonSet makes a new one."""
+    from pytest_gpucanary.pool.existing_node import wait_for_driver
+
+    def unplaced(name: str, node_name: str, version: str) -> dict:
+        obj = driver_pod(node_name, version=version)
+        obj["metadata"]["name"] = name
+        obj["spec"] = {"containers": obj["spec"]["containers"], "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}}}}
+        obj["status"] = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/4 nodes are available: 1 Insufficient cpu."}]}
+        return obj
+
+    fake = FakeKube()
+    fake.create(node("canary-0", **{UPGRADE_STATE_LABEL: "pod-restart-required"}))
+    fake.create(node("gpu-1", **{UPGRADE_STATE_LABEL: "pod-restart-required"}))
+    fake.create(unplaced("nvidia-driver-new", "canary-0", DRIVER_TO))
+    fake.create(unplaced("nvidia-driver-elsewhere", "gpu-1", DRIVER_TO))     # another node's: not the pool's
+
+    def daemonset() -> None:        # makes a pod of the restored template once the unplaced one is gone
+        fake.wait_gone("v1", "Pod", "nvidia-driver-new", namespace="gpu-operator", timeout_s=10)
+        fake.create(driver_pod("canary-0"))
+        fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-done"}}})
+
+    thread = threading.Thread(target=daemonset)
+    thread.start()
+    said: list[str] = []
+    wait_for_driver(fake, "canary-0", DRIVER_FROM, timeout_s=10, report=said.append)
+    thread.join()
+    assert said == [f"driver pod gpu-operator/nvidia-driver-new of {DRIVER_TO} could not be placed on node canary-0 "
+                    "(0/4 nodes are available: 1 Insufficient cpu.), and GPU Operator passes over a node whose driver "
+                    f"pod has no node: deleted it, so that its DaemonSet makes one of {DRIVER_FROM}"]
+    assert fake.get("v1", "Pod", "nvidia-driver-elsewhere", namespace="gpu-operator")

@@ -93,3 +93,26 @@ def test_a_pod_that_gets_the_gpus_without_asking_keeps_why_in_its_trimmed_spec()
                                                    "containers": [{"name": "c", "image": "x"}]}}
     assert recorder.trim("Pod", pod)["spec"] == {"nodeName": "n", "gpus": 0, "emptyDirs": [],
                                                  "holdsDriver": "runtimeClassName nvidia"}
+
+
+def test_an_operator_pod_not_yet_bound_is_recorded_apart_with_the_node_its_daemonset_made_it_for(
+        tmp_path: Path) -> None:
+    fake = nodes("canary-0")
+    pinned = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["canary-0"]}]}]}}}
+    for name, node in (("driver-pending", None), ("driver-bound", "canary-0")):
+        fake.create({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": name, "namespace": "gpu-operator",
+                                  "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-driver-daemonset"}]},
+                     "spec": {**({"nodeName": node} if node else {}), "affinity": pinned,
+                              "containers": [{"name": "c", "image": "x"}]}})
+    stream = StreamSpec("unbound-operator-pods", "v1", "Pod", namespace="gpu-operator",
+                        field_selector="spec.nodeName=", recorded_as="UnboundPod")
+
+    with Recorder(fake, tmp_path / "timeline.jsonl", [stream]) as rec:
+        listed = rec.wait_for(lambda rs: [r for r in rs if r.type == "LISTED"] or None, timeout_s=5)
+
+    assert [(r.kind, r.name) for r in listed] == [("UnboundPod", "driver-pending")]
+    assert listed[0].object["spec"]["daemonSetNode"] == "canary-0"
+    bound = fake.get("v1", "Pod", "driver-bound", namespace="gpu-operator")
+    assert "daemonSetNode" not in recorder.trim("Pod", bound)["spec"]

@@ -102,3 +102,29 @@ def test_a_log_the_kubelet_cannot_give_while_it_replaces_the_container_is_read_a
     assert CanaryRun._read_log(run, cause, recorder, previous=True) is False
     assert said == ["rollout: cannot read the log of driver-x/nvidia-driver-ctr: unable to retrieve container logs "
                     "for containerd://decf"]
+
+
+def test_the_newest_warning_of_a_pod_without_a_sandbox_is_recorded_once_and_read_again_only_later() -> None:
+    from types import SimpleNamespace
+
+    from pytest_gpucanary.ladder import stall
+    from pytest_gpucanary.run import CanaryRun
+
+    cause = stall.Cause("gpu-kubelet-0", "driver pod", stall.SANDBOX_NOT_READY, "", 0, None, "gpu-operator",
+                        "driver-x")
+    events = [{"type": "Warning", "reason": "FailedMount", "message": "old", "lastTimestamp": "2026-12-05T01:00:00Z"},
+              {"type": "Warning", "reason": "FailedCreatePodSandBox", "message": 'no runtime for "nvidia" is configured',
+               "lastTimestamp": "2026-12-05T01:00:09Z"},
+              {"type": "Normal", "reason": "Scheduled", "message": "assigned", "lastTimestamp": "2026-12-05T01:00:10Z"}]
+    asked: list[str] = []
+    recorder = SimpleNamespace(records=[])
+    recorder.note = recorder.records.append
+    run = SimpleNamespace(kube=SimpleNamespace(list=lambda *a, **k: asked.append(k["field_selector"]) or events),
+                          progress=SimpleNamespace(line=print))
+    read_at: dict = {}
+    assert CanaryRun._read_warnings(run, [cause], recorder, read_at) is True
+    assert asked == ["involvedObject.kind=Pod,involvedObject.name=driver-x"]
+    assert stall.last_warning(recorder.records, cause) == 'FailedCreatePodSandBox: no runtime for "nvidia" is configured'
+    assert CanaryRun._read_warnings(run, [cause], recorder, read_at) is False and len(asked) == 1   # not yet again
+    read_at.clear()
+    assert CanaryRun._read_warnings(run, [cause], recorder, read_at) is False and len(recorder.records) == 1

@@ -111,11 +111,32 @@ def test_a_node_not_ready_and_an_unschedulable_pod_are_terminal_after_three_minu
     records.append(node(190, "Unknown", "NodeStatusUnknown"))
     assert stall.terminal(records, [NODE], since_wall_ns=0).reason == "NotReady"
     assert stall.causes([*records, node(200, "True")], NODE, since_wall_ns=0) == []
-    pending = [driver_pod(t, scheduled={"status": "False", "reason": "Unschedulable",
-                                        "message": "0/5 nodes are available: 1 Insufficient memory"})
-               for t in (10, 200)]
+    pending = [unbound(t) for t in (10, 200)]
     cause = stall.terminal(pending, [NODE], since_wall_ns=0)
     assert cause.reason == "Unschedulable" and "Insufficient memory" in cause.message
+    assert cause.line(10).startswith(f"driver pod gpu-operator/nvidia-driver-daemonset-abc on {NODE}: Unschedulable "
+                                     "since +10 s: 0/5 nodes are available: 1 Insufficient memory"), cause.line(10)
+
+
+def unbound(at_s: float, *, node_: str = NODE, type_: str = "MODIFIED", daemonset: bool = True) -> Record:
+    """The driver pod as the watch of unbound operator pods records it: no nodeName, pinned by its affinity."""
+    record = driver_pod(at_s, scheduled={"status": "False", "reason": "Unschedulable",
+                                         "message": "0/5 nodes are available: 1 Insufficient memory"}, type_=type_)
+    record.object["spec"] = {"nodeName": None, "daemonSetNode": node_}
+    if not daemonset:
+        record.object["metadata"]["ownerReferences"] = []
+    return Record("unbound-operator-pods", type_, stall.UNBOUND_POD, record.namespace, record.name,
+                  record.received_mono_ns, record.received_wall_ns, record.object)
+
+
+def test_an_unbound_pod_ends_its_cause_once_bound_or_gone_and_only_its_own_nodes_count() -> None:
+    assert stall.causes([unbound(10)], NODE, since_wall_ns=0)[0].terminal_wall_ns is None
+    bound = driver_pod(100, containers=[waiting("ContainerCreating")])        # the pools' watch sees it bound
+    assert stall.causes([unbound(10), bound], NODE, since_wall_ns=0, now_wall_ns=500 * S) == []
+    left = unbound(100, type_="DELETED")             # left the unbound watch: bound, or deleted while pending
+    assert stall.causes([unbound(10), left], NODE, since_wall_ns=0, now_wall_ns=500 * S) == []
+    assert stall.causes([unbound(10, node_="gpu-node-9")], NODE, since_wall_ns=0, now_wall_ns=500 * S) == []
+    assert stall.causes([unbound(10, daemonset=False)], NODE, since_wall_ns=0, now_wall_ns=500 * S) == []
 
 
 def test_the_time_a_stuck_state_may_last_is_the_stall_knob_in_the_run_and_the_rung_alike() -> None:
@@ -457,3 +478,32 @@ def test_the_rung_quotes_what_a_container_that_never_started_said_last() -> None
     assert verdict.outcome is Outcome.FAIL, verdict.summary
     assert "NotStarted since +40 s: running, its startup probe has not passed; its log ends: Waiting for the " \
            "module; it will not clear by itself (called at +221s" in verdict.summary, verdict.summary
+
+
+def no_sandbox(at_s: float, ready: str = "False") -> Record:
+    record = driver_pod(at_s, containers=[waiting("ContainerCreating")])
+    record.object["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"},
+                                             {"type": "PodReadyToStartContainers", "status": ready}]
+    if ready == "True":
+        record.object["status"].update(phase="Running", containerStatuses=[running()])
+    return record
+
+
+def test_a_pod_whose_sandbox_never_comes_is_terminal_after_the_stall_time_in_the_kubelets_words() -> None:
+    cause = stall.causes([no_sandbox(10)], NODE, since_wall_ns=0)[0]
+    assert cause.reason == stall.SANDBOX_NOT_READY and cause.terminal_wall_ns is None
+    assert "a volume not mounted, or a runtime or network that refuses it" in cause.message
+    event = {"type": "Warning", "reason": "FailedMount",
+             "message": 'MountVolume.SetUp failed for volume "config" : configmap "kernel-module-params" not found'}
+    said = stall.warning_record(cause, event, mono_ns=50 * S, wall_ns=50 * S)
+    records = [no_sandbox(10), said, no_sandbox(200)]
+    stuck = stall.terminal(records, [NODE], since_wall_ns=0)
+    assert stuck is not None and stuck.terminal_wall_ns == 190 * S, stuck
+    assert stuck.message == 'FailedMount: MountVolume.SetUp failed for volume "config" : configmap ' \
+                            '"kernel-module-params" not found'
+    assert stall.last_warning(records, cause) == stuck.message
+
+
+def test_a_sandbox_that_comes_late_is_never_terminal() -> None:
+    records = [no_sandbox(10), no_sandbox(60), no_sandbox(90, ready="True")]
+    assert stall.causes(records, NODE, since_wall_ns=0, now_wall_ns=600 * S) == []
