@@ -634,8 +634,9 @@ class CanaryRun:
             except GpucanaryError as err:
                 self.progress.line(f"rollout: cannot read the events of {cause.pod}: {err}")
                 continue
-            warnings = sorted((e for e in events if e.get("type") == "Warning"),
-                              key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+            warnings = sorted((e for e in events if e.get("type") == "Warning"),   # what keeps the sandbox first
+                              key=lambda e: (e.get("reason") in stall.SANDBOX_WARNINGS,
+                                             e.get("lastTimestamp") or e.get("eventTime") or ""))
             if warnings:
                 record = stall.warning_record(cause, warnings[-1], mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())
                 if record.object["text"] != stall.last_warning(recorder.records, cause):

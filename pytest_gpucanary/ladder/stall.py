@@ -63,6 +63,9 @@ UNBOUND_POD = "UnboundPod"
 # bound, but the kubelet has not made the pod's sandbox (PodReadyToStartContainers False): a volume it cannot
 # mount (FailedMount), a runtime or network that refuses it (FailedCreatePodSandBox); a slow pull comes after
 SANDBOX_NOT_READY = "SandboxNotReady"
+# the kubelet's Warnings that say why a sandbox does not come (others, such as MissingClusterDNS, come with
+# every pod on some nodes and say nothing of it)
+SANDBOX_WARNINGS = ("FailedCreatePodSandBox", "FailedMount", "FailedAttachVolume", "NetworkNotReady")
 WARNING_KIND = "PodWarning"   # a record the run adds: the newest Warning event of a pod whose sandbox does not come
 LOG_TAIL_LINES = 20
 

@@ -222,6 +222,11 @@ def _start(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, key: 
     return sweep, run_lease
 
 
+# A sweep moves an NVIDIADriver only when an administrator set this label to "true" on it; deploy/admission.yaml
+# lets the sweep's own ServiceAccount (deploy/rbac-widen.yaml), and no other of the canary's, change such a one.
+WIDEN_ELIGIBLE_LABEL = "gpucanary.io/widen-eligible"
+
+
 def _target(kube: Kube, cluster: preflight.ClusterInfo, name: str | None,
             report: Callable[[str], None]) -> tuple[tuple[str, str, str], str, list[str]]:
     """What carries the version (the NVIDIADriver, or the ClusterPolicy), the version it is at, and its nodes
@@ -237,6 +242,10 @@ def _target(kube: Kube, cluster: preflight.ClusterInfo, name: str | None,
             raise ConfigError(f"no NVIDIADriver {name} (other than canary pools') in the cluster",
                               hint=f"one of: {', '.join(sorted(drivers)) or '(none)'}")
         driver = drivers[name]
+        if (driver["metadata"].get("labels") or {}).get(WIDEN_ELIGIBLE_LABEL) != "true":
+            raise ConfigError(f"NVIDIADriver {name} is not marked for gpucanary widen (no {WIDEN_ELIGIBLE_LABEL}=true)",
+                              hint=f"an administrator marks the NVIDIADrivers a sweep may roll out: kubectl label "
+                                   f"nvidiadriver {name} {WIDEN_ELIGIBLE_LABEL}=true")
         nodes = list(kube.each("v1", "Node", label_selector=f"{DRIVER_OWNER_LABEL}={name}")) or \
             list(kube.each("v1", "Node", label_selector=driver_node_selector(driver)))
         target, prior = (*NVIDIADRIVER, name), str(driver["spec"].get("version") or "")

@@ -33,7 +33,7 @@ TARGET = "580.95.05"
 # baseline; a job done by then is inconclusive), and no longer than the wait for the uncordon on v26.7,
 # where its replacement starts
 FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=200"]
+        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180"]
 UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
 
 

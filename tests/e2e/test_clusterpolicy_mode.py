@@ -74,7 +74,7 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
                        "--gpucanary-pool-provider=kwok",
                        "--gpucanary-driver-version=580.95.05", "--gpucanary-probe-interval-s=10",
                        "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-                       "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=200",
+                       "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180",
                        f"--gpucanary-reports-dir={tmp_path / 'reports'}")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "operator in ClusterPolicy mode" in result.stdout
@@ -204,7 +204,7 @@ def test_a_gpu_node_that_joins_mid_run_fails_rollout_and_the_target_leaves_it_ag
                              f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                              "--gpucanary-driver-version=580.95.05", "--gpucanary-pool-provider=kwok",
                              "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
-                             "--gpucanary-job-duration-s=200", f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
+                             "--gpucanary-job-duration-s=180", f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **clusterpolicy_fleet, "PYTHONUNBUFFERED": "1"})
     assert proc.stdout is not None

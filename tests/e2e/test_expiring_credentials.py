@@ -34,7 +34,7 @@ HOLDER_LABEL = "gpucanary-tests/exec-token"
 TARGET = "580.95.05"
 RUN = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", f"--gpucanary-driver-version={TARGET}",
        "--gpucanary-pool-provider=kwok", "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420",
-       "--gpucanary-max-p99-s=3", "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=200",
+       "--gpucanary-max-p99-s=3", "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180",
        "--gpucanary-load-users=4"]
 
 PLUGIN = """#!{python}

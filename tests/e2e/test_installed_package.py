@@ -35,7 +35,7 @@ TARGET = "580.95.05"
 POLICY = f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}"   # the caller's own file
 # the fast settings of the other whole-gate tests; fewer simulated users, as two gates share 2 cores
 FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=200", "--gpucanary-load-users=4"]
+        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180", "--gpucanary-load-users=4"]
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,14 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet import processes
 from pytest_gpucanary.fleet.binaries import NVML_SHIM, find_bin_dir
+from pytest_gpucanary.fleet.images import PAUSE_IMAGE
 from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.gpu_operator import daemonset_node
@@ -270,22 +271,24 @@ def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFa
     call it. Then at once: on the first node a driver whose container cannot load its module (574.0.1, a crash
     loop); on the second one that loads and turns Ready while the validator's nvidia-smi check of it fails
     (574.0.3), so the operands wait behind a Ready driver. Then alone (stall time 60 s): a driver pod the
-    scheduler cannot place, as its namespace's defaults ask more CPU of it than the node has."""
+    scheduler cannot place, as its namespace's defaults ask more CPU of it than the node has; and (from `make
+    diagnosis-matrix` only) one the kubelet cannot make a sandbox for, the node's pause image gone."""
     root = tmp_path_factory.mktemp("failing-runs")
     holder = (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
     stall = (f"--gpucanary-stall-s={STALL_S}",)
     cases = {"no-image": (NODE, "999.1.1", ()), "driver-in-use": (SECOND, TARGET, holder),
              "hangs": (NODE, "574.0.2", stall), "node-not-ready": (SECOND, TARGET, stall),
              "crash": (NODE, "574.0.1", ()), "unvalidated": (SECOND, "574.0.3", stall),
-             "unschedulable": (NODE, TARGET, stall)}
+             "unschedulable": (NODE, TARGET, stall), "no-sandbox": (SECOND, TARGET, stall)}
     runs = {name: Run("default.yaml", node, root / name, (f"--gpucanary-pool-node={node}",
                       f"--junitxml={root / name / 'junit.xml'}", *args), target=target)
             for name, (node, target, args) in cases.items()}
     pairs = [("no-image", "driver-in-use"), ("crash", "unvalidated"), ("unschedulable",)]
     if os.environ.get("GPUCANARY_DIAGNOSIS_MATRIX") == "1":
-        pairs.insert(1, ("hangs", "node-not-ready"))
+        pairs[1:1] = [("hangs", "node-not-ready"), ("no-sandbox",)]
     for pair in pairs:
-        with unschedulable_driver_pod(pool_fleet, NODE) if "unschedulable" in pair else nullcontext():
+        with unschedulable_driver_pod(pool_fleet, NODE) if "unschedulable" in pair else \
+                pause_image_gone(pool_fleet, SECOND) if "no-sandbox" in pair else nullcontext():
             for name in pair:
                 runs[name].start(pool_fleet)
             if "node-not-ready" in pair:
@@ -333,6 +336,46 @@ def unschedulable_driver_pod(env: dict[str, str], node: str) -> Iterator[None]:
         lifter.join()
 
 
+@contextmanager
+def pause_image_gone(env: dict[str, str], node: str) -> Iterator[None]:
+    """Once the run's workloads run on `node`, its containerd loses the pause image (as a kubelet's image garbage
+    collection can take it on an air-gapped node), so no new pod there gets a sandbox: FailedCreatePodSandBox.
+    Imported again once the run has put its NVIDIADriver back (it has called the cause), so the restore goes on."""
+    kube, done = _kube(env), threading.Event()
+    layout = FleetLayout(root=Path(env["GPUCANARY_FLEET_DIR"]), port_base=int(env["GPUCANARY_FLEET_PORT_BASE"]))
+    pid = processes.pid_of(layout, f"{node}-containerd")
+    ctr = ("nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", "ctr", "--address=/run/containerd/containerd.sock",
+           "--namespace=k8s.io", "images")
+    tar = layout.data / "nodes" / node / "images" / (PAUSE_IMAGE.rsplit("/", 1)[1].replace(":", "-") + ".tar")
+
+    def until(seen: Callable[[], bool], timeout_s: float = 600) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not done.is_set() and time.monotonic() < deadline:
+            if seen():
+                return True
+            done.wait(1)
+        return False
+
+    def driver_version() -> str:
+        return kube.get("nvidia.com/v1alpha1", "NVIDIADriver", node)["spec"]["version"]
+
+    def take_and_give_back() -> None:
+        if until(lambda: any(p["status"].get("phase") == "Running" and p["metadata"]["namespace"].startswith("gpucanary-")
+                             for p in kube.list("v1", "Pod", field_selector=f"spec.nodeName={node}"))):
+            subprocess.run([*ctr, "rm", PAUSE_IMAGE], check=True, capture_output=True, timeout=60)
+            until(lambda: driver_version() == TARGET)
+            until(lambda: driver_version() != TARGET)
+        subprocess.run([*ctr, "import", str(tar)], check=True, capture_output=True, timeout=120)
+
+    taker = threading.Thread(target=take_and_give_back, daemon=True)
+    taker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        taker.join()
+
+
 def stop_kubelet_during_the_upgrade(env: dict[str, str], node: str, *, stall_s: float = STALL_S) -> None:
     """Once the run's upgrade has begun on `node`, stop its kubelet until the node has been NotReady for the
     stall time and 40 s more (the run calls it at the stall time), then let it go on."""
@@ -362,6 +405,7 @@ def _ready(node: dict) -> bool:
     ("crash", f"container nvidia-driver-ctr on {NODE}: CrashLoopBackOff since"),
     ("unvalidated", f"on {SECOND}: BlockedInInit since"),
     ("unschedulable", f"on {NODE}: Unschedulable since"),
+    pytest.param("no-sandbox", f"on {SECOND}: SandboxNotReady since", marks=pytest.mark.diagnosis_matrix),
 ])
 def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_keeps_its_driver(
         pool_fleet: dict[str, str], failing_runs: dict[str, Run], case: str, words: str) -> None:
@@ -402,6 +446,9 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
     if case == "unvalidated":                       # behind a Ready driver, in the validator's words
         assert "in init container driver-validation (the driver pod is Ready); its log ends: Failed to initialize " \
                "NVML: Driver/library version mismatch" in rollout["summary"], rollout["summary"]
+    if case == "no-sandbox":                        # the kubelet's own words, from the pod's Warning event
+        assert "FailedCreatePodSandBox: " in rollout["summary"] and PAUSE_IMAGE in rollout["summary"], \
+            rollout["summary"]
     if case == "unschedulable":                     # the scheduler's own words; GPU Operator passes over the node
         assert "Insufficient cpu" in rollout["summary"], rollout["summary"]
         assert f"could not be placed on node {NODE}" in run.stdout, output     # so the give-back replaced the pod

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05",
         "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=200", "--gpucanary-load-users=4"]
+        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180", "--gpucanary-load-users=4"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
 
 

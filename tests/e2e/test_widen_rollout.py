@@ -1,7 +1,8 @@
 """`gpucanary widen` on a fleet of its own (four KWOK GPU nodes of one NVIDIADriver), with the real GPU
 Operator doing every upgrade: no write without a passing verdict; a sweep killed mid-wave and resumed from
 the cluster passes every wave; the field note's policy fails its first wave on the service it evicts and
-leaves every later node held on the old driver, and `gpucanary cleanup` rolls the sweep back.
+leaves every later node held on the old driver, and `gpucanary cleanup` rolls the sweep back. Every command
+acts as widen's own ServiceAccount under deploy/'s RBAC and admission policies.
 
 The verdict a sweep needs is written here as a canary run records it (`publish.record`): what a canary run
 records is the canary's own e2e (test_canary_gate); what is proved here is what widen does with it."""
@@ -20,10 +21,13 @@ from typing import Iterator
 import pytest
 import yaml
 
+from kubernetes.client.exceptions import ApiException
+
 from pytest_gpucanary import preflight, publish
-from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.config import FIXTURES, REPO_ROOT
+from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.gpu_operator import NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL, driver_version_of
-from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube import Conflict, Kube
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from test_clusterpolicy_mode import gpucanary, second_fleet   # tests/e2e is on sys.path (rootdir import mode)
@@ -45,6 +49,48 @@ def widen_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture
 def kube(widen_fleet: dict[str, str]) -> Kube:
     return Kube.connect(widen_fleet["KUBECONFIG_PATH"])
+
+
+@pytest.fixture(scope="module")
+def as_widen(widen_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The options that make a command act as widen's own ServiceAccount (gpucanary/gpucanary-widen, with a
+    TokenRequest token), once deploy/'s RBAC and admission policies are in force on the widen fleet: the
+    apiserver refuses it what they refuse, first of all the fleet's NVIDIADriver until it is marked for widen."""
+    kube = Kube.connect(widen_fleet["KUBECONFIG_PATH"])
+    for name in ("rbac.yaml", "rbac-widen.yaml", "admission.yaml"):
+        for doc in yaml.safe_load_all((REPO_ROOT / "deploy" / name).read_text()):
+            try:
+                kube.create(doc)
+            except Conflict:
+                pass
+    config = yaml.safe_load(Path(widen_fleet["KUBECONFIG_PATH"]).read_text())
+    config["users"] = [{"name": "gpucanary-widen", "user": {
+        "token": kube.request_token("gpucanary-widen", namespace="gpucanary", expiration_s=7200)}}]
+    config["contexts"][0]["context"]["user"] = "gpucanary-widen"
+    path = tmp_path_factory.mktemp("widen-account") / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    widen = Kube.connect(path)
+    deadline = time.monotonic() + 30     # the apiserver enforces a new policy once its informer has it
+    while not version_change_refused(widen):
+        assert time.monotonic() < deadline, "deploy/admission.yaml not in force after 30 s"
+        time.sleep(0.5)
+    layout = FleetLayout(root=Path(widen_fleet["GPUCANARY_FLEET_DIR"]),
+                         port_base=int(widen_fleet["GPUCANARY_FLEET_PORT_BASE"]))
+    return [f"--gpucanary-kubeconfig={path}", f"--gpucanary-prometheus-url={layout.prometheus_url}"]
+
+
+def version_change_refused(kube: Kube) -> bool:
+    """Whether the apiserver refuses `kube` a new version on the fleet's NVIDIADriver (asked as a dry run)."""
+    try:
+        kube.dynamic.patch(kube.dynamic.resources.get(api_version=NVIDIADRIVER[0], kind=NVIDIADRIVER[1]), name=DRIVER,
+                           body={"spec": {"version": "580.95.05"}}, dry_run="All",
+                           content_type="application/merge-patch+json")
+    except ApiException as exc:
+        if exc.status == 403:
+            return True
+        raise
+    return False
 
 
 def policy_file(tmp_path: Path, source: str, **changes: object) -> Path:
@@ -85,28 +131,42 @@ def widen_args(policy: Path, target: str, reports: Path, *extra: str) -> list[st
             f"--gpucanary-reports-dir={reports}", *FAST, *extra]
 
 
-def test_widen_without_a_passing_verdict_refuses_before_any_write(widen_fleet: dict[str, str], kube: Kube,
-                                                                   tmp_path: Path) -> None:
+def test_widen_without_a_passing_verdict_or_the_administrators_mark_refuses_before_any_write(
+        widen_fleet: dict[str, str], kube: Kube, as_widen: list[str], tmp_path: Path) -> None:
     policy = policy_file(tmp_path, "default.yaml")
     before = (kube.get(*NVIDIADRIVER, DRIVER)["metadata"]["resourceVersion"],
               [kube.get("v1", "Node", n)["metadata"]["resourceVersion"] for n in NODES])
-    none = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path))
+    none = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path), *as_widen)
     assert none.returncode == 1, none.stderr
     assert none.stderr.strip().splitlines() == [
         f"gpucanary: hold: no canary verdict for {load_key(kube, policy, '580.95.05').describe()}: run the canary "
         "with exactly this policy and target"]
     record_verdict(kube, policy, "580.95.05", passed=False)
-    failed = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path))
+    failed = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path), *as_widen)
     assert failed.returncode == 1 and failed.stderr.startswith("gpucanary: hold: the canary failed: "), failed.stderr
     record_verdict(kube, policy, "580.95.05", passed=True)
-    unreadable = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path, "--slo=sum(rate(nope[1m]) < 1"))
+    unreadable = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path, "--slo=sum(rate(nope[1m]) < 1"),
+                           *as_widen)
     assert unreadable.returncode == 6, unreadable.stderr
     assert unreadable.stderr.startswith("gpucanary: error: SLO `sum(rate(nope[1m]) < 1` cannot be read: Prometheus at "
                                         "http://127.0.0.1:"), unreadable.stderr
+    unmarked = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path), *as_widen)
+    assert unmarked.returncode == 4, unmarked.stderr
+    assert unmarked.stderr.strip().splitlines() == [
+        f"gpucanary: NVIDIADriver {DRIVER} is not marked for gpucanary widen (no gpucanary.io/widen-eligible=true); "
+        "an administrator marks the NVIDIADrivers a sweep may roll out: kubectl label nvidiadriver fleet "
+        "gpucanary.io/widen-eligible=true"], unmarked.stderr
     after = (kube.get(*NVIDIADRIVER, DRIVER)["metadata"]["resourceVersion"],
              [kube.get("v1", "Node", n)["metadata"]["resourceVersion"] for n in NODES])
     assert after == before and not sweep_record(kube)
     assert not [ns for ns in kube.list("v1", "Namespace") if ns["metadata"]["name"].startswith("gpucanary-widen")]
+    mark_for_widen(kube)
+    assert not version_change_refused(Kube.connect(as_widen[0].split("=", 1)[1]))   # the mark lets widen's token
+
+
+def mark_for_widen(kube: Kube) -> None:
+    """What an administrator does once: the fleet's NVIDIADriver may be rolled out by `gpucanary widen`."""
+    kube.patch(*NVIDIADRIVER, DRIVER, {"metadata": {"labels": {"gpucanary.io/widen-eligible": "true"}}})
 
 
 def load_key(kube: Kube, policy: Path, target: str) -> VerdictKey:
@@ -139,13 +199,14 @@ def place(kube: Kube, node: str, service: str, trainer: str) -> None:
 
 
 def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_waves(
-        widen_fleet: dict[str, str], kube: Kube, tmp_path: Path) -> None:
+        widen_fleet: dict[str, str], kube: Kube, as_widen: list[str], tmp_path: Path) -> None:
+    mark_for_widen(kube)
     policy = policy_file(tmp_path, "default.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
     before = driver_version(kube)
     target = "580.95.05"
     record_verdict(kube, policy, target, passed=True)
     place(kube, NODES[2], "api-2", "trainer-2")      # the default policy deletes GPU pods only
-    args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2", "--slo=count(up) > 0")
+    args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2", "--slo=count(up) > 0", *as_widen)
     proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", *args], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **widen_fleet, "PYTHONUNBUFFERED": "1"})
     said = []
@@ -184,13 +245,14 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
 
 
 def test_the_field_note_policy_fails_its_first_wave_on_the_evicted_service_and_holds_the_rest(
-        widen_fleet: dict[str, str], kube: Kube, tmp_path: Path) -> None:
+        widen_fleet: dict[str, str], kube: Kube, as_widen: list[str], tmp_path: Path) -> None:
+    mark_for_widen(kube)
     before = driver_version(kube)
     target = "580.95.06"
     policy = policy_file(tmp_path, "field-note.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
     record_verdict(kube, policy, target, passed=True)
     place(kube, NODES[0], "sched-api", "trainer")
-    result = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1"))
+    result = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1", *as_widen))
     assert result.returncode == 1, result.stderr[-4000:]
     halted = [line for line in result.stderr.splitlines() if line.startswith("widen: halted: ")]
     assert len(halted) == 1 and halted[0].startswith("widen: halted: wave 1/4: pod that uses no GPU default/sched-api-")
@@ -202,9 +264,9 @@ def test_the_field_note_policy_fails_its_first_wave_on_the_evicted_service_and_h
     assert [w["outcome"] for w in record["waves"]] == ["failed", "pending", "pending", "pending"]
     junit = (tmp_path / "reports" / record["run_id"] / "widen-junit.xml").read_text()
     assert junit.count("<failure") == 1 and junit.count("<skipped") == 3
-    again = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1"))
+    again = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1", *as_widen))
     assert again.returncode == 6 and f"sweep {record['run_id']} of this change is halted" in again.stderr, again.stderr
-    cleanup = gpucanary(widen_fleet, "cleanup", f"--run-id={record['run_id']}", "--force")
+    cleanup = gpucanary(widen_fleet, "cleanup", f"--run-id={record['run_id']}", "--force", as_widen[0])
     assert cleanup.returncode == 0, cleanup.stderr[-3000:]
     assert driver_version(kube) == before
     assert all(kube.get("v1", "Node", n)["metadata"].get("labels", {}).get(SKIP_LABEL) is None for n in NODES)

@@ -188,3 +188,15 @@ def test_the_preflight_says_whether_the_apiserver_enforces_the_admission_policie
     unbound = admission_note(Holds(*[o for o in every if o != ("ValidatingAdmissionPolicyBinding", "gpucanary-nodes")]))
     assert unbound.startswith("the apiserver does not enforce deploy/admission.yaml (1 of 12 objects missing, e.g. "
                               "ValidatingAdmissionPolicyBinding gpucanary-nodes)")
+
+
+def test_widen_runs_as_its_own_account_with_the_canarys_grants_and_the_rollbacks_daemonsets() -> None:
+    """deploy/rbac-widen.yaml: the canary's ClusterRole and verdict Role bound to gpucanary-widen, and of its own
+    exactly what a run that writes the ClusterPolicy adds (the DaemonSets a rollback waits for in either mode)."""
+    assert granted("deploy/rbac-widen.yaml") == granted("deploy/rbac-clusterpolicy-mode.yaml")
+    bound = {(doc["roleRef"]["kind"], doc["roleRef"]["name"])
+             for doc in yaml.safe_load_all((REPO_ROOT / "deploy" / "rbac-widen.yaml").read_text())
+             if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")
+             and doc["subjects"] == [{"kind": "ServiceAccount", "name": "gpucanary-widen", "namespace": "gpucanary"}]}
+    assert bound == {("ClusterRole", "gpucanary"), ("Role", "gpucanary-verdicts"), ("ClusterRole", "gpucanary-widen"),
+                     ("Role", "gpucanary-widen")}

@@ -115,7 +115,9 @@ def test_the_newest_warning_of_a_pod_without_a_sandbox_is_recorded_once_and_read
     events = [{"type": "Warning", "reason": "FailedMount", "message": "old", "lastTimestamp": "2026-12-05T01:00:00Z"},
               {"type": "Warning", "reason": "FailedCreatePodSandBox", "message": 'no runtime for "nvidia" is configured',
                "lastTimestamp": "2026-12-05T01:00:09Z"},
-              {"type": "Normal", "reason": "Scheduled", "message": "assigned", "lastTimestamp": "2026-12-05T01:00:10Z"}]
+              {"type": "Normal", "reason": "Scheduled", "message": "assigned", "lastTimestamp": "2026-12-05T01:00:10Z"},
+              {"type": "Warning", "reason": "MissingClusterDNS", "message": "kubelet does not have ClusterDNS IP",
+               "lastTimestamp": "2026-12-05T01:00:11Z"}]
     asked: list[str] = []
     recorder = SimpleNamespace(records=[])
     recorder.note = recorder.records.append

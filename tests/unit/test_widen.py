@@ -470,3 +470,21 @@ def test_a_new_sweep_replaces_the_record_of_a_finished_one_and_never_a_running_o
         save(fake, second)
     save(fake, second, replaces=first.run_id)
     assert rollout_read(fake, second.key).run_id == "widen-99999999"
+
+
+def test_an_nvidiadriver_an_administrator_did_not_mark_for_widen_is_refused_in_one_line() -> None:
+    from pytest_gpucanary.gpu_operator import NVIDIADRIVER
+    from pytest_gpucanary.preflight import ClusterInfo
+    from pytest_gpucanary.widen.rollout import WIDEN_ELIGIBLE_LABEL, _target
+
+    fake = FakeKube()
+    fake.create({"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": "fleet"},
+                 "spec": {"version": OLD}})
+    cluster = ClusterInfo("cluster-policy", True, True, OPERATOR_NS, ())
+    with pytest.raises(ConfigError) as refused:
+        _target(fake, cluster, None, print)
+    assert str(refused.value) == f"NVIDIADriver fleet is not marked for gpucanary widen (no {WIDEN_ELIGIBLE_LABEL}=true)" \
+        f"; an administrator marks the NVIDIADrivers a sweep may roll out: kubectl label nvidiadriver fleet " \
+        f"{WIDEN_ELIGIBLE_LABEL}=true"
+    fake.patch(*NVIDIADRIVER, "fleet", {"metadata": {"labels": {WIDEN_ELIGIBLE_LABEL: "true"}}})
+    assert _target(fake, cluster, None, print) == ((*NVIDIADRIVER, "fleet"), OLD, [])
