@@ -42,6 +42,7 @@ from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.gpu_operator import daemonset_node
 from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
 from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
+from test_rollout_diagnosis import refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -272,7 +273,8 @@ def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFa
     loop); on the second one that loads and turns Ready while the validator's nvidia-smi check of it fails
     (574.0.3), so the operands wait behind a Ready driver. Then alone (stall time 60 s): a driver pod the
     scheduler cannot place, as its namespace's defaults ask more CPU of it than the node has; and (from `make
-    diagnosis-matrix` only) one the kubelet cannot make a sandbox for, the node's pause image gone."""
+    diagnosis-matrix` only) at once: one the kubelet cannot make a sandbox for, the node's pause image gone, and
+    on the first node the field note's policy, whose drain a budget over the service refuses."""
     root = tmp_path_factory.mktemp("failing-runs")
     holder = (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
     stall = (f"--gpucanary-stall-s={STALL_S}",)
@@ -280,12 +282,15 @@ def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFa
              "hangs": (NODE, "574.0.2", stall), "node-not-ready": (SECOND, TARGET, stall),
              "crash": (NODE, "574.0.1", ()), "unvalidated": (SECOND, "574.0.3", stall),
              "unschedulable": (NODE, TARGET, stall), "no-sandbox": (SECOND, TARGET, stall)}
+    policy, service = refused_drain_options(root / "eviction-refused-inputs", drain_timeout_s=STALL_S)
     runs = {name: Run("default.yaml", node, root / name, (f"--gpucanary-pool-node={node}",
                       f"--junitxml={root / name / 'junit.xml'}", *args), target=target)
             for name, (node, target, args) in cases.items()}
+    runs["eviction-refused"] = Run(policy.split("=", 1)[1], NODE, root / "eviction-refused", (
+        f"--gpucanary-pool-node={NODE}", f"--junitxml={root / 'eviction-refused' / 'junit.xml'}", service))
     pairs = [("no-image", "driver-in-use"), ("crash", "unvalidated"), ("unschedulable",)]
     if os.environ.get("GPUCANARY_DIAGNOSIS_MATRIX") == "1":
-        pairs[1:1] = [("hangs", "node-not-ready"), ("no-sandbox",)]
+        pairs[1:1] = [("hangs", "node-not-ready"), ("eviction-refused", "no-sandbox")]
     for pair in pairs:
         with unschedulable_driver_pod(pool_fleet, NODE) if "unschedulable" in pair else \
                 pause_image_gone(pool_fleet, SECOND) if "no-sandbox" in pair else nullcontext():
@@ -406,6 +411,8 @@ def _ready(node: dict) -> bool:
     ("unvalidated", f"on {SECOND}: BlockedInInit since"),
     ("unschedulable", f"on {NODE}: Unschedulable since"),
     pytest.param("no-sandbox", f"on {SECOND}: SandboxNotReady since", marks=pytest.mark.diagnosis_matrix),
+    pytest.param("eviction-refused", "drain cannot evict it: PodDisruptionBudget gpucanary-",
+                 marks=pytest.mark.diagnosis_matrix),
 ])
 def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_keeps_its_driver(
         pool_fleet: dict[str, str], failing_runs: dict[str, Run], case: str, words: str) -> None:
@@ -420,10 +427,14 @@ def test_a_driver_that_cannot_come_fails_at_rollout_with_its_cause_and_the_pool_
     assert run.proc.returncode == 1, output
     rollout = _verdict(receipt, "rollout")
     assert rollout["outcome"] == "fail", rollout["summary"]
-    assert words in rollout["summary"] and "it will not clear by itself" in rollout["summary"], rollout["summary"]
-    assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
-    said = {"node-not-ready": f"] rollout: node {SECOND} on",
-            "unvalidated": "] rollout: operator pod gpu-operator/nvidia-"}.get(case, "] rollout: driver pod gpu-operator/")
+    assert words in rollout["summary"], rollout["summary"]
+    if case == "eviction-refused":                  # the operator fails the node at the drain's own timeout, named
+        assert f"drain gave up after {STALL_S} s" in rollout["summary"], rollout["summary"]
+    else:
+        assert "it will not clear by itself" in rollout["summary"], rollout["summary"]
+        assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
+    said = {"node-not-ready": f"] rollout: node {SECOND} on", "unvalidated": "] rollout: operator pod gpu-operator/nvidia-",
+            "eviction-refused": "] rollout: pod gpucanary-"}.get(case, "] rollout: driver pod gpu-operator/")
     assert any(said in line for line in run.stdout.splitlines()), output     # the cause reached the progress
     if case == "node-not-ready":                                             # as it happened
         assert "NodeStatusUnknown: Kubelet stopped posting node status" in rollout["summary"], rollout["summary"]

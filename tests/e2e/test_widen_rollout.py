@@ -153,7 +153,7 @@ def test_widen_without_a_passing_verdict_or_the_administrators_mark_refuses_befo
     unmarked = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path), *as_widen)
     assert unmarked.returncode == 4, unmarked.stderr
     assert unmarked.stderr.strip().splitlines() == [
-        f"gpucanary: NVIDIADriver {DRIVER} is not marked for gpucanary widen (no gpucanary.io/widen-eligible=true); "
+        f"gpucanary: error: NVIDIADriver {DRIVER} is not marked for gpucanary widen (no gpucanary.io/widen-eligible=true); "
         "an administrator marks the NVIDIADrivers a sweep may roll out: kubectl label nvidiadriver fleet "
         "gpucanary.io/widen-eligible=true"], unmarked.stderr
     after = (kube.get(*NVIDIADRIVER, DRIVER)["metadata"]["resourceVersion"],
@@ -266,7 +266,8 @@ def test_the_field_note_policy_fails_its_first_wave_on_the_evicted_service_and_h
     assert junit.count("<failure") == 1 and junit.count("<skipped") == 3
     again = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1", *as_widen))
     assert again.returncode == 6 and f"sweep {record['run_id']} of this change is halted" in again.stderr, again.stderr
-    cleanup = gpucanary(widen_fleet, "cleanup", f"--run-id={record['run_id']}", "--force", as_widen[0])
+    cleanup = gpucanary(widen_fleet, "cleanup", f"--run-id={record['run_id']}", "--force",
+                        as_widen[0].replace("--gpucanary-kubeconfig=", "--kubeconfig="))
     assert cleanup.returncode == 0, cleanup.stderr[-3000:]
     assert driver_version(kube) == before
     assert all(kube.get("v1", "Node", n)["metadata"].get("labels", {}).get(SKIP_LABEL) is None for n in NODES)
