@@ -3,11 +3,12 @@
 The operator's pods on the node (DaemonSet pods: the driver, its init containers, the operands) and
 the Node itself are read in order of receipt. A cause is what the kubelet or the node says now; it is
 terminal once it has outlasted what recovers on its own: a pull that failed PULL_ATTEMPTS times
-across the kubelet's back-offs or for PULL_STUCK_S without a break (or an image name that can never pull), a container or init container
-in CrashLoopBackOff after CRASH_RESTARTS restarts, a pod unschedulable (an operator pod made for the node
-that the scheduler cannot place: recorded apart, as UNBOUND_POD) or a node NotReady for STUCK_S, or a pod bound there whose sandbox the kubelet has not made that long (a volume it cannot mount, a
-runtime or network that refuses it: quoted from the pod's newest Warning event, which the run reads). A slow
-pull that then succeeds, or one restart and then Ready, never becomes terminal: the
+across the kubelet's back-offs or for PULL_STUCK_S without a break (or an image name that can never pull),
+a container or init container in CrashLoopBackOff after CRASH_RESTARTS restarts, a pod unschedulable (an
+operator pod made for the node that the scheduler cannot place: recorded apart, as UNBOUND_POD) or a node
+NotReady for STUCK_S, or a pod bound there whose sandbox the kubelet has not made that long (a volume it
+cannot mount, a runtime or network that refuses it: quoted from the pod's Warning event, which the run
+reads). A slow pull that then succeeds, or one restart and then Ready, never becomes terminal: the
 cause clears when the container runs. A container that runs but has not passed its startup probe (a
 driver container that hangs in `nvidia-driver init`) is terminal once it has been quiet for STUCK_S:
 its log (the run reads it while the cause lasts and keeps each change) has said nothing new in that
