@@ -106,6 +106,12 @@ def daemonset_node(spec: Mapping[str, Any]) -> str | None:
     return None
 
 
+def unplaced(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The PodScheduled=False condition of a pod the scheduler could not place (its reason and words), or None."""
+    return next((c for c in (pod.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+
+
 def is_driver_pod(labels: Mapping[str, str]) -> bool:
     return any(labels.get(key) == value for key, value in DRIVER_POD_LABELS)
 

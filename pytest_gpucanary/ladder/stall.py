@@ -383,10 +383,7 @@ def _unbound(record: Record, at: int, node: str, scene: _Scene, tracks: dict, cu
     if not op.of_daemonset(meta):
         return
     key = (meta.get("uid", ""), "")
-    scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
-                     None)
-    if record.type == "DELETED" or meta.get("deletionTimestamp") or scheduled is None \
-            or scheduled.get("status") != "False":
+    if record.type == "DELETED" or meta.get("deletionTimestamp") or (scheduled := op.unplaced(pod)) is None:
         tracks.pop(key, None)
         current.pop(key, None)
         return

@@ -29,7 +29,7 @@ from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_FAILED,
     UPGRADE_REQUIRED, UPGRADE_STATE_LABEL, VALIDATION_REQUIRED, DRIVER_OWNER_LABEL, daemonset_node,
-    driver_node_selector, driver_version_of, is_default_driver, is_driver_pod, of_daemonset,
+    driver_node_selector, driver_version_of, is_default_driver, is_driver_pod, of_daemonset, unplaced,
 )
 from pytest_gpucanary.kube import (
     FENCE_TAINT_KEY, RUN_ID_LABEL, Conflict, Kube, NotFound, fence_taint, patch_as_read, saved_run, tolerated,
@@ -300,19 +300,17 @@ def _replace_unplaced(kube: Kube, node: str, version: str, report: Callable[[str
     outside its namespaces). True when one was deleted."""
     deleted = False
     for pod in kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector="spec.nodeName="):
-        meta, spec = pod["metadata"], pod.get("spec") or {}
-        unplaced = next((c for c in (pod.get("status") or {}).get("conditions") or []
-                         if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
-        if daemonset_node(spec) != node or not of_daemonset(meta) or unplaced is None \
-                or meta.get("deletionTimestamp") or driver_version_of(pod) in ("", version):
+        meta, why, its_version = pod["metadata"], unplaced(pod), driver_version_of(pod)
+        if daemonset_node(pod.get("spec") or {}) != node or not of_daemonset(meta) or why is None \
+                or meta.get("deletionTimestamp") or its_version in ("", version):
             continue
         try:
             kube.delete("v1", "Pod", meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         except (NotFound, Conflict):
             continue
         deleted = True
-        report(f"driver pod {meta['namespace']}/{meta['name']} of {driver_version_of(pod)} could not be placed on "
-               f"node {node} ({' '.join(str(unplaced.get('message', '')).split())[:200]}), and GPU Operator passes over "
+        report(f"driver pod {meta['namespace']}/{meta['name']} of {its_version} could not be placed on "
+               f"node {node} ({' '.join(str(why.get('message', '')).split())[:200]}), and GPU Operator passes over "
                f"a node whose driver pod has no node: deleted it, so that its DaemonSet makes one of {version}")
     return deleted
 

@@ -17,7 +17,7 @@ import pytest
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.audit import read_log
-from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
+from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER, unplaced
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels, owned_namespace
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.preflight import discover
@@ -180,9 +180,5 @@ def unplaceable_daemonset(name: str, namespace: str, node: str) -> dict:
 
 def next_unplaced_pod(kube: Kube, namespace: str, daemonset: str, timeout_s: float = 60) -> str:
     """The DaemonSet's pod, once the scheduler has said it cannot place it."""
-    def unplaced(pods: dict[str, dict]) -> str | None:
-        return next((name for name, p in pods.items() if any(
-            c["type"] == "PodScheduled" and c["status"] == "False" for c in p.get("status", {}).get("conditions") or [])),
-            None)
-    return kube.watch_until("v1", "Pod", unplaced, timeout_s=timeout_s, namespace=namespace,
-                            label_selector=f"app={daemonset}")
+    return kube.watch_until("v1", "Pod", lambda pods: next((name for name, p in pods.items() if unplaced(p)), None),
+                            timeout_s=timeout_s, namespace=namespace, label_selector=f"app={daemonset}")

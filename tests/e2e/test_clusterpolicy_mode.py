@@ -20,7 +20,9 @@ import pytest
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.layout import DEFAULT_OPERATOR_RELEASE, KUBELET_POOL_RELEASES
 from pytest_gpucanary.kube import Kube
-from test_kubelet_pool import stop_kubelet_during_the_upgrade, unschedulable_driver_pod  # tests/e2e is on sys.path
+from test_kubelet_pool import (  # tests/e2e is on sys.path (rootdir import mode)
+    STALL_S, assert_named_in_minutes, stop_kubelet_during_the_upgrade, unschedulable_driver_pod,
+)
 from test_rollout_diagnosis import refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -92,7 +94,6 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
     assert {n: p for n, p in driver_pods(kube).items() if n in before} == before, "a held-back driver pod restarted"
 
 
-STALL_S = 60
 # case -> (target driver, what the rollout verdict says); each but "no-image" runs from `make diagnosis-matrix`
 CAUSES = {
     "no-image": ("999.1.1", "nvcr.io/nvidia/driver:999.1.1-ubuntu22.04"),
@@ -159,20 +160,11 @@ def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_ever
     [run_dir] = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     [rollout] = [v for v in json.loads((run_dir / "receipt.json").read_text())["verdicts"] if v["stage"] == "rollout"]
     assert rollout["outcome"] == "fail", rollout["summary"]
-    assert words in rollout["summary"], rollout["summary"]
-    if case == "eviction-refused":      # the operator fails the node at the drain's own timeout, named
-        assert f"drain gave up after {STALL_S} s" in rollout["summary"], rollout["summary"]
-    else:
-        assert "it will not clear by itself" in rollout["summary"], rollout["summary"]
-        assert "not waiting out the budget 420 s" in rollout["summary"], rollout["summary"]
+    assert_named_in_minutes(rollout["summary"], case, words)
     if case == "no-image":
         assert f"container nvidia-driver-ctr on {KUBELET_NODE}: " in rollout["summary"], rollout["summary"]
-    if case == "unschedulable":         # the scheduler's words; the give-back replaced the pod GPU Operator skips
-        assert "Insufficient cpu" in rollout["summary"], rollout["summary"]
+    if case == "unschedulable":         # GPU Operator passes over the node: the give-back replaced the pod
         assert f"could not be placed on node {KUBELET_NODE}" in stdout, output
-    if case == "unvalidated":
-        assert "in init container driver-validation (the driver pod is Ready); its log ends: Failed to initialize " \
-               "NVML: Driver/library version mismatch" in rollout["summary"], rollout["summary"]
 
     assert kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["version"] == "580.82.07"
     [pod] = kube.list("v1", "Pod", label_selector="app=nvidia-driver-daemonset",
