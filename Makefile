@@ -23,10 +23,11 @@ demo: setup build
 
 # Three worker processes, whole files each, one fleet per worker (tests/conftest.py): the end-to-end
 # files mostly wait on the GPU Operator's 2-minute requeue, so a third fleet on 2 cores shortens the run.
+# Files go out in collection order, the longest first (tests/e2e/conftest.py), not xdist's by test count.
 TEST_WORKERS ?= 3
 test: setup build
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every step boundary x SIGINT/SIGTERM/SIGKILL, the crash-after-write samples and the control-plane
 # faults on the local fleet (hours); `make test` runs a subset of each.

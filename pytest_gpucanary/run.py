@@ -122,6 +122,7 @@ class RestoringStack(contextlib.ExitStack):
         self._say = say
         self.restoring = False
         self._deferred: list[int] = []
+        self._stopped_by = 0
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> RestoringStack:
@@ -134,14 +135,18 @@ class RestoringStack(contextlib.ExitStack):
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if not self.restoring:
-            self.restoring = True
+            self.restoring, self._stopped_by = True, signum
             raise KeyboardInterrupt(f"signal {signum}")
         self._deferred.append(signum)
-        self._say(f"signal {signum} deferred: restoring the cluster first (SIGKILL abandons the restore; "
-                  "`gpucanary cleanup` then finishes it)")
+        with contextlib.suppress(RuntimeError):     # the signal landed inside a write to the same stream
+            self._say(f"signal {signum} deferred: restoring the cluster first (SIGKILL abandons the restore; "
+                      "`gpucanary cleanup` then finishes it)")
 
     def __exit__(self, *exc: object) -> bool:
         self.restoring = True
+        if self._stopped_by:    # said here, not in the handler, which may have cut into a write of this stream
+            self._say(f"signal {self._stopped_by}: stopping the run and restoring the cluster (a second signal "
+                      "waits for the restore)")
         try:
             suppressed = super().__exit__(*exc)
         finally:

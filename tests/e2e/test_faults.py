@@ -57,8 +57,8 @@ STATES = ("upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-
           "pod-restart-required", "validation-required", "uncordon-required")
 BOUNDARIES = [*list(LINES)[:4], *STATES, *list(LINES)[4:]]
 SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
-# in `make test` (each case is one canary run, about 2 min); SIGINT and SIGTERM right after the policy
-# is applied are test_canary_gate.py::test_interrupted_run_restores_everything_also_through_a_second_signal already
+# in `make test` (each case is one canary run, about 2 min); SIGINT right after the policy is applied, then
+# again, is test_canary_gate.py::test_interrupted_run_restores_everything_also_through_a_second_signal already
 CI_CASES = {("pod-restart-required", "sigkill"), ("restoring", "sigterm")}
 
 

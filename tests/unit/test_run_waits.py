@@ -51,14 +51,16 @@ def test_a_signal_that_lands_once_the_restore_began_waits_for_it(signum: int) ->
     assert steps == ["the run went on to its restore", "restored"]
 
 
-def test_the_first_signal_before_the_restore_stops_the_run_and_the_restore_still_runs() -> None:
+def test_the_first_signal_before_the_restore_stops_the_run_says_so_and_the_restore_still_runs() -> None:
+    said: list[str] = []
     steps: list[str] = []
     with pytest.raises(KeyboardInterrupt, match="^signal 15$"):
-        with RestoringStack(lambda line: None) as stack:
+        with RestoringStack(said.append) as stack:
             stack.callback(steps.append, "restored")
             os.kill(os.getpid(), signal.SIGTERM)
             steps.append("never")
     assert steps == ["restored"]
+    assert said == ["signal 15: stopping the run and restoring the cluster (a second signal waits for the restore)"]
 
 
 def test_the_progress_line_says_a_v26_release_waits_for_its_requeue_once_the_new_driver_is_ready() -> None:
