@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 GPUCANARY_OPERATOR_RELEASE ?= v26.7.0
 OPERATOR_RELEASES := v26.7.0 v26.3.3 v25.10.1 v25.3.4
 
-.PHONY: demo test unit kill-matrix diagnosis-matrix test-kubelet-pool setup deps build build-operators test-releases fleet-up fleet-down clean
+.PHONY: demo test docs unit kill-matrix diagnosis-matrix test-kubelet-pool setup deps build build-operators test-releases fleet-up fleet-down clean
 
 # The demo gate on the local fleet's real kubelet GPU node (its default pool): the policy that spares
 # the service passes; the field note's policy (pod deletion refuses /dev/shm, drain fallback) fails
@@ -44,6 +44,11 @@ diagnosis-matrix: setup build
 # Both demo policies at once on two real kubelet nodes as canary pools (part of `make test`; alone here).
 test-kubelet-pool: setup build
 	$(PY) -m pytest tests/e2e/test_kubelet_pool.py -rA $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml), warnings as errors, built outside the repository; `make test` builds
+# it too (tests/unit/test_docs_site.py).
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir $(HOME)/.cache/gpucanary/site
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

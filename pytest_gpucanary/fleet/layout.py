@@ -17,7 +17,7 @@ DEFAULT_PORT_BASE = 26400
 DEFAULT_GPU_NODES = 4
 DEFAULT_KUBELET_NODES = 1
 MAX_KUBELET_NODES = 8
-MAX_GPU_NODES = 1000   # measured on 2 cores (README); KWOK itself holds more
+MAX_GPU_NODES = 1000   # measured on 2 cores (docs/measurements.md); KWOK itself holds more
 # The GPU Operator releases the fleet can build and run (ci/build-operator.sh), newest first.
 OPERATOR_RELEASES = ("v26.7.0", "v26.3.3", "v25.10.1", "v25.3.4")
 DEFAULT_OPERATOR_RELEASE = OPERATOR_RELEASES[0]

@@ -119,7 +119,7 @@ def print_tables(results: list[SizeResult], *, out) -> None:
 
 
 def main(argv: list[str]) -> None:
-    # KWOK pools, as the figures in the README were measured (the fleet's default pool is its kubelet node)
+    # KWOK pools, as the figures in docs/measurements.md were measured (the fleet's default pool is its kubelet node)
     os.environ.setdefault("GPUCANARY_FLEET_KUBELET_POOL", "0")
     keep, reuse = "--keep" in argv, "--reuse" in argv
     sizes = [int(a) for a in argv if not a.startswith("--")] or [5, 100, 1000]

@@ -122,7 +122,7 @@ def background(kube: Kube, pods: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    # KWOK pools, as the figures in the README were measured (the fleet's default pool is its kubelet node)
+    # KWOK pools, as the figures in docs/measurements.md were measured (the fleet's default pool is its kubelet node)
     os.environ.setdefault("GPUCANARY_FLEET_KUBELET_POOL", "0")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=10000)

@@ -43,7 +43,7 @@ def server_times(records: list, job: str) -> tuple[float | None, float | None, f
 
 
 def main(interval_s: str = "5") -> None:
-    # KWOK pools, as the figures in the README were measured (the fleet's default pool is its kubelet node)
+    # KWOK pools, as the figures in docs/measurements.md were measured (the fleet's default pool is its kubelet node)
     os.environ.setdefault("GPUCANARY_FLEET_KUBELET_POOL", "0")
     fleet = Fleet.from_env()
     fleet.up(progress=lambda line: print(line, file=sys.stderr))

@@ -35,7 +35,7 @@ def namespace(kube: Kube) -> Iterator[str]:
 
 # --- the canary as least privilege sees it: a ServiceAccount bound to deploy/'s roles ------------------
 
-# in the order the README applies them; the fleet's kwok pools need the last
+# in the order docs/real-cluster.md applies them; the fleet's kwok pools need the last
 DEPLOY_FILES = ("rbac.yaml", "rbac-clusterpolicy-mode.yaml", "admission.yaml", "local-fleet-kwok-pool.yaml")
 # the admission policies match every ServiceAccount of namespace gpucanary: one set for the session, kept
 ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
@@ -75,7 +75,7 @@ def canary_service_account(kube: Kube, gpucanary_fleet, tmp_path: Path) -> Itera
                     continue           # the namespace, shared by every account
                 if doc["kind"] not in ("Namespace", *ADMISSION_KINDS):   # kept: deleting the namespace races
                     made.append(doc)                                     # the next test's ServiceAccount
-        token = kube.request_token(account, namespace="gpucanary", expiration_s=7200)   # a run's worst case, as the README says
+        token = kube.request_token(account, namespace="gpucanary", expiration_s=7200)   # past a run's worst case (docs/real-cluster.md)
         config = yaml.safe_load(gpucanary_fleet.fleet.kubeconfig.read_text())
         config["users"] = [{"name": account, "user": {"token": token}}]
         config["contexts"][0]["context"]["user"] = account
