@@ -308,8 +308,8 @@ def pull_state(pod: dict) -> tuple[bool | None, str]:
 class ProbeLoop:
     def __init__(self, kube: Kube, placement: Placement, *, manifest: Path | None, interval_s: float,
                  pool_nodes: tuple[str, ...], scopes: tuple[str, ...] = ("pool", "fleet"),
-                 images: Mapping[str, str] | None = None) -> None:
-        self.images = dict(images or {})
+                 images: Mapping[str, str] | None = None, first_seq: int = 0) -> None:
+        self.images, self.first_seq = dict(images or {}), first_seq      # names go on from first_seq
         self.kube, self.placement, self.manifest, self.pool_nodes = kube, placement, manifest, pool_nodes
         self.interval_s, self.scopes = interval_s, scopes
         self.created: dict[str, tuple[str, int]] = {}   # name -> (scope, created_wall_ns)
@@ -326,7 +326,7 @@ class ProbeLoop:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        seq = 0
+        seq = self.first_seq
         while not self._stop.is_set():
             for scope in self.scopes:
                 job = probe(self.manifest, self.placement, scope=scope, seq=seq, pool_nodes=self.pool_nodes,

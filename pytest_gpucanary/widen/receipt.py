@@ -47,7 +47,7 @@ def _wave_line(wave: Wave) -> str:
     removed = ", ".join(d.line() + ("" if d.allowed else " (not allowed)") for d in wave.disruptions) or "none"
     took = f"{(wave.ended_wall_ns - wave.started_wall_ns) / 1e9:.0f} s" if wave.ended_wall_ns else "-"
     return f"| {wave.outcome} | {', '.join(wave.nodes)} | {utc(wave.started_wall_ns) if wave.started_wall_ns else '-'} " \
-           f"| {took} | {removed} | {wave.signal or '-'} |"
+           f"| {took} | {removed} | {wave.probes or '-'} | {wave.signal or '-'} |"
 
 
 def render_markdown(sweep: Sweep) -> str:
@@ -58,8 +58,8 @@ def render_markdown(sweep: Sweep) -> str:
              f"- waves: {sweep.strategy}, soak {sweep.soak_s:g} s", ""]
     if sweep.rollback:
         lines += [f"Rolled back: {sweep.rollback}.", ""]
-    lines += ["| # | outcome | nodes | started | took | pods removed | signal |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["| # | outcome | nodes | started | took | pods removed | start probes | signal |",
+              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {i + 1} " + _wave_line(w) for i, w in enumerate(sweep.waves)]
     return "\n".join(lines) + "\n"
 
@@ -103,7 +103,7 @@ def render_html(sweep: Sweep) -> str:
     return (f"<!doctype html><meta charset=utf-8><title>{html.escape(headline(sweep))}</title>"
             f"<h1>{html.escape(headline(sweep))}</h1>{svg}"
             "<table border=1><tr><th>#</th><th>outcome</th><th>nodes</th><th>started</th><th>took</th>"
-            f"<th>pods removed</th><th>signal</th></tr>{rows}</table>\n")
+            f"<th>pods removed</th><th>start probes</th><th>signal</th></tr>{rows}</table>\n")
 
 
 def render_junit(sweep: Sweep) -> str:

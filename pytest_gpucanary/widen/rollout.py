@@ -29,6 +29,7 @@ from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.receipt.verdict import VerdictKey
 from pytest_gpucanary.widen import plan, state
+from pytest_gpucanary.widen.probes import StartProbes
 from pytest_gpucanary.widen.slo import Slo, SloLook
 from pytest_gpucanary.widen.state import FAILED, PASSED, PENDING, ROLLING, SOAKING, Sweep, Wave
 from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, wait_and_judge
@@ -91,7 +92,9 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
             run_lease.release()
         raise
     pods = PodWatch(kube, opts.settings).start()
+    probes = StartProbes(kube, opts.settings, sweep.run_id, pods)
     try:
+        probes.start()
         applied = _applied(cluster, sweep, left if opts.resume else None)
         try:
             _apply(kube, cluster, opts, sweep, applied, report)
@@ -103,7 +106,7 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
             lease.release_cluster_lock(kube, sweep.run_id)
             run_lease.release()
             raise
-        failure = _waves(kube, cluster, opts, sweep, pods, report, on_sweep)
+        failure = _waves(kube, cluster, opts, sweep, pods, probes, report, on_sweep)
         if failure:
             sweep.status = state.HALTED
             report(f"widen: halted: {failure}; {_held(sweep)} nodes stay on driver {sweep.prior_version}")
@@ -120,6 +123,7 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
         run_lease.stop()          # killed: the holds stay; --resume or `gpucanary cleanup` takes it from here
         raise
     finally:
+        probes.stop()
         pods.stop()
     if sweep.status == state.HALTED:
         run_lease.stop()
@@ -303,7 +307,7 @@ def _apply(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
 
 
 def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep: Sweep, pods: PodWatch,
-           report: Callable[[str], None], on_sweep: Callable[[Sweep], None]) -> str:
+           probes: StartProbes, report: Callable[[str], None], on_sweep: Callable[[Sweep], None]) -> str:
     """Each wave in turn from the first not passed; the failure that halts the sweep, or ""."""
     slos = SloLook(opts.prometheus, opts.slos)
     while (index := sweep.current()) is not None:
@@ -322,6 +326,10 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
             report(f"widen: {where}: released {', '.join(late)}, which the killed sweep had not")
         progress = _Progress(where, report, target=opts.target, budget_s=opts.wave_budget_s, soak_s=sweep.soak_s)
 
+        def customers(final: bool = False, wave: Wave = wave) -> str:
+            failure, wave.probes = probes.look(wave.started_wall_ns, final=final)
+            return failure
+
         def record(seen: dict[str, NodeSeen], found: list, wave: Wave = wave) -> None:
             now = time.time_ns()
             for node, node_seen in seen.items():
@@ -334,7 +342,7 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
         if wave.outcome == ROLLING:
             left_s = opts.wave_budget_s - (time.time_ns() - wave.started_wall_ns) / 1e9
             failure = wait_and_judge(kube, pods, slos, wave.nodes, cluster.operator_namespace, target=opts.target,
-                                     seconds=max(0.0, left_s), soaking=False, record=record)
+                                     seconds=max(0.0, left_s), soaking=False, record=record, customers=customers)
             if failure == "timeout":
                 failure = (f"{where}: not every node upgraded within {opts.wave_budget_s:g} s: "
                            + ", ".join(f"{n} {s[-1][1] if s else '?'}" for n, s in sorted(wave.states.items())))
@@ -345,7 +353,8 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
             report(f"widen: {where}: every node on driver {opts.target}; soaking {sweep.soak_s:g} s")
         left_s = sweep.soak_s - (time.time_ns() - wave.done_wall_ns) / 1e9
         failure = wait_and_judge(kube, pods, slos, wave.nodes, cluster.operator_namespace, target=opts.target,
-                                 seconds=max(0.0, left_s), soaking=True, record=record)
+                                 seconds=max(0.0, left_s), soaking=True, record=record,
+                                 customers=customers) or customers(final=True)
         if failure:
             return _fail(kube, sweep, wave, where, failure, on_sweep)
         wave.outcome, wave.ended_wall_ns = PASSED, time.time_ns()
@@ -355,7 +364,7 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
         others = len(wave.disruptions) - gpu_pods        # allowed by a selector rule, else the wave failed
         report(f"widen: {where} passed: {len(wave.nodes)} node{'' if len(wave.nodes) == 1 else 's'}, "
                f"{gpu_pods} GPU pod{'' if gpu_pods == 1 else 's'} and {others} other pod{'' if others == 1 else 's'} "
-               "removed")
+               f"removed; {wave.probes}")
     return ""
 
 

@@ -45,6 +45,7 @@ class Wave:
     signal: str = ""              # why it failed, one line naming the node and the signal
     states: dict[str, list[tuple[int, str]]] = field(default_factory=dict)   # node -> (wall ns, upgrade state)
     disruptions: list[Disruption] = field(default_factory=list)
+    probes: str = ""              # what its customer start probes showed, in one line
 
 
 @dataclass

@@ -16,6 +16,7 @@ from pytest_gpucanary.gpu_operator import (
 )
 from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.ladder.application import allows_eviction
+from pytest_gpucanary.ladder.timeline import Record
 from pytest_gpucanary.widen.slo import SloLook
 from pytest_gpucanary.widen.state import Disruption
 
@@ -59,6 +60,8 @@ class PodWatch:
         self._known: dict[str, dict] = {}       # uid -> a pod not of a DaemonSet, as last seen
         self._seen_gone: set[str] = set()
         self._found: list[Disruption] = []
+        self._probe_namespace = ""
+        self._probe_records: list[Record] = []  # every event of a pod in the start probes' namespace
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.error = ""
@@ -75,6 +78,16 @@ class PodWatch:
     def watch_nodes(self, nodes: list[str]) -> None:
         with self._lock:
             self._nodes = frozenset(nodes)
+
+    def watch_probes(self, namespace: str) -> None:
+        with self._lock:
+            self._probe_namespace = namespace
+
+    def probe_records(self, since_wall_ns: int) -> list[Record]:
+        """The start probes' pod events received since `since_wall_ns`; older ones are dropped."""
+        with self._lock:
+            self._probe_records = [r for r in self._probe_records if r.received_wall_ns >= since_wall_ns]
+            return list(self._probe_records)
 
     def take(self) -> list[Disruption]:
         """The disruptions found since the last call."""
@@ -93,22 +106,25 @@ class PodWatch:
             try:
                 for event in self.kube.watch("v1", "Pod", stop=self._stop):
                     with self._lock:
-                        self._see(event.type, event.object, event.received_wall_ns)
+                        self._see(event.type, event.object, event.received_wall_ns, event.received_mono_ns)
                         self.error = ""
             except Exception as err:  # noqa: BLE001 - a watch that cannot read is judged (`unseen`), never silent
                 self.error = f"pods cannot be watched: {err}"[:300]
                 self._stop.wait(2)
 
-    def _see(self, kind: str, obj: dict, wall_ns: int) -> None:
+    def _see(self, kind: str, obj: dict, wall_ns: int, mono_ns: int = 0) -> None:
         if kind == "RELISTED":            # what vanished while the watch was down was deleted
             present = {p["metadata"]["uid"] for p in obj["items"]}
             for uid, pod in list(self._known.items()):
                 if uid not in present:
                     self._gone(pod, "deleted", wall_ns)
             for pod in obj["items"]:
-                self._see("ADDED", pod, wall_ns)
+                self._see("ADDED", pod, wall_ns, mono_ns)
             return
         meta = obj["metadata"]
+        if self._probe_namespace and meta.get("namespace") == self._probe_namespace:
+            self._probe_records.append(Record("pods", kind, "Pod", meta["namespace"], meta.get("name"), mono_ns,
+                                              wall_ns, obj))
         if of_daemonset(meta):
             return
         if kind == "DELETED" or meta.get("deletionTimestamp"):
@@ -122,7 +138,8 @@ class PodWatch:
         """Every pod is known (a wave's nodes change), and counted only when it leaves a watched node."""
         meta, spec = pod["metadata"], pod.get("spec") or {}
         self._known.pop(meta["uid"], None)
-        if meta["uid"] in self._seen_gone or spec.get("nodeName") not in self._nodes:
+        if meta["uid"] in self._seen_gone or spec.get("nodeName") not in self._nodes \
+                or meta.get("namespace") == self._probe_namespace:      # the sweep's own probes are no customer's
             return
         self._seen_gone.add(meta["uid"])
         gpus = gpus_requested(spec.get("containers") or [])
@@ -187,9 +204,11 @@ def judge(nodes: list[str], seen: dict[str, NodeSeen], disruptions: list[Disrupt
 
 def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], namespace: str | None, *,
                    target: str, seconds: float, soaking: bool,
-                   record: Callable[[dict[str, NodeSeen], list[Disruption]], None], tick_s: float = 2.0) -> str:
-    """Judge the wave every tick for up to `seconds`. Rolling: returns "" once every node is upgraded, the
-    failure when one shows, "timeout" at the end. Soaking: "" at the end unless a failure shows first."""
+                   record: Callable[[dict[str, NodeSeen], list[Disruption]], None],
+                   customers: Callable[[], str], tick_s: float = 2.0) -> str:
+    """Judge the wave every tick for up to `seconds`, `customers` saying why its start probes fail it. Rolling:
+    returns "" once every node is upgraded, the failure when one shows, "timeout" at the end. Soaking: "" at the
+    end unless a failure shows first."""
     deadline, unseen = time.monotonic() + seconds, 0
     while True:
         seen = nodes_seen(kube, nodes, namespace)
@@ -199,7 +218,7 @@ def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], 
         unseen = unseen + 1 if (why := pods.unseen()) else 0
         if not failure and unseen >= UNSEEN_LOOKS:      # a removal it cannot see is not a pass
             failure = f"{why} ({UNSEEN_LOOKS} looks in a row)"
-        failure = failure or slos.failure()
+        failure = failure or slos.failure() or customers()
         if failure:
             return failure
         if done and not soaking:

@@ -225,13 +225,19 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     lines = resumed.stderr.splitlines()
     assert any(line.startswith("widen: resuming sweep widen-") and "at wave 1/2" in line for line in lines), lines
-    assert [line for line in lines if line.startswith("widen: wave") and " passed: " in line] == [
+    passed = [line for line in lines if line.startswith("widen: wave") and " passed: " in line]
+    assert [line.split("; ")[0] for line in passed] == [
         "widen: wave 1/2 passed: 2 nodes, 0 GPU pods and 0 other pods removed",
-        "widen: wave 2/2 passed: 2 nodes, 1 GPU pod and 0 other pods removed"]
+        "widen: wave 2/2 passed: 2 nodes, 1 GPU pod and 0 other pods removed"], passed
     assert nodes_now(kube) == {n: ("upgrade-done", None, target) for n in NODES}
     assert "gpucanary.io/saved-spec" not in (kube.get(*NVIDIADRIVER, DRIVER)["metadata"].get("annotations") or {})
     [record] = sweep_record(kube)
     assert record["status"] == "done" and [w["outcome"] for w in record["waves"]] == ["passed", "passed"]
+    for wave, line in zip(record["waves"], passed):    # customer starts measured through each wave, by the resumed sweep
+        started = int(wave["probes"].split(" start probe")[0])
+        assert started >= 3 and line.endswith(f"; {wave['probes']}"), (wave["probes"], line)
+    assert not [ns for ns in kube.list("v1", "Namespace") if ns["metadata"]["name"] == f"gpucanary-{record['run_id']}"
+                and not ns["metadata"].get("deletionTimestamp")]       # the probes' namespace: gone or going
     assert [w["nodes"] for w in record["waves"]] == [NODES[:2], NODES[2:]]
     wave_2 = record["waves"][1]
     assert wave_2["started_wall_ns"] >= record["waves"][0]["ended_wall_ns"], "wave 2 released after wave 1 passed"
@@ -271,4 +277,33 @@ def test_the_field_note_policy_fails_its_first_wave_on_the_evicted_service_and_h
     assert cleanup.returncode == 0, cleanup.stderr[-3000:]
     assert driver_version(kube) == before
     assert all(kube.get("v1", "Node", n)["metadata"].get("labels", {}).get(SKIP_LABEL) is None for n in NODES)
+    assert f"run {record['run_id']}: nothing of it is left on the cluster" in cleanup.stderr
+
+
+def test_a_wave_whose_customer_starts_are_too_slow_halts_the_sweep(
+        widen_fleet: dict[str, str], kube: Kube, as_widen: list[str], tmp_path: Path) -> None:
+    """The start probes judge a wave as it rolls: a limit no pod start can meet (0.5 s from the Job's creation to
+    its pod running) halts the first wave on them, with the rest held."""
+    mark_for_widen(kube)
+    before = driver_version(kube)
+    deadline = time.monotonic() + 600       # an earlier test's roll-back may still take a node back to `before`
+    while (now := nodes_now(kube)) != {n: ("upgrade-done", None, before) for n in NODES}:
+        assert time.monotonic() < deadline, f"the fleet did not settle on driver {before}: {now}"
+        time.sleep(2)
+    target = "580.95.07"
+    policy = policy_file(tmp_path, "default.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
+    record_verdict(kube, policy, target, passed=True)
+    result = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1",
+                                                "--gpucanary-max-start-latency-s=0.5", *as_widen))
+    assert result.returncode == 1, result.stderr[-4000:]
+    [halted] = [line for line in result.stderr.splitlines() if line.startswith("widen: halted: ")]
+    assert halted.startswith("widen: halted: wave 1/4: start probes' p99 start latency "), halted
+    assert halted.endswith(f"over --gpucanary-max-start-latency-s 0.5 s; 3 nodes stay on driver {before}"), halted
+    [record] = [r for r in sweep_record(kube) if r["key"]["target"] == target]
+    assert [w["outcome"] for w in record["waves"]] == ["failed", "pending", "pending", "pending"]
+    assert record["waves"][0]["probes"].startswith(("0 start probes ran", "1 start probe ran")), record["waves"][0]
+    cleanup = gpucanary(widen_fleet, "cleanup", f"--run-id={record['run_id']}", "--force",
+                        as_widen[0].replace("--gpucanary-kubeconfig=", "--kubeconfig="))
+    assert cleanup.returncode == 0, cleanup.stderr[-3000:]
+    assert driver_version(kube) == before
     assert f"run {record['run_id']}: nothing of it is left on the cluster" in cleanup.stderr

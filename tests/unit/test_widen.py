@@ -17,6 +17,7 @@ from pytest_gpucanary.cli import main
 from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, SKIP_LABEL, UPGRADE_STATE_LABEL
+from pytest_gpucanary.ladder.model import ProbeSeen
 from pytest_gpucanary.metrics import MetricsError, Series
 from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
@@ -182,11 +183,30 @@ def join(fake: FakeKube, name: str) -> None:
     fake.create(validator_pod(name))
 
 
+def probe_controllers(fake: FakeKube) -> None:
+    """The namespace controller's default ServiceAccount in the sweep's namespace, and for each start probe Job
+    the Job controller, scheduler and kubelet at once: its pod scheduled and running."""
+    for ns in fake.list("v1", "Namespace"):
+        name = ns["metadata"]["name"]
+        if not name.startswith("gpucanary-widen-"):
+            continue
+        if not fake.list("v1", "ServiceAccount", namespace=name):
+            fake.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": name}})
+        pods = {p["metadata"]["name"] for p in fake.list("v1", "Pod", namespace=name)}
+        for job in fake.list("batch/v1", "Job", namespace=name):
+            if (pod := f"{job['metadata']['name']}-pod") not in pods:
+                fake.create({"apiVersion": "v1", "kind": "Pod",
+                             "metadata": {"name": pod, "namespace": name, "labels": {"job-name": job["metadata"]["name"]}},
+                             "spec": {"nodeName": "gpu-2", "containers": [{"name": "probe", "image": "busybox"}]},
+                             "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}})
+
+
 def operator(fake: FakeKube, stop: threading.Event, released: list[str]) -> None:
     """The operator's part: a node whose driver pod is behind the ClusterPolicy's version goes to
     upgrade-required, and unless the skip label holds it, is upgraded (new driver pod, upgrade-done); the
     order nodes were upgraded in is kept. A GPU node joins once the first one is upgraded."""
     while not stop.wait(0.02):
+        probe_controllers(fake)
         if released == ["gpu-0"] and not any(n["metadata"]["name"] == "gpu-3" for n in fake.list("v1", "Node")):
             join(fake, "gpu-3")
         if fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]["version"] != NEW:
@@ -229,7 +249,8 @@ def test_a_sweep_releases_one_wave_at_a_time_and_keeps_the_change() -> None:
     thread.start()
     lines: list[str] = []
     try:
-        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("exponential:1"), soak_s=0.1, wave_budget_s=30),
+        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("exponential:1"), soak_s=0.3, wave_budget_s=30,
+                                         settings=Settings(probe_interval_s=0.02, min_probe_samples=2)),
                       report=lines.append)
     finally:
         stop.set()
@@ -246,6 +267,39 @@ def test_a_sweep_releases_one_wave_at_a_time_and_keeps_the_change() -> None:
         assert SKIP_LABEL not in meta["labels"] and upgrade.SKIP_SET_ANNOTATION not in (meta.get("annotations") or {})
     assert not [n for n in fake.list("v1", "Namespace") if n["metadata"]["name"].startswith("gpucanary-widen")]
     assert lines[-1] == f"widen: every wave passed: 4 nodes on driver {NEW}"
+    for wave in sweep.waves:      # the start probes that ran while the wave rolled and soaked
+        assert int(wave.probes.split(" start probes ran")[0]) >= 2, wave.probes
+    assert [line for line in lines if " passed: " in line and "start probes ran: queue delay max " in line], lines
+
+
+def probe_seen(name: str, created_s: float, scheduled_s: float | None = None, running_s: float | None = None,
+               ended_s: float | None = None) -> ProbeSeen:
+    def ns(s: float | None) -> int | None:
+        return None if s is None else int(s * 1e9)
+
+    return ProbeSeen(name, "fleet", int(created_s * 1e9), ns(scheduled_s), ns(running_s), "gpu-0", ns(ended_s))
+
+
+def test_a_waves_start_probes_fail_it_on_queue_delay_start_latency_or_too_few_starts() -> None:
+    from pytest_gpucanary.widen.probes import judge
+
+    settings = Settings(max_queue_delay_s=30, max_start_latency_s=20, min_probe_samples=2)
+    quick = [probe_seen("p0", 0, 1, 3), probe_seen("p1", 10, 11, 12)]
+    assert judge(quick, int(40e9), settings, final=True) == (
+        "", "2 start probes ran: queue delay max 1.0 s, start latency p99 3.0 s")
+    gone = probe_seen("p2", 15, ended_s=16)          # its pod went before it ran: not a start, not a wait
+    assert judge([*quick, gone], int(100e9), settings, final=True)[0] == ""
+    waiting = probe_seen("p3", 15)
+    assert judge([*quick, waiting], int(40e9), settings, final=False)[0] == (
+        "start probes' p99 start latency 25 s (n=3), over --gpucanary-max-start-latency-s 20 s")
+    assert judge([*quick, waiting], int(50e9), settings, final=False)[0] == (
+        "start probe p3 unscheduled for 35 s, over --gpucanary-max-queue-delay-s 30 s")
+    assert judge([*quick, probe_seen("p4", 0, 31, 32)], int(40e9), settings, final=False)[0] == (
+        "start probe p4 scheduled after 31 s, over --gpucanary-max-queue-delay-s 30 s")
+    assert judge(quick[:1], int(40e9), settings, final=False)[0] == ""
+    assert judge(quick[:1], int(40e9), settings, final=True)[0] == (
+        "only 1 start probe ran during the wave, fewer than --gpucanary-min-probe-samples 2: no customer start was "
+        "measured through it")
 
 
 def test_a_hold_is_released_only_by_its_own_sweep_and_keeps_the_upgrade_state() -> None:
@@ -339,6 +393,7 @@ def test_an_slo_broken_fails_the_wave_at_once_and_unanswered_only_three_looks_in
 def failing_operator(fake: FakeKube, stop: threading.Event) -> None:
     """An operator whose upgrade fails on every released node; its driver DaemonSet follows the ClusterPolicy."""
     while not stop.wait(0.02):
+        probe_controllers(fake)
         version = fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]["version"]
         ds = fake.get("apps/v1", "DaemonSet", "nvidia-driver-daemonset", namespace=OPERATOR_NS)
         if version not in ds["spec"]["template"]["spec"]["containers"][0]["image"]:
@@ -431,7 +486,7 @@ def test_a_pod_watch_that_cannot_read_fails_the_wave_and_a_watch_that_came_back_
     watch = PodWatch(fake, Settings()).start()
     try:
         failure = wait_and_judge(fake, watch, SloLook(None, []), ["gpu-0"], OPERATOR_NS, target=OLD, seconds=30,
-                                 soaking=True, record=lambda seen, found: None, tick_s=0.05)
+                                 soaking=True, record=lambda seen, found: None, customers=lambda: "", tick_s=0.05)
     finally:
         watch.stop()
     assert failure.startswith("pods cannot be watched: ") and failure.endswith("(3 looks in a row)"), failure
