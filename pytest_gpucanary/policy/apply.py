@@ -94,18 +94,9 @@ def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *,
     applied = applied if applied is not None else AppliedUpgrade()
     applied.run_id = run_id
     if cluster.nvidiadriver_mode:
-        assert pool.driver is not None, "an NVIDIADriver-mode pool always names its NVIDIADriver"
-        driver_spec = kube.get(*NVIDIADRIVER, pool.driver)["spec"]
-        # the same version: the change under test is one that leaves the driver as it is (as a chart bump
-        # relabelling the driver pods does), which v26.7+ turns into an in-place restart
-        patch: dict = ({"version": driver_to} if driver_to != pool.driver_from else
-                       {"labels": {**(driver_spec.get("labels") or {}), RESTART_LABEL: run_id}})
-        if cluster.per_driver_policy:
-            patch["upgradePolicy"] = upgrade_policy
-        else:
+        if not cluster.per_driver_policy:
             apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy}, applied, run_id)
-        prior = {key: driver_spec.get(key) for key in patch}
-        _save_and_patch(kube, NVIDIADRIVER, pool.driver, patch, prior, applied, run_id)
+        apply_nvidiadriver(kube, cluster, pool, upgrade_policy, driver_to=driver_to, applied=applied, run_id=run_id)
         return applied
     applied.operator_namespace, applied.cluster_policy = cluster.operator_namespace, cluster.cluster_policy
     applied.prior_version = pool.driver_from
@@ -114,6 +105,22 @@ def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *,
             hold_back(kube, node, applied, run_id)
     apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy, "version": driver_to}, applied, run_id)
     return applied
+
+
+def apply_nvidiadriver(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *, driver_to: str,
+                       applied: AppliedUpgrade, run_id: str) -> None:
+    """The pool NVIDIADriver's part of `apply`: the version (and from v26.7, the policy), saved and changed in one
+    write. Before v26.7 it follows the ClusterPolicy's policy, the run's first write."""
+    assert pool.driver is not None, "an NVIDIADriver-mode pool always names its NVIDIADriver"
+    driver_spec = kube.get(*NVIDIADRIVER, pool.driver)["spec"]
+    # the same version: the change under test is one that leaves the driver as it is (as a chart bump
+    # relabelling the driver pods does), which v26.7+ turns into an in-place restart
+    patch: dict = ({"version": driver_to} if driver_to != pool.driver_from else
+                   {"labels": {**(driver_spec.get("labels") or {}), RESTART_LABEL: run_id}})
+    if cluster.per_driver_policy:
+        patch["upgradePolicy"] = upgrade_policy
+    prior = {key: driver_spec.get(key) for key in patch}
+    _save_and_patch(kube, NVIDIADRIVER, pool.driver, patch, prior, applied, run_id)
 
 
 def apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, applied: AppliedUpgrade,

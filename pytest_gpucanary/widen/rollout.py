@@ -288,20 +288,21 @@ def _applied(cluster: preflight.ClusterInfo, sweep: Sweep, left: RunLeftovers | 
 def _apply(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep: Sweep,
            applied: upgrade.AppliedUpgrade, report: Callable[[str], None]) -> None:
     """Every node held first, then the change: no node can start on the new driver before its wave. Again on a
-    resume, writing only what the killed sweep had not (a second saved copy would save the change itself)."""
+    resume, writing only what the killed sweep had not (a second saved copy would save the change itself):
+    before v26.7 an NVIDIADriver's change is two writes, the ClusterPolicy's policy and then its version."""
     for name in sweep.nodes():
         if not any(w.outcome != PENDING and name in w.nodes for w in sweep.waves):
             upgrade.hold_back(kube, kube.get("v1", "Node", name), applied, sweep.run_id)
-    if applied.saved:
-        return
     _, kind, name = sweep.target
-    if kind == NVIDIADRIVER[1]:
+    if kind == NVIDIADRIVER[1] and (NVIDIADRIVER, name) not in applied.saved:
         pool = Pool(nodes=tuple(sweep.nodes()), driver=name, driver_from=sweep.prior_version)
-        upgrade.apply(kube, cluster, pool, opts.upgrade_policy, driver_to=opts.target, run_id=sweep.run_id,
-                      applied=applied)
-    else:
+        write = upgrade.apply_nvidiadriver if applied.saved else upgrade.apply
+        write(kube, cluster, pool, opts.upgrade_policy, driver_to=opts.target, run_id=sweep.run_id, applied=applied)
+    elif kind != NVIDIADRIVER[1] and not applied.saved:
         upgrade.apply_cluster_policy(kube, cluster, {"upgradePolicy": opts.upgrade_policy, "version": opts.target},
                                      applied, sweep.run_id)
+    else:
+        return
     report(f"widen: {len(applied.skipped_nodes)} nodes held on driver {sweep.prior_version}; "
            f"wrote {applied.describe()}")
 

@@ -543,3 +543,35 @@ def test_an_nvidiadriver_an_administrator_did_not_mark_for_widen_is_refused_in_o
         f"{WIDEN_ELIGIBLE_LABEL}=true"
     fake.patch(*NVIDIADRIVER, "fleet", {"metadata": {"labels": {WIDEN_ELIGIBLE_LABEL: "true"}}})
     assert _target(fake, cluster, None, print) == ((*NVIDIADRIVER, "fleet"), OLD, [])
+
+
+def test_a_resume_before_v26_7_writes_the_nvidiadrivers_version_the_killed_sweep_had_not() -> None:
+    """Before v26.7 an NVIDIADriver's change is two writes (the ClusterPolicy's policy, then its version): a sweep
+    killed between them is resumed with the second, and the first one's saved copy of the prior policy kept."""
+    from test_policy_apply import DRIVER_FROM, content, nvidiadriver_cluster
+
+    from pytest_gpucanary.cleanup import leftovers
+    from pytest_gpucanary.gpu_operator import NVIDIADRIVER
+    from pytest_gpucanary.widen.rollout import _applied, _apply
+
+    fake = FakeKube()
+    cluster, _ = nvidiadriver_cluster(fake, per_driver_policy=False)
+    before = {key: content(obj) for key, obj in fake.objects().items()}
+    sweep = Sweep("widen-0a1b2c3d", VerdictKey.of(POLICY, NEW, None), (*NVIDIADRIVER, "fleet"), DRIVER_FROM, "fixed:1",
+                  0.0, [Wave(nodes=["gpu-1"])], "r1")
+    killed = _applied(cluster, sweep, None)
+    upgrade.apply_cluster_policy(fake, cluster, {"upgradePolicy": POLICY}, killed, sweep.run_id)   # then SIGKILL
+    saved = fake.get(*CLUSTER_POLICY, "cluster-policy")["metadata"]["annotations"][upgrade.SAVED_SPEC_ANNOTATION]
+    resumed = _applied(cluster, sweep, leftovers(fake, [], only=sweep.run_id)[sweep.run_id])
+    lines: list[str] = []
+    _apply(fake, cluster, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1")), sweep, resumed, lines.append)
+    assert fake.get(*NVIDIADRIVER, "fleet")["spec"]["version"] == NEW
+    assert fake.get(*CLUSTER_POLICY, "cluster-policy")["metadata"]["annotations"][upgrade.SAVED_SPEC_ANNOTATION] == saved
+    assert lines == [f"widen: 1 nodes held on driver {DRIVER_FROM}; wrote NVIDIADriver fleet: version"]
+    _apply(fake, cluster, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1")), sweep, resumed, lines.append)
+    assert len(lines) == 1                   # resumed again: the change is whole, nothing is written twice
+    assert upgrade.saved_json(fake.get(*NVIDIADRIVER, "fleet"), upgrade.SAVED_SPEC_ANNOTATION)["spec"] == {
+        "version": DRIVER_FROM}
+    for kind, name in resumed.saved:         # what a restore puts back: each object as it was before the sweep
+        upgrade.restore_saved_spec(fake, kind, name, sweep.run_id)
+        assert content(fake.get(*kind, name)) == before[(*kind, None, name)]
