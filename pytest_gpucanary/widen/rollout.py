@@ -20,7 +20,8 @@ from pytest_gpucanary.cleanup import RunLeftovers, leftovers
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.gpu_operator import (
-    CLUSTER_POLICY, DRIVER_OWNER_LABEL, NVIDIADRIVER, SKIP_LABEL, driver_node_selector,
+    CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, DRIVER_OWNER_LABEL, NVIDIADRIVER, SKIP_LABEL, UPGRADE_FAILED,
+    driver_node_selector,
 )
 from pytest_gpucanary.kube import OWNER, OWNER_LABEL, Conflict, Kube, NotFound, patch_as_read, saved_run
 from pytest_gpucanary.metrics import MetricsError, Prometheus
@@ -32,7 +33,7 @@ from pytest_gpucanary.widen import plan, state
 from pytest_gpucanary.widen.probes import StartProbes
 from pytest_gpucanary.widen.slo import Slo, SloLook
 from pytest_gpucanary.widen.state import FAILED, PASSED, PENDING, ROLLING, SOAKING, Sweep, Wave
-from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, wait_and_judge
+from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, nodes_seen, wait_and_judge
 
 CONFIGMAP = ("v1", "ConfigMap")
 
@@ -441,6 +442,14 @@ def _roll_back(kube: Kube, cluster: preflight.ClusterInfo, sweep: Sweep, applied
                       f"upgradePolicy; the operator takes {', '.join(upgraded)} (the failed wave: "
                       f"{', '.join(failed.nodes)}) back to {sweep.prior_version} under that policy; every held node "
                       f"released once the driver DaemonSet was back at {sweep.prior_version}")
+    # k8s-operator-libs (ProcessUpgradeFailedNodes) moves an upgrade-failed node on only once its driver pod
+    # matches the DaemonSet again: one whose pod the failed upgrade had already replaced waits for a person
+    stuck = [node for node, now in nodes_seen(kube, failed.nodes, cluster.operator_namespace).items()
+             if now.state == UPGRADE_FAILED and now.driver == sweep.key.target]
+    for node in stuck:
+        sweep.rollback += (f"; {node} stays {UPGRADE_FAILED} and cordoned, its driver pod at {sweep.key.target}: "
+                           f"`kubectl delete pod -n {cluster.operator_namespace} -l {DRIVER_COMPONENT_SELECTOR} "
+                           f"--field-selector spec.nodeName={node}` lets the DaemonSet make one at {sweep.prior_version}")
     report(f"widen: rolled back: {sweep.rollback}")
 
 

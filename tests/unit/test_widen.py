@@ -390,8 +390,9 @@ def test_an_slo_broken_fails_the_wave_at_once_and_unanswered_only_three_looks_in
         "SLO `error_ratio < 0.01` broken: 0.02 on {service=api}"
 
 
-def failing_operator(fake: FakeKube, stop: threading.Event) -> None:
-    """An operator whose upgrade fails on every released node; its driver DaemonSet follows the ClusterPolicy."""
+def failing_operator(fake: FakeKube, stop: threading.Event, *, replaced: tuple[str, ...] = ()) -> None:
+    """An operator whose upgrade fails on every released node, on the `replaced` ones after their driver pod was
+    already the new one; its driver DaemonSet follows the ClusterPolicy."""
     while not stop.wait(0.02):
         probe_controllers(fake)
         version = fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"]["driver"]["version"]
@@ -405,16 +406,21 @@ def failing_operator(fake: FakeKube, stop: threading.Event) -> None:
             labels = fake.get("v1", "Node", name)["metadata"].get("labels") or {}
             if version == NEW and labels.get(UPGRADE_STATE_LABEL) == "upgrade-done":
                 state_ = "upgrade-required" if labels.get(SKIP_LABEL) == "true" else "upgrade-failed"
+                if state_ == "upgrade-failed" and name in replaced:
+                    fake.delete("v1", "Pod", f"driver-{name}-{OLD}", namespace=OPERATOR_NS)
+                    fake.create(driver_pod(name, NEW))
                 fake.patch("v1", "Node", name, {"metadata": {"labels": {UPGRADE_STATE_LABEL: state_}}})
 
 
-def test_a_failed_wave_halts_and_rollback_restores_the_policy_object_and_releases_the_holds() -> None:
+@pytest.mark.parametrize("replaced", [(), ("gpu-0",)], ids=["failed-before-its-pod-was-replaced", "after"])
+def test_a_failed_wave_halts_and_rollback_restores_the_policy_object_and_releases_the_holds(
+        replaced: tuple[str, ...]) -> None:
     fake = FakeKube()
     fleet(fake)
     fake.create(driver_daemonset(OLD))
     record_verdict(fake)
     stop = threading.Event()
-    thread = threading.Thread(target=failing_operator, args=(fake, stop), daemon=True)
+    thread = threading.Thread(target=failing_operator, args=(fake, stop), kwargs={"replaced": replaced}, daemon=True)
     thread.start()
     lines: list[str] = []
     try:
@@ -424,13 +430,18 @@ def test_a_failed_wave_halts_and_rollback_restores_the_policy_object_and_release
         stop.set()
         thread.join()
     assert sweep.status == "rolled-back" and [w.outcome for w in sweep.waves] == ["failed", "pending", "pending"]
-    assert f"widen: halted: wave 1/3: node gpu-0 went upgrade-failed (driver pod at {OLD}); 2 nodes stay on driver {OLD}" in lines
+    at = NEW if replaced else OLD
+    assert f"widen: halted: wave 1/3: node gpu-0 went upgrade-failed (driver pod at {at}); 2 nodes stay on driver {OLD}" in lines
     policy = fake.get(*CLUSTER_POLICY, "cluster-policy")
     assert policy["spec"]["driver"]["version"] == OLD and policy["spec"]["driver"]["upgradePolicy"] == ORIGINAL_POLICY
     for name in NODES[1:3]:
         labels = fake.get("v1", "Node", name)["metadata"]["labels"]
         assert SKIP_LABEL not in labels and labels[UPGRADE_STATE_LABEL] == "upgrade-done"
     assert sweep.rollback.startswith(f"ClusterPolicy cluster-policy restored to driver {OLD} and its earlier upgradePolicy")
+    stuck = (f"; gpu-0 stays upgrade-failed and cordoned, its driver pod at {NEW}: `kubectl delete pod -n {OPERATOR_NS} "
+             f"-l app.kubernetes.io/component=nvidia-driver --field-selector spec.nodeName=gpu-0` lets the DaemonSet make "
+             f"one at {OLD}")
+    assert sweep.rollback.endswith(stuck) if replaced else "stays upgrade-failed" not in sweep.rollback, sweep.rollback
     assert state.configmap_name(sweep.key) and fake.get("v1", "ConfigMap", state.configmap_name(sweep.key),
                                                         namespace=publish.NAMESPACE)["data"]["status"] == "rolled-back"
 
