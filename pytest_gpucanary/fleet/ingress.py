@@ -9,7 +9,9 @@ so the request is proxied to 127.0.0.1:<the slice's port>, and what the server a
 it refuses or resets the connection) is what the client gets. Readiness comes
 from one `Kube.watch` per Service on its EndpointSlices (label kubernetes.io/service-name), started
 by the first request for that Service. On a real cluster there is no ingress: the load generator
-targets a service URL the user gives.
+targets a service URL the user gives. `/metrics` counts what it answered per Service and status code
+(`gpucanary_ingress_requests_total`), which the fleet's Prometheus scrapes: a service's error ratio for an
+SLO, as a real ingress controller's metrics give one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ SYNC_WAIT_S = 5.0          # a first request waits this long for the initial lis
 RETRY_S = 1.0
 PROXY_TIMEOUT_S = 10.0
 USER_AGENT = "gpucanary-fleet-ingress"   # not gpucanary/<version>: the audit log tells the canary apart by it
+REQUESTS_METRIC = "gpucanary_ingress_requests_total"
 
 
 def ready_pods(endpoint_slice: dict) -> tuple[str, ...]:
@@ -113,6 +116,7 @@ class Router:
         self.kube = kube
         self._services: dict[tuple[str, str], ServiceEndpoints] = {}
         self._kwok: dict[str, bool] = {}     # node -> it is a KWOK node
+        self._answered: dict[tuple[str, str, int], int] = {}   # (namespace, service, status) -> requests
         self._lock = threading.Lock()
 
     def endpoints(self, namespace: str, service: str) -> ServiceEndpoints:
@@ -140,6 +144,23 @@ class Router:
         if len(parts) < 4 or parts[1] != "svc" or not parts[2] or not parts[3]:
             return _json(404, {"error": "expected /svc/<namespace>/<service>/<path>"})
         namespace, service = parts[2], parts[3]
+        status, body = self._route(namespace, service, parts, url.query)
+        with self._lock:
+            key = (namespace, service, status)
+            self._answered[key] = self._answered.get(key, 0) + 1
+        return status, body
+
+    def metrics(self) -> bytes:
+        """The Prometheus text exposition of what `answer` answered."""
+        with self._lock:
+            answered = sorted(self._answered.items())
+        lines = [f"# HELP {REQUESTS_METRIC} Requests the fleet's ingress answered, by Service and status code.",
+                 f"# TYPE {REQUESTS_METRIC} counter"]
+        lines += [f'{REQUESTS_METRIC}{{namespace="{namespace}",service="{service}",code="{status}"}} {count}'
+                  for (namespace, service, status), count in answered]
+        return ("\n".join(lines) + "\n").encode()
+
+    def _route(self, namespace: str, service: str, parts: list[str], query: str) -> tuple[int, bytes]:
         endpoints = self.endpoints(namespace, service)
         if not endpoints.synced.wait(SYNC_WAIT_S):
             return _json(503, {"error": f"endpoints of {namespace}/{service} not known yet", "service": service})
@@ -148,7 +169,7 @@ class Router:
             return _json(503, {"error": f"no ready endpoint for {namespace}/{service}", "service": service})
         target = endpoints.target(pod)
         if target is not None and not self.is_kwok(target[0]):
-            return _proxy(target[1], "/" + "/".join(parts[4:]) + (f"?{url.query}" if url.query else ""))
+            return _proxy(target[1], "/" + "/".join(parts[4:]) + (f"?{query}" if query else ""))
         return _json(200, {"served_by": pod, "service": f"{namespace}/{service}"})
 
 
@@ -178,9 +199,15 @@ def _handler(router: Router) -> type[http.server.BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             if length:
                 self.rfile.read(length)
-            status, data = _json(200, {"status": "ok"}) if self.path == "/healthz" else router.answer(self.path)
+            kind = "application/json"
+            if self.path == "/healthz":
+                status, data = _json(200, {"status": "ok"})
+            elif self.path == "/metrics":
+                status, data, kind = 200, router.metrics(), "text/plain; version=0.0.4"
+            else:
+                status, data = router.answer(self.path)
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             if self.command != "HEAD":

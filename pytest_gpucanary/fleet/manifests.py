@@ -149,6 +149,7 @@ def prometheus_config(layout: FleetLayout) -> str:
               if layout.kubelet_pool and layout.kubelet_nodes else []),
             {"job_name": "gpu-operator",
              "static_configs": [{"targets": [f"{HOST}:{layout.port('gpu-operator-metrics')}"]}]},
+            {"job_name": "fleet-ingress", "static_configs": [{"targets": [f"{HOST}:{layout.port('ingress')}"]}]},
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)

@@ -1,8 +1,10 @@
 """`gpucanary widen` on a fleet of its own (four KWOK GPU nodes of one NVIDIADriver), with the real GPU
 Operator doing every upgrade: no write without a passing verdict; a sweep killed mid-wave and resumed from
-the cluster passes every wave; the field note's policy fails its first wave on the service it evicts and
-leaves every later node held on the old driver, and `gpucanary cleanup` rolls the sweep back. Every command
-acts as widen's own ServiceAccount under deploy/'s RBAC and admission policies.
+the cluster passes every wave, with its service under load and judged on an SLO of the ingress' own counters,
+and customer start probes through each wave; the field note's policy fails its first wave on the service it
+evicts and leaves every later node held on the old driver, and `gpucanary cleanup` rolls the sweep back; start
+probes too slow for their limit halt a sweep. Every command acts as widen's own ServiceAccount under deploy/'s
+RBAC and admission policies.
 
 The verdict a sweep needs is written here as a canary run records it (`publish.record`): what a canary run
 records is the canary's own e2e (test_canary_gate); what is proved here is what widen does with it."""
@@ -28,6 +30,8 @@ from pytest_gpucanary.config import FIXTURES, REPO_ROOT
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.gpu_operator import NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL, driver_version_of
 from pytest_gpucanary.kube import Conflict, Kube
+from pytest_gpucanary.load import LoadRun
+from pytest_gpucanary.metrics import Prometheus
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from test_clusterpolicy_mode import gpucanary, second_fleet   # tests/e2e is on sys.path (rootdir import mode)
@@ -38,6 +42,10 @@ PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2350  # 
 NODES = [f"gpu-node-{i}" for i in range(4)]
 DRIVER = "fleet"
 FAST = ["--soak-s=10", "--wave-budget-s=600"]
+# the share of the service's requests the fleet's ingress did not answer 200, by its own counters; no requests
+# at all gives no series, which fails a wave too (a service that is not under load is not watched)
+API_ERRORS = ('(sum(rate(gpucanary_ingress_requests_total{service="api-2",code!="200"}[1m])) or vector(0)) '
+              '/ sum(rate(gpucanary_ingress_requests_total{service="api-2"}[1m])) < 0.01')
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +198,11 @@ TRAINER_SPEC = {"volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
 
 
 def place(kube: Kube, node: str, service: str, trainer: str) -> None:
-    """A service that uses no GPU and a GPU trainer on `node`, both running."""
+    """A service that uses no GPU, with its Service (the fleet's ingress routes to it), and a GPU trainer on
+    `node`, both running."""
     kube.create(deployment(service, SERVICE_SPEC, node=node))
+    kube.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": service, "namespace": "default"},
+                 "spec": {"selector": {"app": service}, "ports": [{"port": 80}]}})
     kube.create(deployment(trainer, TRAINER_SPEC, node=node))
     kube.watch_until("v1", "Pod", lambda pods: True if {p["metadata"]["labels"]["app"] for p in pods.values()
                                                         if p.get("status", {}).get("phase") == "Running"}
@@ -206,7 +217,25 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
     target = "580.95.05"
     record_verdict(kube, policy, target, passed=True)
     place(kube, NODES[2], "api-2", "trainer-2")      # the default policy deletes GPU pods only
-    args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2", "--slo=count(up) > 0", *as_widen)
+    layout = FleetLayout(root=Path(widen_fleet["GPUCANARY_FLEET_DIR"]),
+                         port_base=int(widen_fleet["GPUCANARY_FLEET_PORT_BASE"]))
+    load = LoadRun(f"http://127.0.0.1:{layout.port('ingress')}/svc/default/api-2", users=2, run_time_s=1200,
+                   wait_s=0.5, log_dir=tmp_path / "load").start()      # customers of the service, the whole sweep
+    try:
+        deadline = time.monotonic() + 90          # two scrapes of the ingress with requests in them
+        while not Prometheus(layout.prometheus_url).query(API_ERRORS.rsplit(" < ", 1)[0]):
+            assert time.monotonic() < deadline, f"no series for the service's error ratio; {load.output_path}"
+            time.sleep(2)
+        sweep_killed_and_resumed(widen_fleet, kube, as_widen, tmp_path, policy, before, target)
+    finally:
+        load.stop()
+    samples = load.samples()
+    assert len(samples) > 100 and all(s.ok for s in samples), [s for s in samples if not s.ok][:5]
+
+
+def sweep_killed_and_resumed(widen_fleet: dict[str, str], kube: Kube, as_widen: list[str], tmp_path: Path,
+                             policy: Path, before: str, target: str) -> None:
+    args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2", f"--slo={API_ERRORS}", *as_widen)
     proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", *args], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **widen_fleet, "PYTHONUNBUFFERED": "1"})
     said = []

@@ -87,6 +87,13 @@ def test_http_surface(served, monkeypatch: pytest.MonkeyPatch) -> None:
     router.endpoints("shop", "api").apply(event("MODIFIED", endpoint_slice("s1", ("a", False))))
     status, body = _get(f"{url}/svc/shop/api/")
     assert status == 503 and body["error"] == "no ready endpoint for shop/api"
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:    # what it answered, for an SLO
+        assert response.headers["Content-Type"].startswith("text/plain")
+        exposition = response.read().decode()
+    assert [line for line in exposition.splitlines() if not line.startswith("#")] == [
+        'gpucanary_ingress_requests_total{namespace="shop",service="api",code="200"} 1',
+        'gpucanary_ingress_requests_total{namespace="shop",service="api",code="503"} 2']
+    assert "# TYPE gpucanary_ingress_requests_total counter" in exposition
 
 
 class RealNodeKube(NoKube):
