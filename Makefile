@@ -35,8 +35,8 @@ kill-matrix: setup build
 	GPUCANARY_KILL_MATRIX=1 $(PY) -m pytest tests/e2e/test_faults.py tests/e2e/test_control_plane_faults.py -rA $(PYTEST_ARGS)
 
 # Every cause of a stuck rollout the watcher names on the kubelet pool: in ClusterPolicy mode one run each, in
-# NVIDIADriver mode two at a time (`make test` runs the no-image case in both modes, and the driver held, the
-# crash loop and the operands behind a Ready driver in NVIDIADriver mode).
+# NVIDIADriver mode two at a time (`make test` runs the no-image case in both modes, and the driver held in
+# NVIDIADriver mode).
 diagnosis-matrix: setup build
 	GPUCANARY_DIAGNOSIS_MATRIX=1 $(PY) -m pytest tests/e2e/test_clusterpolicy_mode.py tests/e2e/test_kubelet_pool.py \
 		-k driver_that_cannot_come -rA $(PYTEST_ARGS)

@@ -266,15 +266,15 @@ def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFa
     """At once: a driver with no image on the first node; on the second, the canary's own driver holder
     (`--gpucanary-holder`, a pod with NVIDIA_VISIBLE_DEVICES and no GPU request), so the new driver pod's driver
     manager cannot unload the old one. The run's restore takes its workloads, the holder with them, off first.
-    Then at once, with a stall time of 60 s (from `make diagnosis-matrix` only): on the first node a driver whose
+    From `make diagnosis-matrix` only, then, with a stall time of 60 s: at once, on the first node a driver whose
     container hangs before it loads (the fleet's 574.0.2); on the second, an upgrade to a good driver during which
     the node's kubelet stops (SIGSTOP), so the node goes NotReady, and comes back once the run has had time to
-    call it. Then at once: on the first node a driver whose container cannot load its module (574.0.1, a crash
-    loop); on the second one that loads and turns Ready while the validator's nvidia-smi check of it fails
-    (574.0.3), so the operands wait behind a Ready driver. Then alone (stall time 60 s): a driver pod the
-    scheduler cannot place, as its namespace's defaults ask more CPU of it than the node has; and (from `make
-    diagnosis-matrix` only) at once: one the kubelet cannot make a sandbox for, the node's pause image gone, and
-    on the first node the field note's policy, whose drain a budget over the service refuses."""
+    call it. At once: one the kubelet cannot make a sandbox for on the second node, the node's pause image gone,
+    and on the first node the field note's policy, whose drain a budget over the service refuses. At once: on the
+    first node a driver whose container cannot load its module (574.0.1, a crash loop); on the second one that
+    loads and turns Ready while the validator's nvidia-smi check of it fails (574.0.3), so the operands wait
+    behind a Ready driver. Then alone: a driver pod the scheduler cannot place, as its namespace's defaults ask
+    more CPU of it than the node has."""
     root = tmp_path_factory.mktemp("failing-runs")
     holder = (f"--gpucanary-holder={FIXTURES / 'workloads' / 'holder.yaml'}",)
     stall = (f"--gpucanary-stall-s={STALL_S}",)
@@ -288,9 +288,10 @@ def failing_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFa
             for name, (node, target, args) in cases.items()}
     runs["eviction-refused"] = Run(policy.split("=", 1)[1], NODE, root / "eviction-refused", (
         f"--gpucanary-pool-node={NODE}", f"--junitxml={root / 'eviction-refused' / 'junit.xml'}", service))
-    pairs = [("no-image", "driver-in-use"), ("crash", "unvalidated"), ("unschedulable",)]
+    pairs = [("no-image", "driver-in-use")]
     if os.environ.get("GPUCANARY_DIAGNOSIS_MATRIX") == "1":
-        pairs[1:1] = [("hangs", "node-not-ready"), ("eviction-refused", "no-sandbox")]
+        pairs += [("hangs", "node-not-ready"), ("eviction-refused", "no-sandbox"), ("crash", "unvalidated"),
+                  ("unschedulable",)]
     for pair in pairs:
         with unschedulable_driver_pod(pool_fleet, NODE) if "unschedulable" in pair else \
                 pause_image_gone(pool_fleet, SECOND) if "no-sandbox" in pair else nullcontext():
@@ -423,9 +424,10 @@ def _ready(node: dict) -> bool:
     ("driver-in-use", f"init container k8s-driver-manager on {SECOND}: CrashLoopBackOff"),
     pytest.param("hangs", f"container nvidia-driver-ctr on {NODE}: NotStarted since", marks=pytest.mark.diagnosis_matrix),
     pytest.param("node-not-ready", f"node {SECOND} on {SECOND}: NotReady since", marks=pytest.mark.diagnosis_matrix),
-    ("crash", f"container nvidia-driver-ctr on {NODE}: CrashLoopBackOff since"),
-    ("unvalidated", f"on {SECOND}: BlockedInInit since"),
-    ("unschedulable", f"on {NODE}: Unschedulable since"),
+    pytest.param("crash", f"container nvidia-driver-ctr on {NODE}: CrashLoopBackOff since",
+                 marks=pytest.mark.diagnosis_matrix),
+    pytest.param("unvalidated", f"on {SECOND}: BlockedInInit since", marks=pytest.mark.diagnosis_matrix),
+    pytest.param("unschedulable", f"on {NODE}: Unschedulable since", marks=pytest.mark.diagnosis_matrix),
     pytest.param("no-sandbox", f"on {SECOND}: SandboxNotReady since", marks=pytest.mark.diagnosis_matrix),
     pytest.param("eviction-refused", "drain cannot evict it: PodDisruptionBudget gpucanary-",
                  marks=pytest.mark.diagnosis_matrix),
