@@ -136,14 +136,15 @@ def _wait_for_admission(canary: Kube, timeout_s: float = 30) -> None:
 OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX", "diagnosis_matrix": "GPUCANARY_DIAGNOSIS_MATRIX"}
 
 
-# the modules of 3 minutes or more in CI, longest first (minutes of canary runs each, most with a fleet of their own):
+# the end-to-end modules by their summed test time in CI, longest first (minutes of canary runs, most with a fleet
+# of their own):
 # started in this order (`make test` keeps it: --no-loadscope-reorder), so that no worker is left with one at the end
-LONGEST_FIRST = ("test_canary_gate.py", "test_kubelet_pool.py", "test_clusterpolicy_mode.py", "test_policy_gate.py",
-                 "test_load_on_fleet.py", "test_faults.py", "test_parallel_runs.py", "test_ci_github_workflow.py",
-                 "test_network_rung.py", "test_widen_rollout.py", "test_operator_upgrades.py",
-                 "test_control_plane_faults.py", "test_installed_package.py", "test_expiring_credentials.py",
-                 "test_canary_audit.py", "test_device_rung.py", "test_restart_only.py", "test_per_driver_limits.py",
-                 "test_least_privilege.py")
+LONGEST_FIRST = ("test_canary_gate.py", "test_kubelet_pool.py", "test_clusterpolicy_mode.py", "test_widen_rollout.py",
+                 "test_ci_github_workflow.py", "test_policy_gate.py", "test_faults.py", "test_parallel_runs.py",
+                 "test_device_rung.py", "test_operator_upgrades.py", "test_network_rung.py",
+                 "test_expiring_credentials.py", "test_restart_only.py", "test_installed_package.py",
+                 "test_per_driver_limits.py", "test_control_plane_faults.py", "test_canary_audit.py",
+                 "test_bad_inputs.py", "test_rollout_diagnosis.py", "test_load_on_fleet.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
