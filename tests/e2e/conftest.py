@@ -137,8 +137,8 @@ OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX", "diagnosis_matrix":
 
 
 # the end-to-end modules by their summed test time in CI, longest first (minutes of canary runs, most with a fleet
-# of their own):
-# started in this order (`make test` keeps it: --no-loadscope-reorder), so that no worker is left with one at the end
+# of their own), started in this order (`make test` keeps it: --no-loadscope-reorder) so that no worker is left
+# with a long one at the end
 LONGEST_FIRST = ("test_canary_gate.py", "test_kubelet_pool.py", "test_clusterpolicy_mode.py", "test_widen_rollout.py",
                  "test_ci_github_workflow.py", "test_policy_gate.py", "test_faults.py", "test_parallel_runs.py",
                  "test_device_rung.py", "test_operator_upgrades.py", "test_network_rung.py",
