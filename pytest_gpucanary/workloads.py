@@ -219,10 +219,12 @@ def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool
         # off every canary pool, not only this run's: a gate runs base and head at once, and the other
         # run's drain would evict a probe that landed on its pool just before the cordon. A pool the
         # canary made is its own from birth; an existing node carved out carries the run's id
+        off_pools = [{"key": OWNER_LABEL, "operator": "NotIn", "values": [OWNER]},
+                     {"key": RUN_ID_LABEL, "operator": "DoesNotExist"}]
+        if pool_nodes:          # (widen has none: an empty NotIn is invalid)
+            off_pools.insert(0, {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(pool_nodes)})
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(pool_nodes)},
-                                  {"key": OWNER_LABEL, "operator": "NotIn", "values": [OWNER]},
-                                  {"key": RUN_ID_LABEL, "operator": "DoesNotExist"}]}]}}}
+            {"matchExpressions": off_pools}]}}}
     meta, _ = _pod_spec(job)
     meta.setdefault("labels", {}).update({**owned_labels(placement.run_id), ROLE_LABEL: "probe", PROBE_SCOPE_LABEL: scope})
     job["metadata"]["name"] = f"probe-{scope}-{seq:04d}"

@@ -83,7 +83,7 @@ class StartProbes:
         seen = timeline.probes_seen(self.pods.probe_records(since_wall_ns), created,
                                     namespace=self.placement.namespace)
         failure, summary = judge(seen, time.time_ns(), self.settings, final=final)
-        if not failure and final and not seen and self.loop.errors:
+        if final and not seen and self.loop.errors:     # what kept every probe of the wave from existing comes first
             failure = f"no start probe could be created: {self.loop.errors[-1]}"
         return failure, summary
 

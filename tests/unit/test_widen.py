@@ -586,3 +586,18 @@ def test_a_resume_before_v26_7_writes_the_nvidiadrivers_version_the_killed_sweep
     for kind, name in resumed.saved:         # what a restore puts back: each object as it was before the sweep
         upgrade.restore_saved_spec(fake, kind, name, sweep.run_id)
         assert content(fake.get(*kind, name)) == before[(*kind, None, name)]
+
+
+@pytest.mark.parametrize("pool_nodes", [(), ("canary-x-0",)])
+def test_a_fleet_probe_keeps_off_canary_pools_with_an_affinity_the_apiserver_accepts(pool_nodes: tuple[str, ...]) -> None:
+    """The apiserver refuses an In or NotIn expression without values (422): widen's probes have no pool."""
+    from pytest_gpucanary import workloads
+
+    job = workloads.probe(None, workloads.Placement("gpucanary-widen-1", "widen-1", ""), scope="fleet", seq=3,
+                          pool_nodes=pool_nodes)
+    [term] = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert all(e["values"] for e in term["matchExpressions"] if e["operator"] in ("In", "NotIn")), term
+    hostnames = [e["values"] for e in term["matchExpressions"] if e["key"] == "kubernetes.io/hostname"]
+    assert hostnames == ([list(pool_nodes)] if pool_nodes else [])
+    assert job["metadata"]["name"] == "probe-fleet-0003"
