@@ -280,7 +280,8 @@ def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-WIDEN_KNOBS = (*VERDICT_KNOBS, "allowed_evictions", "prometheus_url", "reports_dir")
+WIDEN_KNOBS = (*VERDICT_KNOBS, "allowed_evictions", "prometheus_url", "reports_dir", "probe", "probe_interval_s",
+               "max_queue_delay_s", "max_start_latency_s", "min_probe_samples", "image_registry", "probe_image")
 
 
 def _add_widen(sub: argparse._SubParsersAction) -> None:
@@ -291,7 +292,8 @@ def _add_widen(sub: argparse._SubParsersAction) -> None:
                     "mode, every driver node) with the operator's skip label, writes the target version and the "
                     "policy, then releases one wave at a time. Each wave must reach upgrade-done on the target driver "
                     "within --wave-budget-s and stay so for --soak-s, removing no pod the allowed-evictions rule does "
-                    "not allow; a failed wave halts the sweep with every later node held on its old driver. The "
+                    "not allow, while customer start probes across the fleet keep within their queue delay and start "
+                    "latency limits; a failed wave halts the sweep with every later node held on its old driver. The "
                     "sweep's state is in ConfigMap gpucanary/gpucanary-widen-<key>. Exit 0 when every wave passed; 1 "
                     "when a wave failed or the verdict refused; 2 interrupted (the holds stay: --resume, or "
                     "`gpucanary cleanup --run-id` rolls it back); 4 bad input; 6 the cluster refused.")
