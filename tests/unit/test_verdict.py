@@ -98,11 +98,15 @@ def test_only_a_recent_pass_for_the_key_lets_the_rollout_go_on() -> None:
 # --- a real Pushgateway (the `pushgateway` fixture of tests/conftest.py) -------------------------------
 
 def scraped(url: str) -> list[str]:
+    """The verdict series of this module's policy (the session's Pushgateway also holds other tests' pushes)."""
+    digest = verdict_of(clean_run()).key.policy_digest
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
-        return [line for line in answer.read().decode().splitlines() if line.startswith("gpucanary_verdict_")]
+        return [line for line in answer.read().decode().splitlines()
+                if line.startswith("gpucanary_verdict_") and f'policy_digest="{digest}"' in line]
 
 def test_the_pushgateway_keeps_the_last_push_of_each_key(pushgateway: str) -> None:
     passed = verdict_of(clean_run())
+    publish.push(pushgateway, dataclasses.replace(passed, key=VerdictKey("sha256:another-policy", NEW, "v26.7.0")))
     publish.push(pushgateway, passed)
     lines = scraped(pushgateway)
     assert any(line.startswith("gpucanary_verdict_passed{") and 'job="gpucanary"' in line and line.endswith(" 1")
