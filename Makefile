@@ -70,6 +70,7 @@ build:
 	bash ci/build-operator.sh $(GPUCANARY_OPERATOR_RELEASE) >/dev/null
 	bash ci/build-kubelet.sh >/dev/null
 	bash ci/build-nvml-shim.sh >/dev/null
+	bash ci/build-device-plugin.sh >/dev/null
 	bash ci/build-actionlint.sh >/dev/null
 	bash ci/fetch-pushgateway.sh >/dev/null
 	bash ci/build-helm.sh >/dev/null

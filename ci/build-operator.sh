@@ -15,6 +15,8 @@
 #                             tags are not valid Go versions for the module path).
 # The binary is stamped with the release and commit through the same -X internal/info.version and
 # internal/info.gitCommit pair the operator's Makefile sets (VERSION from the tree's versions.mk).
+# A release tree's cmd/nvidia-validator (the operator's validator, which v25.10 and later ship in the
+# operator's own image) is built beside it from the same tree, stamped the same way.
 #
 # Prints the binary directory on stdout; progress goes to stderr. The directory also holds
 # paths.env (KEY=VALUE lines) naming the release and the tree its assets/, manifests/ and CRDs
@@ -42,6 +44,7 @@ cache=${GPUCANARY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpucanary}
 MOD=github.com/NVIDIA/gpu-operator
 UPSTREAM=https://$MOD
 info=$MOD/internal/info
+BUILDS="gpu-operator nvidia-validator"     # what a tree build makes: part of its cache key
 export GOTOOLCHAIN=local CGO_ENABLED=0
 
 # paths.env for a tree at $2 (release $3, commit $4, source $5) into directory $1; $6 is where the
@@ -115,7 +118,8 @@ build_from_tree() {
       if [ ! -f "$archive" ]; then
         # The same release tag is the same commit: a build of it from any archive is this build.
         for out in "$cache"/bin/gpu-operator-"$RELEASE"-*/; do
-          if [ -f "$out/.complete" ] && grep -q "^GPU_OPERATOR_COMMIT=${commit:0:12}" "$out/paths.env" 2>/dev/null \
+          if [ -f "$out/.complete" ] && [ -x "$out/nvidia-validator" ] \
+              && grep -q "^GPU_OPERATOR_COMMIT=${commit:0:12}" "$out/paths.env" 2>/dev/null \
               && [ -d "$(sed -n 's/^GPU_OPERATOR_ASSETS_DIR=//p' "$out/paths.env")" ]; then
             echo "gpu-operator $RELEASE (commit $commit) up to date in ${out%/}; no archive needed" >&2
             echo "${out%/}"; exit 0
@@ -125,8 +129,8 @@ build_from_tree() {
         exit 3
       fi
       # Keyed by size and mtime, not a checksum, so a warm run stays well under 0.1 s.
-      key=$(stat -c '%s-%Y' "$archive" | sha256sum | cut -c1-12) ;;
-    git) key=git-$(printf %s "$url" | sha256sum | cut -c1-12) ;;
+      key=$( (stat -c '%s-%Y' "$archive"; echo "$BUILDS") | sha256sum | cut -c1-12) ;;
+    git) key=git-$(printf '%s\n%s' "$url" "$BUILDS" | sha256sum | cut -c1-12) ;;
     *) echo "unknown GPUCANARY_OPERATOR_SOURCE '$source'; use archive or git" >&2; exit 2 ;;
   esac
   out="$cache/bin/gpu-operator-$RELEASE-$key"
@@ -158,6 +162,10 @@ build_from_tree() {
   (cd "$tmp/src" && GOFLAGS="-trimpath -mod=vendor" GOPROXY=off go build -pgo=off \
     -ldflags "-s -w -X $info.version=$rel -X $info.gitCommit=${commit:0:12}" \
     -o "$tmp/gpu-operator" ./cmd/gpu-operator)
+  echo "building nvidia-validator $rel from the same tree" >&2
+  (cd "$tmp/src" && GOFLAGS="-trimpath -mod=vendor" GOPROXY=off go build -pgo=off \
+    -ldflags "-s -w -X $info.version=$rel -X $info.gitCommit=${commit:0:12}" \
+    -o "$tmp/nvidia-validator" ./cmd/nvidia-validator)
   # The vendored sources are only needed to build; the rest of the tree is what the fleet reads.
   rm -rf "$tmp/src/vendor"
   write_paths_env "$tmp" "$out/src" "$rel" "${commit:0:12}" "$source" "$tmp/src"

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary import metrics
+from pytest_gpucanary import metrics, neighbours
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Forbidden, Kube, NotFound
 from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE, LEASE_NAME
@@ -305,7 +305,7 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
         problems.append(Problem(str(err), isinstance(err, ConfigError)))
     if problem := priority_class_problem(kube):
         problems.append(Problem(problem))
-    notes = [admission_note(kube)]
+    notes = [admission_note(kube), *neighbours.detect(kube).notes()]
     if service_url and (why := answers_http(service_url)):
         problems.append(Problem(f"service URL {redact_url(service_url)} does not answer ({why})"))
     if pushgateway_url and (why := answers_http(pushgateway_url)):

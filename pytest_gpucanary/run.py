@@ -249,6 +249,8 @@ class CanaryRun:
                                    f"-> {settings.driver_version}")
                 if pool.fence:
                     self.progress.line(f"pool {pool.fence}")
+                for note in pool.notes:
+                    self.progress.line(f"pool {note}")
                 clock.next("workloads")
                 placement = workloads.Placement(f"gpucanary-{run_id}", run_id, pool.nodes[0])
                 placed = workloads.rendered(settings, placement, service_path=pool.service)

@@ -88,9 +88,10 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
 
 
 def _kwok_node_ip(layout: FleetLayout) -> str:
-    """None, but in ClusterPolicy mode with a kubelet pool: the one driver DaemonSet then runs on the host's
-    network on KWOK nodes too, kwok gives such a pod its node's IP, and with none its pod-create Stage repeats."""
-    return HOST if layout.driver_mode == "clusterpolicy" and layout.kubelet_pool and layout.kubelet_nodes else ""
+    """None, but with a kubelet pool: the validator DaemonSet (and in ClusterPolicy mode the one driver
+    DaemonSet) then runs on the host's network on KWOK nodes too, kwok gives such a pod its node's IP, and with
+    none its pod-create Stage repeats."""
+    return HOST if layout.kubelet_pool and layout.kubelet_nodes else ""
 
 
 def audit_flags(layout: FleetLayout) -> tuple[str, ...]:

@@ -222,7 +222,7 @@ class Fleet:
         self._ensure_nodes(progress, binaries.control_plane)
         if binaries.kubelet_node is not None:
             KubeletNodes.planned(self.layout, binaries.kubelet_node).start(
-                self._kubectl_for(binaries.control_plane), progress)
+                self._kubectl_for(binaries.control_plane), progress, operator_bin_dir=binaries.operator)
         paths = read_paths_env(binaries.operator)
         progress(f"fleet: installing the GPU Operator {paths['GPU_OPERATOR_VERSION']} CRDs")
         operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
@@ -232,7 +232,8 @@ class Fleet:
         self._ensure_canary_prerequisites(self._kubectl_for(binaries.control_plane))
         operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
                                 release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma,
-                                pool_nodes=self._kubelet_pool_nodes(binaries), default_driver=self.layout.default_driver)
+                                pool_nodes=self._kubelet_pool_nodes(binaries), apiserver_url=self.layout.apiserver_url,
+                                default_driver=self.layout.default_driver)
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
         self._wait_series(progress)

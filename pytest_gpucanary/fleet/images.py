@@ -8,7 +8,8 @@ which then finds them). Each image is one uncompressed layer, so its diff ID is 
 - busybox: Debian's static busybox with a link per applet. It stands in for the workload images
   (busybox:1.36 in fixtures/workloads/probe.yaml) and for anything that needs a shell.
 - pause: ci/node/pause, standing in for registry.k8s.io/pause as the sandbox image.
-- fake-gpu-plugin: ci/node/fake-gpu-plugin, standing in for nvcr.io/nvidia/k8s-device-plugin.
+- fake-gpu-plugin: ci/node/fake-gpu-plugin, standing in for nvcr.io/nvidia/k8s-device-plugin on a kubelet
+  node that is not a canary pool (a pool node runs NVIDIA's own, see operator_plugin_images).
 - allreduce: ci/node/allreduce as /allreduce, a two-rank all-reduce over TCP standing in for
   nccl-tests' all_reduce_perf (same flags and summary lines), with busybox so a manifest can wrap
   it in `sh -c`.
@@ -125,33 +126,29 @@ def _busybox(names: tuple[str, ...], entrypoint: tuple[str, ...] = ("/bin/sh",),
                      tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets()), data)
 
 
-def operator_plugin_images(bin_dir: Path, *, device_plugin: str) -> list[ImageSpec]:
-    """The image of the GPU Operator's device-plugin DaemonSet pod, under the ClusterPolicy's name."""
+def shared_libraries(binary: Path) -> tuple[tuple[str, Path], ...]:
+    """The machine's shared libraries a dynamically linked `binary` loads (its loader among them), each at its
+    own path: what a cgo binary needs in an image that is otherwise a static busybox."""
+    listed = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+    paths = [word for line in listed.splitlines() for word in line.split() if word.startswith("/")]
+    return tuple((path, Path(path)) for path in dict.fromkeys(paths))
+
+
+def operator_plugin_images(*, device_plugin: str, device_plugin_bin: Path) -> list[ImageSpec]:
+    """The image of the GPU Operator's device-plugin DaemonSet pod, under the ClusterPolicy's name: NVIDIA's
+    `device_plugin_bin` (cgo: with the C library it and the NVML library it loads link), and busybox for the
+    operator's entrypoint script (sh, lsmod)."""
     return [
         _busybox((device_plugin,), ("/bin/nvidia-device-plugin",),
-                 files=(("/bin/nvidia-device-plugin", bin_dir / "fake-gpu-plugin"),),
+                 files=(("/bin/nvidia-device-plugin", device_plugin_bin), *shared_libraries(device_plugin_bin)),
                  data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),)),
     ]
 
 
-# The validator's init containers run `sh -c nvidia-validator` with COMPONENT set; each writes the
-# ready file the real one writes once its check passes (see pool_operand_images).
-_VALIDATOR = b"""#!/bin/sh
-set -eu
-ready=/run/nvidia/validations FAULT=.gpucanary-nvidia-smi-fails
-case "$COMPONENT" in
-driver)
-  until [ -f "$ready/.driver-ctr-ready" ]; do echo "waiting for the driver container to be ready"; sleep 1; done
-  # the real one runs nvidia-smi from the driver's root and retries until it passes (runCommandWithWait)
-  while [ -f "$ready/$FAULT" ]; do
-    echo "Attempting to validate a driver container installation"; cat "$ready/$FAULT" || true
-    echo "failed to validate the driver, retrying after 5 seconds"; sleep 5
-  done
-  printf 'IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\n' > "$ready/driver-ready" ;;
-toolkit|cuda|plugin) : > "$ready/$COMPONENT-ready" ;;
-*) echo "unknown COMPONENT $COMPONENT"; exit 1 ;;
-esac
-echo "$COMPONENT validation is successful"
+# What the NVIDIA container runtime injects into the validator's toolkit check (NVIDIA_VISIBLE_DEVICES=all): an
+# nvidia-smi whose exit status is all the check reads. The toolkit itself does not run on the kubelet node.
+_TOOLKIT_NVIDIA_SMI = b"""#!/bin/sh
+echo "NVIDIA-SMI (injected by the container runtime stand-in)"
 """
 # The driver container: `nvidia-driver init` loads the driver. Here that is /sys/module/nvidia/refcnt
 # on a tmpfs in the container's own mount namespace (the startup probe reads it there) and a marker on
@@ -173,12 +170,20 @@ if [ "$fault" = unvalidated ]; then          # loads, but nvidia-smi fails for t
 else
   rm -f /run/nvidia/validations/.gpucanary-nvidia-smi-fails
 fi
+# the driver's root as NVIDIA's validator and device plugin find it (the real container binds its own root
+# there): its nvidia-smi and libnvidia-ml.so.1, each renamed into place (a plugin may have the library mapped),
+# which the driver manager removes when it unloads the driver
+root=/run/nvidia/driver
+mkdir -p $root/usr/bin $root/usr/lib64
+cp /usr/lib64/libnvidia-ml.so.1 $root/usr/lib64/.libnvidia-ml.so.1 && mv -f $root/usr/lib64/.libnvidia-ml.so.1 $root/usr/lib64/libnvidia-ml.so.1
+cp /etc/driver-root/nvidia-smi $root/usr/bin/.nvidia-smi && mv -f $root/usr/bin/.nvidia-smi $root/usr/bin/nvidia-smi
 echo 1 > /sys/module/nvidia/refcnt
 cat /etc/driver-version > /run/nvidia/gpucanary-driver-loaded
 gpucanary-nvml-state /etc/nvml-gpus /run/nvidia/gpucanary-nvml.env
 echo "driver $(cat /etc/driver-version) loaded"
 while :; do sleep 1; done
 """
+NVML_STATE_PATH = "/run/nvidia/gpucanary-nvml.env"      # where the driver above writes it (the shim's default)
 # What the node's NVML stand-in (ci/node/nvml-shim) answers while this driver is loaded: the driver's
 # GPUs (`nvml_gpus`) and eight devices, their UUIDs derived from the node's name, written whole and then
 # renamed, so a reader never sees half of it. The driver manager removes it when it unloads the driver.
@@ -214,6 +219,13 @@ _NVIDIA_SMI = b"""#!/bin/sh
 [ -f /sys/module/nvidia/refcnt ] || { echo "NVIDIA-SMI has failed: no driver loaded"; exit 9; }
 echo "NVIDIA-SMI $(cat /etc/driver-version)   Driver Version: $(cat /etc/driver-version)"
 """
+# The nvidia-smi of the driver's root, which NVIDIA's validator runs in its own container (where the driver's
+# /sys/module is not): it fails as the fleet's "unvalidated" fault says while that fault's driver is loaded.
+_DRIVER_ROOT_NVIDIA_SMI = """#!/bin/sh
+fault=/run/nvidia/validations/.gpucanary-nvidia-smi-fails
+if [ -f "$fault" ]; then cat "$fault"; exit 9; fi
+echo "NVIDIA-SMI {version}   Driver Version: {version}"
+"""
 # nvcr.io/nvidia/k8s/cuda-sample:vectoradd: /cuda-samples/vectorAdd prints what the sample prints.
 _VECTOR_ADD = b"""#!/bin/sh
 echo "[Vector addition of 50000 elements]"
@@ -238,17 +250,19 @@ wait $server
 """
 
 
-def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, driver_manager: str,
-                        drivers: tuple[str, ...], cuda_sample: str, probe: str, service: str,
+def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, validator_bin: Path, nvml_shim: Path,
+                        driver_manager: str, drivers: tuple[str, ...], cuda_sample: str, probe: str, service: str,
                         faults: Mapping[str, tuple[str, str]] | None = None) -> list[ImageSpec]:
     """The images of the operator's driver and validator pods, and of the canary's GPU job, probe and
-    service, for a kubelet node that is a canary pool. `drivers` are driver image names
+    service, for a kubelet node that is a canary pool. The validator's is NVIDIA's `validator_bin` (built
+    from the operator release's tree); each driver's root holds the NVML stand-in `nvml_shim`. `drivers` are driver image names
     (<repository>/driver:<version>-<os>); a version in `faults` gets a driver container that prints the
     fault's message and then exits 1 ("crash") or waits without loading ("hang"), or that loads while the
     validator's nvidia-smi check fails with the message and retries ("unvalidated")."""
     faults = faults or {}
     specs = [
-        _busybox((validator,), data=(("/bin/nvidia-validator", _VALIDATOR),)),
+        _busybox((validator,), files=(("/bin/nvidia-validator", validator_bin),),
+                 data=(("/bin/nvidia-smi", _TOOLKIT_NVIDIA_SMI),)),
         _busybox((driver_manager,), ("/bin/driver-manager",), files=(("/bin/driver-manager", bin_dir / "driver-manager"),),
                  data=(("/etc/gpucanary/apiserver", apiserver_url.encode() + b"\n"),)),
         _busybox((cuda_sample,), data=(("/cuda-samples/vectorAdd", _VECTOR_ADD),)),
@@ -258,8 +272,10 @@ def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, dr
     for name in drivers:
         version = name.rsplit(":", 1)[1].split("-", 1)[0]
         fault = ((("/etc/driver-fault", "\n".join(faults[version]).encode() + b"\n"),) if version in faults else ())
-        specs.append(_busybox((name,), ("/bin/nvidia-driver",), data=(
+        specs.append(_busybox((name,), ("/bin/nvidia-driver",), files=(("/usr/lib64/libnvidia-ml.so.1", nvml_shim),),
+                              data=(
             ("/bin/nvidia-driver", _DRIVER), ("/bin/nvidia-smi", _NVIDIA_SMI),
+            ("/etc/driver-root/nvidia-smi", _DRIVER_ROOT_NVIDIA_SMI.format(version=version).encode()),
             ("/bin/gpucanary-nvml-state", NVML_STATE_SCRIPT), ("/etc/nvml-gpus", nvml_gpus(version).encode()),
             ("/etc/driver-version", version.encode() + b"\n"), *fault)))
     return specs

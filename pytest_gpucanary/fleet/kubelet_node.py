@@ -72,7 +72,7 @@ _KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool")
 # containerd's CRI always adds the loopback network itself, from the same plugin directory
 DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")
 
-_NAMESPACE_SETUP = """set -e
+_NAMESPACE_SETUP = f"""set -e
 mount -t tmpfs -o mode=0755,size=256m gpucanary-node-run /run
 mount -t overlay gpucanary-node-varlib -o "lowerdir=/var/lib,upperdir=$0/varlib/upper,workdir=$0/varlib/work" /var/lib
 mount --bind "$0/etc/hosts" /etc/hosts
@@ -83,6 +83,10 @@ if [ -d "$0/dev" ]; then
   for m in shm pts; do mkdir -p "$0/dev/keep/$m" && mount --rbind "/dev/$m" "$0/dev/keep/$m"; done
   mount -t overlay gpucanary-node-dev -o "lowerdir=/dev,upperdir=$0/dev/upper,workdir=$0/dev/work" /dev
   for m in shm pts; do mount --move "$0/dev/keep/$m" "/dev/$m"; done
+  # the GPUs' device nodes as the driver's module makes them (major 195): NVIDIA's device plugin hands them to
+  # the containers it gives GPUs, whose runtime creates them there; nothing opens them
+  for i in {" ".join(str(i) for i in range(GPUS_PER_NODE))}; do mknod -m 0666 "/dev/nvidia$i" c 195 "$i"; done
+  mknod -m 0666 /dev/nvidiactl c 195 255
 fi
 mount --make-rshared /
 exec "$@"

@@ -21,7 +21,7 @@ from typing import Callable
 from pytest_gpucanary.config import GPU_JOB_IMAGE, PROBE_IMAGE, SERVICE_IMAGE
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import images, node_cgroups, processes
-from pytest_gpucanary.fleet.binaries import Build, find_bin_dir
+from pytest_gpucanary.fleet.binaries import DEVICE_PLUGIN, NVML_SHIM, Build, find_bin_dir
 from pytest_gpucanary.fleet.components import Component
 from pytest_gpucanary.fleet.kubelet_node import (DEBIAN_LOOPBACK_PLUGIN, DRIVER_FAULTS, GPUS_PER_NODE, KubeletNode,
                                                   driver_images, gpu_labels, hosts_text, operator_images)
@@ -95,15 +95,24 @@ class KubeletNodes:
     def components(self) -> list[Component]:
         return [part for node in self.nodes() for part in node.components()]
 
-    def start(self, kubectl: Kubectl, progress: Progress) -> dict[str, float]:
-        """Start every node; returns seconds from containerd start to Ready with GPUs, per node."""
+    def start(self, kubectl: Kubectl, progress: Progress, *, operator_bin_dir: Path) -> dict[str, float]:
+        """Start every node; returns seconds from containerd start to Ready with GPUs, per node. A canary
+        pool's validator is the one built beside the operator in `operator_bin_dir`."""
         check_host()
         hosts = hosts_text(self.layout)
         specs = images.node_images(self.bin_dir)
         if self.layout.kubelet_pool:
             names = operator_images()
-            specs += images.operator_plugin_images(self.bin_dir, device_plugin=names["devicePlugin"])
+            validator = operator_bin_dir / "nvidia-validator"
+            if not validator.is_file():
+                raise EnvError(f"the GPU Operator build in {operator_bin_dir} has no nvidia-validator, which a kubelet "
+                               "pool runs", hint="rebuild it: bash ci/build-operator.sh <release>")
+            specs += images.operator_plugin_images(
+                device_plugin=names["devicePlugin"],
+                device_plugin_bin=find_bin_dir(DEVICE_PLUGIN, progress) / "nvidia-device-plugin")
             specs += images.pool_operand_images(self.bin_dir, self.layout.apiserver_url, validator=names["validator"],
+                                                validator_bin=validator,
+                                                nvml_shim=find_bin_dir(NVML_SHIM, progress) / "libnvidia-ml.so.1",
                                                 driver_manager=names["driverManager"], drivers=driver_images(),
                                                 cuda_sample=GPU_JOB_IMAGE, probe=PROBE_IMAGE,
                                                 service=SERVICE_IMAGE, faults=DRIVER_FAULTS)

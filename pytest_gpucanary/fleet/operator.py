@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -18,6 +19,7 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import GPU_COUNT_LABEL, GPU_RESOURCE
 from pytest_gpucanary.fleet import waits
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
+from pytest_gpucanary.fleet.images import NVML_STATE_PATH
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
@@ -67,16 +69,42 @@ POOL_DRIVER = {"hostNetwork": True, "startupProbe": {"initialDelaySeconds": 5, "
                                                      "successThreshold": 1, "timeoutSeconds": 30}}
 
 
+def pool_operands(apiserver_url: str) -> dict:
+    """The ClusterPolicy's validator and device plugin where kubelet nodes are canary pools, so NVIDIA's own run
+    there as NVIDIA's GPU-less test stack runs them (k8s-test-infra's gpu-operator values). The validator: no
+    /dev/char links to devices that do not exist, no CUDA vectorAdd pod; it reaches the apiserver only by
+    in-cluster config, whose kubernetes Service nothing routes here: host network, and the apiserver's own
+    address in the env of each check that asks it (the driver's asks who manages the driver, the cuda and plugin
+    checks build a client). The device plugin: no NVML event health checks (the stand-in has no events), and the
+    NVML stand-in's state read through the host root it mounts. And no CDI (v26.7's default turns it on): the
+    plugin would write a CDI spec from the driver root's libcuda and ld.so.cache, which the stand-in driver does
+    not have; it hands out GPUs by NVIDIA_VISIBLE_DEVICES and device nodes instead, as before CDI."""
+    url = urlsplit(apiserver_url)
+    api = [{"name": "KUBERNETES_SERVICE_HOST", "value": url.hostname}, {"name": "KUBERNETES_SERVICE_PORT",
+                                                                          "value": str(url.port)}]
+    return {"validator": {"hostNetwork": True,
+                          "driver": {"env": [{"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}, *api]},
+                          "cuda": {"env": [{"name": "WITH_WORKLOAD", "value": "false"}, *api]},
+                          "plugin": {"env": api}},
+            "devicePlugin": {"env": [{"name": "DP_DISABLE_HEALTHCHECKS", "value": "all"},
+                                     {"name": "GPUCANARY_NVML_STATE", "value": "/host" + NVML_STATE_PATH}]},
+            "cdi": {"enabled": False}}
+
+
 def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bool = False,
-                   pool_nodes: tuple[str, ...] = (), default_driver: bool = False) -> None:
+                   pool_nodes: tuple[str, ...] = (), apiserver_url: str = "", default_driver: bool = False) -> None:
     """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet" (with `default_driver`, the default
     one, selecting no nodes by label: every GPU node no other picks), and one NVIDIADriver named
     after each of `pool_nodes` (kubelet nodes that are canary pools) that selects only it. ClusterPolicy
     mode: the same ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every
-    GPU node (with `pool_nodes`, the kubelet pool nodes' driver settings for all of them)."""
+    GPU node (with `pool_nodes`, the kubelet pool nodes' driver settings for all of them). With `pool_nodes`
+    the validator and device plugin are set up to run on them (`pool_operands`, at `apiserver_url`)."""
     policy = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())
     policy["metadata"].setdefault("labels", {}).update(release_labels(release))
     policy["spec"]["driver"]["useNvidiaDriverCRD"] = driver_mode == "nvidiadriver"
+    if pool_nodes:
+        for operand, settings in pool_operands(apiserver_url).items():
+            policy["spec"][operand] = policy["spec"].get(operand, {}) | settings
     if driver_mode == "clusterpolicy" and pool_nodes:   # one DaemonSet drives the kubelet pool nodes too
         policy["spec"]["driver"] |= POOL_DRIVER
     driver = yaml.safe_load((FLEET_FIXTURES / "nvidiadriver.yaml").read_text())

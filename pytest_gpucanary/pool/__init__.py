@@ -28,6 +28,7 @@ class Pool:
     driver_from: str            # the driver version the pool runs before the upgrade
     service: Path | None = None  # the service manifest its nodes need when the run was given none
     fence: str = ""              # how tenants are kept off it meanwhile, in words ("" when it is new)
+    notes: tuple[str, ...] = ()  # what else the carve-out changed for the run, in words
 
 
 class PoolProvider(Protocol):

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from pytest_gpucanary import neighbours
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
@@ -88,15 +89,18 @@ class ExistingNodeProvider:
         driver = self._pool_driver(kube, names) if cluster.nvidiadriver_mode else None
         self.run_id = run_id
         unfenceable = [pod for _, pods in checked for pod in pods]
+        opt_out = neighbours.nvsentinel_present(kube)
         for node, (version, _) in zip(nodes, checked):  # every check passed: only now change anything
-            self._mark(kube, node, run_id, version, fence=not unfenceable)
+            self._mark(kube, node, run_id, version, fence=not unfenceable, nvsentinel_opt_out=opt_out)
         self.driver_from = checked[0][0]
         taint = f"{FENCE_TAINT_KEY}={run_id}:NoSchedule"
         fence = (f"fenced: {taint}" if not unfenceable else
                  f"not fenced: operator pod {unfenceable[0]} does not tolerate {FENCE_TAINT_KEY} (add {{key: "
                  f"{FENCE_TAINT_KEY}, operator: Exists, effect: NoSchedule}} to the ClusterPolicy's daemonsets."
                  "tolerations and the NVIDIADriver's tolerations); tenant pods are checked again before the policy")
-        return Pool(names, driver, checked[0][0], fence=fence)
+        notes = ((f"opted out of NVSentinel for the run: {neighbours.NVSENTINEL_LABEL}=false, put back as it was "
+                  "after",) if opt_out else ())
+        return Pool(names, driver, checked[0][0], fence=fence, notes=notes)
 
     def _check(self, kube: Kube, cluster: ClusterInfo, node: dict) -> tuple[str, list[str]]:
         """The node's driver version, and the operator's DaemonSet pods there that would not tolerate a fence."""
@@ -165,15 +169,21 @@ class ExistingNodeProvider:
                                    f"label nvidiadriver {name} {POOL_ELIGIBLE_LABEL}=true")
         return name
 
-    def _mark(self, kube: Kube, node: dict, run_id: str, driver: str, *, fence: bool) -> None:
+    def _mark(self, kube: Kube, node: dict, run_id: str, driver: str, *, fence: bool,
+              nvsentinel_opt_out: bool = False) -> None:
         """Label, annotate and fence the node in one patch against the version read; the kubelet and the
-        operator change a node often, so a 409 reads it again and checks its marks again."""
-        name, saved = node["metadata"]["name"], {"run_id": run_id, "driver": driver}
+        operator change a node often, so a 409 reads it again and checks its marks again. With
+        `nvsentinel_opt_out` the node leaves NVSentinel's care for the run, its label's value saved to restore."""
+        name = node["metadata"]["name"]
 
         def decide(node: dict) -> tuple[dict, bool]:
             _check_marks(node)
-            body: dict = {"metadata": {"labels": {RUN_ID_LABEL: run_id},
-                                       "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}}
+            saved: dict = {"run_id": run_id, "driver": driver}
+            labels = {RUN_ID_LABEL: run_id}
+            if nvsentinel_opt_out:
+                saved["nvsentinel"] = (node["metadata"].get("labels") or {}).get(neighbours.NVSENTINEL_LABEL)
+                labels[neighbours.NVSENTINEL_LABEL] = "false"
+            body: dict = {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}}
             if fence:   # a merge patch replaces the list: safe against the version just read
                 body["spec"] = {"taints": [*((node.get("spec") or {}).get("taints") or []), fence_taint(run_id)]}
             return body, True
@@ -226,12 +236,15 @@ def carved_driver(node: dict) -> str:
 
 
 def restore_node(kube: Kube, name: str, run_id: str) -> bool:
-    """Remove the run's label, annotation and fence from the node, and nothing else; False when they are not
-    the run's."""
+    """Remove the run's label, annotation and fence from the node and put back the NVSentinel label it changed,
+    and nothing else; False when they are not the run's."""
     def decide(node: dict) -> tuple[dict | None, bool]:
         if saved_run(node, SAVED_STATE_ANNOTATION) != run_id:
             return None, False
         labels = {RUN_ID_LABEL: None} if (node["metadata"].get("labels") or {}).get(RUN_ID_LABEL) == run_id else {}
+        saved = json.loads(node["metadata"]["annotations"][SAVED_STATE_ANNOTATION])
+        if "nvsentinel" in saved:
+            labels[neighbours.NVSENTINEL_LABEL] = saved["nvsentinel"]
         body: dict = {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: None}}}
         taints = (node.get("spec") or {}).get("taints") or []
         if fence_taint(run_id) in taints:

@@ -14,11 +14,13 @@ import time
 
 from pytest_gpucanary import workloads
 from pytest_gpucanary.config import Settings, flag
-from pytest_gpucanary.errors import GpucanaryError
+from pytest_gpucanary.errors import EnvError, GpucanaryError
 from pytest_gpucanary.kube import Conflict, Kube, owned_namespace
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import ProbeScope, ProbeSeen, summarize
 from pytest_gpucanary.widen.watch import PodWatch
+
+SERVICE_ACCOUNT_WAIT_S = 60
 
 
 def judge(seen: list[ProbeSeen], now_wall_ns: int, settings: Settings, *, final: bool) -> tuple[str, str]:
@@ -68,7 +70,13 @@ class StartProbes:
             self.kube.create(owned_namespace(namespace, self.placement.run_id))
         except Conflict:
             pass                # a resumed sweep's: its probes go on after the killed one's
-        self.kube.wait_for("v1", "ServiceAccount", "default", lambda sa: True, namespace=namespace, timeout_s=60)
+        try:
+            self.kube.wait_for("v1", "ServiceAccount", "default", lambda sa: True, namespace=namespace,
+                               timeout_s=SERVICE_ACCOUNT_WAIT_S)
+        except TimeoutError:
+            raise EnvError(f"namespace {namespace} got no default ServiceAccount within {SERVICE_ACCOUNT_WAIT_S} s, "
+                           "so no start probe can run there",
+                           hint="kube-controller-manager's serviceaccount controller makes it: check that it runs") from None
         self.pods.watch_probes(namespace)
         self.loop = workloads.ProbeLoop(
             self.kube, self.placement, manifest=self.settings.probe, interval_s=self.settings.probe_interval_s,

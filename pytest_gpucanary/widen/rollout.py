@@ -83,19 +83,21 @@ def widen(kube: Kube, opts: WidenOptions, *, report: Callable[[str], None] = pri
     else:
         _refuse_earlier(before, left)
         sweep, run_lease = _start(kube, cluster, opts, key, found.run_id, report)
-    try:
+    pods = PodWatch(kube, opts.settings).start()
+    probes = StartProbes(kube, opts.settings, sweep.run_id, pods)
+    try:                          # the probes first: a sweep that cannot measure customer starts never starts
+        probes.start()
         save(kube, sweep, on_sweep, replaces=before.run_id if before and not opts.resume else None)
     except BaseException:
+        probes.stop()
+        pods.stop()
         if opts.resume:
             run_lease.stop()
         else:                     # nothing of the sweep is in the cluster yet but its Lease (and the lock)
             lease.release_cluster_lock(kube, sweep.run_id)
             run_lease.release()
         raise
-    pods = PodWatch(kube, opts.settings).start()
-    probes = StartProbes(kube, opts.settings, sweep.run_id, pods)
     try:
-        probes.start()
         applied = _applied(cluster, sweep, left if opts.resume else None)
         try:
             _apply(kube, cluster, opts, sweep, applied, report)
@@ -327,6 +329,7 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
         elif wave.outcome == ROLLING and (late := [n for n in wave.nodes if release_hold(kube, n, sweep.run_id)]):
             report(f"widen: {where}: released {', '.join(late)}, which the killed sweep had not")
         progress = _Progress(where, report, target=opts.target, budget_s=opts.wave_budget_s, soak_s=sweep.soak_s)
+        held = [node for later in sweep.waves[index + 1:] for node in later.nodes]
 
         def customers(final: bool = False, wave: Wave = wave) -> str:
             failure, wave.probes = probes.look(wave.started_wall_ns, final=final)
@@ -344,7 +347,8 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
         if wave.outcome == ROLLING:
             left_s = opts.wave_budget_s - (time.time_ns() - wave.started_wall_ns) / 1e9
             failure = wait_and_judge(kube, pods, slos, wave.nodes, cluster.operator_namespace, target=opts.target,
-                                     seconds=max(0.0, left_s), soaking=False, record=record, customers=customers)
+                                     seconds=max(0.0, left_s), soaking=False, record=record, customers=customers,
+                                     held=held)
             if failure == "timeout":
                 failure = (f"{where}: not every node upgraded within {opts.wave_budget_s:g} s: "
                            + ", ".join(f"{n} {s[-1][1] if s else '?'}" for n, s in sorted(wave.states.items())))
@@ -355,8 +359,8 @@ def _waves(kube: Kube, cluster: preflight.ClusterInfo, opts: WidenOptions, sweep
             report(f"widen: {where}: every node on driver {opts.target}; soaking {sweep.soak_s:g} s")
         left_s = sweep.soak_s - (time.time_ns() - wave.done_wall_ns) / 1e9
         failure = wait_and_judge(kube, pods, slos, wave.nodes, cluster.operator_namespace, target=opts.target,
-                                 seconds=max(0.0, left_s), soaking=True, record=record,
-                                 customers=customers) or customers(final=True)
+                                 seconds=max(0.0, left_s), soaking=True, record=record, customers=customers,
+                                 held=held) or customers(final=True)
         if failure:
             return _fail(kube, sweep, wave, where, failure, on_sweep)
         wave.outcome, wave.ended_wall_ns = PASSED, time.time_ns()

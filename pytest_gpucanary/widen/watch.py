@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.gpu_operator import (
@@ -202,13 +202,29 @@ def judge(nodes: list[str], seen: dict[str, NodeSeen], disruptions: list[Disrupt
     return not any(trouble.values()), ""
 
 
+def left_hold(kube: Kube, held: Sequence[str], namespace: str | None, target: str) -> str:
+    """Why a node held for a later wave is no longer held ("" while each is): its driver pod runs the target. The
+    skip label holds the operator's upgrade, not the DaemonSet: a held node's driver pod that anyone deletes
+    comes back from the template, which has been the target's since the change was applied."""
+    if not held:
+        return ""
+    for pod in sorted(kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, namespace=namespace),
+                      key=lambda p: p["metadata"]["name"]):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node in held and not pod["metadata"].get("deletionTimestamp") and driver_version_of(pod) == target:
+            return (f"node {node}, held for a later wave, runs driver {target} outside its wave: its driver pod "
+                    f"{pod['metadata']['name']} came back from the new template (deleted while held?)")
+    return ""
+
+
 def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], namespace: str | None, *,
                    target: str, seconds: float, soaking: bool,
                    record: Callable[[dict[str, NodeSeen], list[Disruption]], None],
-                   customers: Callable[[], str], tick_s: float = 2.0) -> str:
-    """Judge the wave every tick for up to `seconds`, `customers` saying why its start probes fail it. Rolling:
-    returns "" once every node is upgraded, the failure when one shows, "timeout" at the end. Soaking: "" at the
-    end unless a failure shows first."""
+                   customers: Callable[[], str], held: Sequence[str] = (), tick_s: float = 2.0) -> str:
+    """Judge the wave every tick for up to `seconds`, `customers` saying why its start probes fail it and
+    `held` naming the nodes that must stay on their old driver meanwhile. Rolling: returns "" once every node is
+    upgraded, the failure when one shows, "timeout" at the end. Soaking: "" at the end unless a failure shows
+    first."""
     deadline, unseen = time.monotonic() + seconds, 0
     while True:
         seen = nodes_seen(kube, nodes, namespace)
@@ -218,7 +234,7 @@ def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], 
         unseen = unseen + 1 if (why := pods.unseen()) else 0
         if not failure and unseen >= UNSEEN_LOOKS:      # a removal it cannot see is not a pass
             failure = f"{why} ({UNSEEN_LOOKS} looks in a row)"
-        failure = failure or slos.failure() or customers()
+        failure = failure or left_hold(kube, held, namespace, target) or slos.failure() or customers()
         if failure:
             return failure
         if done and not soaking:

@@ -19,6 +19,7 @@ from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.audit import read_log
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER, unplaced
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels, owned_namespace
+from pytest_gpucanary.neighbours import NVSENTINEL_LABEL
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.preflight import discover
 
@@ -69,7 +70,8 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
             ("create", "v1", "Pod", {"body": {**pod("plain", own), "metadata": {
                 "name": "plain", "namespace": own, "labels": owned_labels("adversary")}}, "namespace": own}),
             ("patch", "v1", "Node", {"name": eligible, "body": {"metadata": {
-                "labels": {"gpucanary.io/run-id": "adversary"}, "annotations": {"gpucanary.io/saved-node-state": "{}"}},
+                "labels": {"gpucanary.io/run-id": "adversary", NVSENTINEL_LABEL: "false"},
+                "annotations": {"gpucanary.io/saved-node-state": "{}"}},
                 "spec": {"taints": [*kube.get("v1", "Node", eligible)["spec"].get("taints", []),
                                     {"key": "gpucanary.io/run", "value": "adversary", "effect": "NoSchedule"}]}}}),
             ("patch", "v1", "Node", {"name": other, "body": {"metadata": {
@@ -92,6 +94,8 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
              {"name": other, "body": {"metadata": {"labels": {"evil": "x"}}}}),
             ("admission", "the run label on a node not eligible for pools", "patch", "v1", "Node",
              {"name": other, "body": {"metadata": {"labels": {"gpucanary.io/run-id": "x"}}}}),
+            ("admission", "NVSentinel's opt-out on a node not eligible for pools", "patch", "v1", "Node",
+             {"name": other, "body": {"metadata": {"labels": {NVSENTINEL_LABEL: "false"}}}}),
             ("admission", "a NoExecute taint on a pool node", "patch", "v1", "Node",
              {"name": eligible, "body": {"spec": {"taints": [{"key": "evil", "value": "x", "effect": "NoExecute"}]}}}),
             ("admission", "a cordon", "patch", "v1", "Node", {"name": eligible, "body": {"spec": {"unschedulable": True}}}),

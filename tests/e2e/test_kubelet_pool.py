@@ -36,11 +36,12 @@ import pytest
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet import processes
 from pytest_gpucanary.fleet.binaries import NVML_SHIM, find_bin_dir
-from pytest_gpucanary.fleet.images import PAUSE_IMAGE
+from pytest_gpucanary.fleet.images import NVML_STATE_PATH, PAUSE_IMAGE
 from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.gpu_operator import daemonset_node, unplaced
 from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
+from pytest_gpucanary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
 from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
 from test_rollout_diagnosis import refused_drain_options
 
@@ -134,8 +135,12 @@ class Run:
 def demo_runs(pool_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     """Both demo policies at once: the field note's on the default pool (the first kubelet pool node),
     then, once that node is carved out, the default policy on the second. Yields with both done, and
-    the first node's operand pods from before its run under "operands"."""
+    the first node's operand pods from before its run under "operands". NVSentinel's namespace is there, and
+    the second node carries its label as NVSentinel's own (true): each run takes its pool out of NVSentinel's
+    care and puts the label back as it was."""
     kube, root = _kube(pool_fleet), tmp_path_factory.mktemp("demo-runs")
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NVSENTINEL_NAMESPACE}})
+    kube.patch("v1", "Node", SECOND, {"metadata": {"labels": {NVSENTINEL_LABEL: "true"}}})
     before = _operand_pods(kube)
     field = Run("field-note.yaml", NODE, root / "field-note").start(pool_fleet)
     try:
@@ -169,19 +174,32 @@ def test_operands_run_on_the_kubelet_node_from_local_images(pool_fleet: dict[str
     assert {"nvidia-device-plugin-daemonset", "nvidia-operator-validator"} <= set(pods), pods
     [driver] = [image for app, (_, image) in pods.items() if app.startswith("nvidia-gpu-driver")]
     assert driver == "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"
+    # NVIDIA's validator, built from the release's tree, found the operator's driver and ran its nvidia-smi
+    [validator] = kube.list("v1", "Pod", namespace="gpu-operator", label_selector="app=nvidia-operator-validator",
+                            field_selector=f"spec.nodeName={NODE}")
+    log = subprocess.run([str(Path(pool_fleet["GPUCANARY_BIN_DIR"]) / "kubectl"),
+                          f"--kubeconfig={Path(pool_fleet['GPUCANARY_FLEET_DIR']) / 'kubeconfig'}", "logs", "-n",
+                          "gpu-operator", validator["metadata"]["name"], "-c", "driver-validation"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert 'msg="version: v26.7.0' in log, log
+    assert "Driver is not pre-installed on the host and is managed by GPU Operator" in log, log
+    assert "Driver Version: 580.82.07" in log, log
+
+
+def nvml_state(pool_fleet: dict[str, str], node: str) -> str:
+    """The NVML stand-in's state file on a kubelet pool node, as the driver stand-in wrote it."""
+    layout = FleetLayout(root=Path(pool_fleet["GPUCANARY_FLEET_DIR"]), port_base=PORT_BASE)
+    pid = processes.pid_of(layout, f"{node}-containerd")
+    assert pid is not None, f"{node}'s containerd is not running"
+    return subprocess.run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", "cat", NVML_STATE_PATH],
+                          capture_output=True, text=True, check=True, timeout=30).stdout
 
 
 def test_the_nodes_nvml_stand_in_answers_for_the_driver_it_runs(pool_fleet: dict[str, str]) -> None:
     """The driver stand-in writes the NVML shim's state when it loads: NVIDIA's bindings (the shim's nvml-check,
     go-nvml) see the node's eight GPUs on the driver its pod runs, each with a UUID of this node's."""
     layout = FleetLayout(root=Path(pool_fleet["GPUCANARY_FLEET_DIR"]), port_base=PORT_BASE)
-    states = {}
-    for node in (NODE, SECOND):
-        pid = processes.pid_of(layout, f"{node}-containerd")
-        assert pid is not None, f"{node}'s containerd is not running"
-        states[node] = subprocess.run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", "cat",
-                                       "/run/nvidia/gpucanary-nvml.env"], capture_output=True, text=True,
-                                      check=True, timeout=30).stdout
+    states = {node: nvml_state(pool_fleet, node) for node in (NODE, SECOND)}
     shim = find_bin_dir(NVML_SHIM, progress=lambda line: None)
     seen = {}
     for node, text in states.items():
@@ -199,17 +217,27 @@ def test_the_nodes_nvml_stand_in_answers_for_the_driver_it_runs(pool_fleet: dict
 
 
 def test_gpus_come_from_the_operators_device_plugin_pod_and_go_with_it(pool_fleet: dict[str, str]) -> None:
+    """NVIDIA's device plugin (v0.19.3, built from its module) found the node's GPUs through the NVML stand-in
+    and gives a pod one of them by its UUID, with the GPU's device node."""
     kube = _kube(pool_fleet)
     root = Path(pool_fleet["GPUCANARY_FLEET_DIR"])
     assert processes.pid_of(FleetLayout(root=root, port_base=PORT_BASE), f"{NODE}-device-plugin") is None, \
         "the fleet should not run its own plugin"
+    kubectl = [str(Path(pool_fleet["GPUCANARY_BIN_DIR"]) / "kubectl"), f"--kubeconfig={root / 'kubeconfig'}"]
+    [plugin] = kube.list("v1", "Pod", namespace="gpu-operator", label_selector="app=nvidia-device-plugin-daemonset",
+                         field_selector=f"spec.nodeName={NODE}")
+    log = subprocess.run([*kubectl, "logs", "-n", "gpu-operator", plugin["metadata"]["name"], "-c", "nvidia-device-plugin"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert '"Starting NVIDIA Device Plugin" version="v0.19.3"' in log and "Detected platform: nvml" in log, log
+    uuids = {line.split()[0].split("=", 1)[1] for line in nvml_state(pool_fleet, NODE).splitlines()
+             if line.startswith("DEVICE=")}
     name = f"cuda-{uuid.uuid4().hex[:6]}"
-    kube.create(node_pod(name, "default", "echo gpus=$NVIDIA_VISIBLE_DEVICES", gpus=1))
+    kube.create(node_pod(name, "default", "echo gpus=$NVIDIA_VISIBLE_DEVICES; ls /dev | grep nvidia", gpus=1))
     try:
         kube.wait_for("v1", "Pod", name, phase_is("Succeeded", "Failed"), namespace="default", timeout_s=60)
-        logs = subprocess.run([str(Path(pool_fleet["GPUCANARY_BIN_DIR"]) / "kubectl"), f"--kubeconfig={root / 'kubeconfig'}",
-                               "logs", name], capture_output=True, text=True).stdout
-        assert logs.startswith("gpus=GPU-fake-"), logs
+        logs = subprocess.run([*kubectl, "logs", name], capture_output=True, text=True).stdout.split()
+        assert logs[0].startswith("gpus=") and logs[0].removeprefix("gpus=") in uuids, (logs, uuids)
+        assert [line for line in logs[1:] if line.startswith("nvidia")], logs      # its device node
     finally:
         kube.delete("v1", "Pod", name, namespace="default")
 
@@ -244,7 +272,7 @@ def test_field_note_policy_drains_the_real_service_and_the_gate_fails_at_applica
     assert kube.get("v1", "Node", NODE)["status"]["allocatable"]["nvidia.com/gpu"] == "8"
 
 
-def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(demo_runs: dict) -> None:
+def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(pool_fleet: dict[str, str], demo_runs: dict) -> None:
     run = demo_runs["default.yaml"]
     receipt, output = run.receipt, run.output
     assert _verdict(receipt, "rollout")["outcome"] == "pass", output
@@ -259,6 +287,10 @@ def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(demo_runs: 
     assert device["outcome"] == "pass", device
     assert any(f"nvidia.com/cuda.driver-version.full={TARGET}" in t for t in texts), texts
     assert run.proc.returncode == 0, output
+    for name in ("default.yaml", "field-note.yaml"):
+        assert f"pool opted out of NVSentinel for the run: {NVSENTINEL_LABEL}=false" in demo_runs[name].stdout
+    labels = {node: _kube(pool_fleet).get("v1", "Node", node)["metadata"]["labels"] for node in (NODE, SECOND)}
+    assert labels[SECOND][NVSENTINEL_LABEL] == "true" and NVSENTINEL_LABEL not in labels[NODE], labels
 
 
 @pytest.fixture(scope="module")

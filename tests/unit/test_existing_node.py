@@ -13,9 +13,11 @@ import threading
 import pytest
 from kube_double import FakeKube
 
+from pytest_gpucanary import neighbours
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
-from pytest_gpucanary.kube import RUN_ID_LABEL
+from pytest_gpucanary.kube import RUN_ID_LABEL, Forbidden, NotFound
+from pytest_gpucanary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
@@ -267,6 +269,39 @@ def test_the_pool_is_fenced_when_the_operators_pods_tolerate_it_and_the_fence_go
     fake.patch("v1", "Node", "canary-0", {"spec": {"taints": TAINTS + [taint, health]}})
     provider.release(fake)
     assert fake.get("v1", "Node", "canary-0")["spec"]["taints"] == TAINTS + [health]
+
+
+@pytest.mark.parametrize("before", [None, "true"])
+def test_where_nvsentinel_runs_the_pool_leaves_its_care_for_the_run_and_gets_its_label_back(before: str | None) -> None:
+    """NVSentinel's runbook for driver upgrades: label the node ManagedByNVSentinel=false, so the DCGM gap of the
+    swap quarantines nothing; the label goes back as it was (absent, or its value), by the same restore as the
+    run's own marks, so `gpucanary cleanup` puts it back after a crash too."""
+    fake = good_cluster()
+    fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NVSENTINEL_NAMESPACE}})
+    if before is not None:
+        fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {NVSENTINEL_LABEL: before}}})
+    original = fake.get("v1", "Node", "canary-0")["metadata"]["labels"]
+    provider = ExistingNodeProvider(node="canary-0", restore_timeout_s=10)
+
+    pool = provider.provision(fake, CLUSTER, run_id="r1")
+
+    assert pool.notes == (f"opted out of NVSentinel for the run: {NVSENTINEL_LABEL}=false, put back as it was after",)
+    marked = fake.get("v1", "Node", "canary-0")["metadata"]
+    assert marked["labels"][NVSENTINEL_LABEL] == "false"
+    assert json.loads(marked["annotations"][SAVED_STATE_ANNOTATION])["nvsentinel"] == before
+    provider.release(fake)
+    assert fake.get("v1", "Node", "canary-0")["metadata"]["labels"] == original
+
+
+def test_without_nvsentinel_the_pool_keeps_its_labels_and_neighbours_are_named_only_where_served() -> None:
+    fake = good_cluster()
+    pool = ExistingNodeProvider(node="canary-0").provision(fake, CLUSTER, run_id="r1")
+    assert pool.notes == () and NVSENTINEL_LABEL not in fake.get("v1", "Node", "canary-0")["metadata"]["labels"]
+    fake.fail("list", "Skyhook", NotFound("the cluster serves no Skyhook in skyhook.nvidia.com/v1alpha1"))
+    fake.fail("list", "NodeMaintenance", Forbidden("nodemaintenances is forbidden"))     # served, not ours to read
+    found = neighbours.detect(fake)
+    assert found == neighbours.Neighbours(nvsentinel=False, skyhook=False, node_maintenance=True)
+    assert [note.split(":")[0] for note in found.notes()] == ["the maintenance operator is installed"]
 
 
 def test_an_operator_pod_that_would_not_tolerate_the_fence_leaves_the_pool_unfenced_and_says_how() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shutil
 import json
 import tarfile
 import tomllib
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.fleet.images import ImageSpec, write_oci_tar
+from pytest_gpucanary.fleet.images import ImageSpec, operator_plugin_images, shared_libraries, write_oci_tar
 from pytest_gpucanary.fleet.kubelet_node import (KERNEL_TUNABLES, TAINT_KEY, KubeletNode,
                                                  driver_images, gpu_labels, hosts_text, operator_images)
 from pytest_gpucanary.fleet.manifests import host_network_service
@@ -75,14 +76,27 @@ def test_a_kubelet_pool_needs_a_release_with_the_drivers_host_network(monkeypatc
 def test_the_driver_of_a_kubelet_pool_node_runs_on_the_host_network_in_either_mode(mode: str) -> None:
     applied: list[dict] = []
     apply_policies(lambda *args, stdin: applied.append(json.loads(stdin)), driver_mode=mode, release="v26.7.0",
-                   pool_nodes=("gpu-kubelet-0",))
+                   pool_nodes=("gpu-kubelet-0",), apiserver_url="https://127.0.0.1:28201")
     drivers = {d["metadata"]["name"]: d["spec"].get("driver", d["spec"]) for d in applied}
+    # NVIDIA's validator runs there as on its own GPU-less test stack, and reaches the apiserver on loopback
+    validator, plugin = applied[0]["spec"]["validator"], applied[0]["spec"]["devicePlugin"]
+    assert {e["name"]: e["value"] for e in plugin["env"]} == {"DP_DISABLE_HEALTHCHECKS": "all",
+                                                               "GPUCANARY_NVML_STATE": "/host/run/nvidia/gpucanary-nvml.env"}
+    assert validator["hostNetwork"] is True and validator["image"] == "gpu-operator-validator"
+    env = {check: {e["name"]: e["value"] for e in validator[check]["env"]} for check in ("driver", "cuda", "plugin")}
+    assert env["driver"]["DISABLE_DEV_CHAR_SYMLINK_CREATION"] == "true" and env["cuda"]["WITH_WORKLOAD"] == "false"
+    assert all((e["KUBERNETES_SERVICE_HOST"], e["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "28201") for e in env.values())
     pool_driver = drivers["gpu-kubelet-0" if mode == "nvidiadriver" else "cluster-policy"]
     assert pool_driver["hostNetwork"] is True and pool_driver["startupProbe"]["initialDelaySeconds"] == 5
     if mode == "nvidiadriver":      # the KWOK nodes' driver is left as the operator renders it
         assert "hostNetwork" not in drivers["fleet"] and "hostNetwork" not in drivers["cluster-policy"]
     else:
         assert set(drivers) == {"cluster-policy"} and pool_driver["useNvidiaDriverCRD"] is False
+    kwok_only: list[dict] = []
+    apply_policies(lambda *args, stdin: kwok_only.append(json.loads(stdin)), driver_mode=mode, release="v26.7.0")
+    assert set(kwok_only[0]["spec"]["validator"]) == {"repository", "image", "version"}
+    assert "env" not in kwok_only[0]["spec"]["devicePlugin"] and "cdi" not in kwok_only[0]["spec"]
+    assert applied[0]["spec"]["cdi"] == {"enabled": False}
 
 
 def test_gpu_labels_are_the_kwok_gpu_nodes_nfd_and_gfd_labels_without_kwoks_own() -> None:
@@ -148,6 +162,19 @@ def test_oci_tar_names_each_image_and_its_blobs_match_their_digests(tmp_path: Pa
     layer = blobs[manifest["layers"][0]["digest"][7:]]
     with tarfile.open(fileobj=io.BytesIO(layer)) as inner:
         assert {"tool", "bin/x", "bin/bash", "etc/passwd", "tmp"} <= set(inner.getnames())
+
+
+def test_the_device_plugin_image_carries_the_c_library_a_cgo_binary_and_the_nvml_it_loads_link(tmp_path: Path) -> None:
+    binary = Path(shutil.which("ls") or "/bin/ls")        # any dynamically linked program of the machine
+    [spec] = operator_plugin_images(device_plugin="nvcr.io/nvidia/k8s-device-plugin:v0.17.4", device_plugin_bin=binary)
+    write_oci_tar(spec, tmp_path / "plugin.tar")
+    with tarfile.open(tmp_path / "plugin.tar") as tar:
+        layers = [m for m in tar.getmembers() if m.name.startswith("blobs/") and m.size > 100_000]
+        with tarfile.open(fileobj=io.BytesIO(tar.extractfile(layers[0]).read())) as layer:
+            names = set(layer.getnames())
+    loader = next(inside for inside, _ in shared_libraries(binary) if "ld-linux" in inside)
+    assert {"bin/nvidia-device-plugin", "bin/lsmod", "bin/sh", loader.lstrip("/")} <= names, sorted(names)[:20]
+    assert any(name.endswith("/libc.so.6") for name in names)
 
 
 def test_kubelet_config_is_yaml_the_kubelet_reads(tmp_path: Path) -> None:

@@ -446,6 +446,59 @@ def test_a_failed_wave_halts_and_rollback_restores_the_policy_object_and_release
                                                         namespace=publish.NAMESPACE)["data"]["status"] == "rolled-back"
 
 
+def test_a_held_node_whose_driver_pod_comes_back_at_the_target_halts_the_sweep_naming_it() -> None:
+    """The skip label holds the operator's upgrade, not the DaemonSet: a held node's driver pod deleted during
+    wave 1 comes back from the new template, and the sweep stops there instead of counting the node as held."""
+    fake = FakeKube()
+    fleet(fake)
+    record_verdict(fake)
+    stop, released = threading.Event(), []
+
+    def someone_deletes_a_held_driver_pod() -> None:
+        while not stop.wait(0.02):
+            if released:       # the DaemonSet controller makes its replacement from the current template
+                fake.delete("v1", "Pod", f"driver-gpu-2-{OLD}", namespace=OPERATOR_NS)
+                fake.create(driver_pod("gpu-2", NEW))
+                return
+
+    threads = [threading.Thread(target=operator, args=(fake, stop, released), daemon=True),
+               threading.Thread(target=someone_deletes_a_held_driver_pod, daemon=True)]
+    for thread in threads:
+        thread.start()
+    lines: list[str] = []
+    try:
+        sweep = widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1"), soak_s=5, wave_budget_s=30,
+                                         settings=Settings(probe_interval_s=0.02, min_probe_samples=1)),
+                      report=lines.append)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert sweep.status == "halted" and [w.outcome for w in sweep.waves][:2] == ["failed", "pending"], sweep.waves
+    line = (f"wave 1/3: node gpu-2, held for a later wave, runs driver {NEW} outside its wave: its driver pod "
+            f"driver-gpu-2-{NEW} came back from the new template (deleted while held?)")
+    assert sweep.waves[0].signal == line.split(": ", 1)[1] and f"widen: halted: {line}; " in "\n".join(lines), lines
+    assert released == ["gpu-0"]                             # gpu-1 was never released
+
+
+def test_a_sweep_whose_start_probes_cannot_start_writes_nothing_that_stays() -> None:
+    from pytest_gpucanary.kube import Forbidden
+    from pytest_gpucanary.lease import LEASE
+
+    fake = FakeKube()
+    fleet(fake)
+    record_verdict(fake)
+    policy = fake.get(*CLUSTER_POLICY, "cluster-policy")
+    fake.fail("create", "Namespace", Forbidden("namespaces is forbidden: cannot create namespaces"))
+    with pytest.raises(Forbidden, match="cannot create namespaces"):
+        widen(fake, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1"), soak_s=0), report=lambda line: None)
+    assert fake.get(*CLUSTER_POLICY, "cluster-policy")["spec"] == policy["spec"]
+    assert not [n for n in fake.list("v1", "Node") if SKIP_LABEL in n["metadata"]["labels"]]
+    assert not [c for c in fake.list("v1", "ConfigMap", namespace=publish.NAMESPACE)
+                if c["metadata"]["name"].startswith(state.CONFIGMAP_PREFIX)]      # no record of a sweep
+    assert not fake.list(*LEASE)               # its Lease and the cluster lock released: a new sweep may start
+
+
 def test_the_waves_of_a_sweep_plan_and_the_nodes_it_does_not_name_last(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     inventory = FIXTURES / "sweep" / "inventory.yaml"

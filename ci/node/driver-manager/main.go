@@ -35,6 +35,7 @@ const (
 	serviceAccount = "/var/run/secrets/kubernetes.io/serviceaccount"
 	driverMarker   = "/run/nvidia/gpucanary-driver-loaded"
 	nvmlState      = "/run/nvidia/gpucanary-nvml.env" // the NVML stand-in's answers while the driver is loaded
+	driverRoot     = "/run/nvidia/driver"             // what NVIDIA's validator runs nvidia-smi from
 	// what nvidia-smi says to the validator while a driver of the fleet's "unvalidated" fault is loaded
 	validationFault = "/run/nvidia/validations/.gpucanary-nvidia-smi-fails"
 	paused          = "paused-for-driver-upgrade"
@@ -265,6 +266,16 @@ func driverManager(c *client, name string) error {
 		}
 		for _, path := range []string{nvmlState, validationFault} {
 			if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+				return err
+			}
+		}
+		// k8s-driver-manager unmounts the driver's root here; the stand-in's root is files
+		entries, err := os.ReadDir(driverRoot)
+		if err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		for _, entry := range entries {
+			if err := os.RemoveAll(driverRoot + "/" + entry.Name()); err != nil {
 				return err
 			}
 		}
