@@ -135,13 +135,16 @@ class PodWatch:
             self._known[meta["uid"]] = obj
 
     def _gone(self, pod: dict, how: str, wall_ns: int) -> None:
-        """Every pod is known (a wave's nodes change), and counted only when it leaves a watched node."""
+        """Every pod is known (a wave's nodes change), and counted only when it leaves a watched node: once, where
+        its leaving is first seen. A pod already going when its node's wave began (a drain before the sweep, an
+        earlier sweep's eviction still in its grace period) is not that wave's doing."""
         meta, spec = pod["metadata"], pod.get("spec") or {}
         self._known.pop(meta["uid"], None)
-        if meta["uid"] in self._seen_gone or spec.get("nodeName") not in self._nodes \
+        first = meta["uid"] not in self._seen_gone
+        self._seen_gone.add(meta["uid"])
+        if not first or spec.get("nodeName") not in self._nodes \
                 or meta.get("namespace") == self._probe_namespace:      # the sweep's own probes are no customer's
             return
-        self._seen_gone.add(meta["uid"])
         gpus = gpus_requested(spec.get("containers") or [])
         allowed = allows_eviction(self.settings, gpus=gpus, labels=meta.get("labels") or {})
         self._found.append(Disruption(spec.get("nodeName", ""), meta.get("namespace", ""), meta["name"], gpus,

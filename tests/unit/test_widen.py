@@ -93,7 +93,10 @@ def pod(name: str, node_name: str, *, uid: str, gpus: int = 0, daemonset: bool =
 
 def test_the_pod_watch_records_each_pod_that_leaves_a_watched_node_once() -> None:
     watch = PodWatch(FakeKube(), Settings())
+    # already going before its node's wave (an earlier drain's grace period): its end is not the wave's doing
+    watch._see("ADDED", pod("draining", "gpu-0", uid="0", deletionTimestamp="t"), 9)
     watch.watch_nodes(["gpu-0"])
+    watch._see("DELETED", pod("draining", "gpu-0", uid="0"), 10)
     watch._see("RELISTED", {"items": [pod("api", "gpu-0", uid="1"), pod("job", "gpu-0", uid="2", gpus=1),
                                       pod("ds", "gpu-0", uid="3", daemonset=True), pod("x", "gpu-9", uid="4"),
                                       pod("vanishes", "gpu-0", uid="5")]}, 10)
