@@ -407,12 +407,15 @@ def failing_operator(fake: FakeKube, stop: threading.Event, *, replaced: tuple[s
                        {"status": {"observedGeneration": ds["metadata"]["generation"]}}, namespace=OPERATOR_NS)
         for name in NODES[:3]:
             labels = fake.get("v1", "Node", name)["metadata"].get("labels") or {}
-            if version == NEW and labels.get(UPGRADE_STATE_LABEL) == "upgrade-done":
-                state_ = "upgrade-required" if labels.get(SKIP_LABEL) == "true" else "upgrade-failed"
-                if state_ == "upgrade-failed" and name in replaced:
-                    fake.delete("v1", "Pod", f"driver-{name}-{OLD}", namespace=OPERATOR_NS)
-                    fake.create(driver_pod(name, NEW))
-                fake.patch("v1", "Node", name, {"metadata": {"labels": {UPGRADE_STATE_LABEL: state_}}})
+            if version != NEW or labels.get(UPGRADE_STATE_LABEL) not in ("upgrade-done", "upgrade-required"):
+                continue
+            if labels.get(SKIP_LABEL) == "true":        # held: it waits in upgrade-required, however early seen
+                fake.patch("v1", "Node", name, {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
+                continue
+            if name in replaced:
+                fake.delete("v1", "Pod", f"driver-{name}-{OLD}", namespace=OPERATOR_NS)
+                fake.create(driver_pod(name, NEW))
+            fake.patch("v1", "Node", name, {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-failed"}}})
 
 
 @pytest.mark.parametrize("replaced", [(), ("gpu-0",)], ids=["failed-before-its-pod-was-replaced", "after"])
