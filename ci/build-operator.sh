@@ -44,7 +44,7 @@ cache=${GPUCANARY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpucanary}
 MOD=github.com/NVIDIA/gpu-operator
 UPSTREAM=https://$MOD
 info=$MOD/internal/info
-BUILDS="gpu-operator nvidia-validator"     # what a tree build makes: part of its cache key
+BUILDS="gpu-operator nvidia-validator"     # the commands a tree build makes (cmd/<name>): part of its cache key
 export GOTOOLCHAIN=local CGO_ENABLED=0
 
 # paths.env for a tree at $2 (release $3, commit $4, source $5) into directory $1; $6 is where the
@@ -158,14 +158,13 @@ build_from_tree() {
   fi
   local rel; rel=$(tree_version "$tmp/src")
   [ "$rel" = "$RELEASE" ] || { echo "the $RELEASE tree's versions.mk says VERSION ?= $rel" >&2; exit 1; }
-  echo "building gpu-operator $rel from its $source tree (go build -mod=vendor, minutes on 2 cores)" >&2
-  (cd "$tmp/src" && GOFLAGS="-trimpath -mod=vendor" GOPROXY=off go build -pgo=off \
-    -ldflags "-s -w -X $info.version=$rel -X $info.gitCommit=${commit:0:12}" \
-    -o "$tmp/gpu-operator" ./cmd/gpu-operator)
-  echo "building nvidia-validator $rel from the same tree" >&2
-  (cd "$tmp/src" && GOFLAGS="-trimpath -mod=vendor" GOPROXY=off go build -pgo=off \
-    -ldflags "-s -w -X $info.version=$rel -X $info.gitCommit=${commit:0:12}" \
-    -o "$tmp/nvidia-validator" ./cmd/nvidia-validator)
+  local cmd
+  for cmd in $BUILDS; do
+    echo "building $cmd $rel from its $source tree (go build -mod=vendor, minutes on 2 cores)" >&2
+    (cd "$tmp/src" && GOFLAGS="-trimpath -mod=vendor" GOPROXY=off go build -pgo=off \
+      -ldflags "-s -w -X $info.version=$rel -X $info.gitCommit=${commit:0:12}" \
+      -o "$tmp/$cmd" "./cmd/$cmd")
+  done
   # The vendored sources are only needed to build; the rest of the tree is what the fleet reads.
   rm -rf "$tmp/src/vendor"
   write_paths_env "$tmp" "$out/src" "$rel" "${commit:0:12}" "$source" "$tmp/src"

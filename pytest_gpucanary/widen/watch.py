@@ -151,13 +151,22 @@ class PodWatch:
                                       allowed, wall_ns, how))
 
 
-def nodes_seen(kube: Kube, nodes: list[str], namespace: str | None) -> dict[str, NodeSeen]:
-    """Each node's upgrade state, readiness and driver pod; a node gone is not in the answer."""
-    def by_node(selector: str) -> dict[str, dict]:
-        return {pod["spec"]["nodeName"]: pod for pod in kube.list("v1", "Pod", label_selector=selector, namespace=namespace)
-                if (pod.get("spec") or {}).get("nodeName") in nodes and not pod["metadata"].get("deletionTimestamp")}
+def operand_pods(kube: Kube, selector: str, namespace: str | None) -> list[dict]:
+    """The operator's pods of one kind (`selector`) that are not going."""
+    return [pod for pod in kube.list("v1", "Pod", label_selector=selector, namespace=namespace)
+            if not pod["metadata"].get("deletionTimestamp")]
 
-    drivers, validators = by_node(DRIVER_COMPONENT_SELECTOR), by_node(VALIDATOR_SELECTOR)
+
+def nodes_seen(kube: Kube, nodes: list[str], namespace: str | None,
+               driver_pods: list[dict] | None = None) -> dict[str, NodeSeen]:
+    """Each node's upgrade state, readiness and driver pod (from `driver_pods` when the caller read them); a node
+    gone is not in the answer."""
+    def by_node(pods: list[dict]) -> dict[str, dict]:
+        return {pod["spec"]["nodeName"]: pod for pod in pods if (pod.get("spec") or {}).get("nodeName") in nodes}
+
+    if driver_pods is None:
+        driver_pods = operand_pods(kube, DRIVER_COMPONENT_SELECTOR, namespace)
+    drivers, validators = by_node(driver_pods), by_node(operand_pods(kube, VALIDATOR_SELECTOR, namespace))
     seen = {}
     for name in nodes:
         try:
@@ -205,16 +214,13 @@ def judge(nodes: list[str], seen: dict[str, NodeSeen], disruptions: list[Disrupt
     return not any(trouble.values()), ""
 
 
-def left_hold(kube: Kube, held: Sequence[str], namespace: str | None, target: str) -> str:
+def left_hold(driver_pods: list[dict], held: Sequence[str], target: str) -> str:
     """Why a node held for a later wave is no longer held ("" while each is): its driver pod runs the target. The
     skip label holds the operator's upgrade, not the DaemonSet: a held node's driver pod that anyone deletes
     comes back from the template, which has been the target's since the change was applied."""
-    if not held:
-        return ""
-    for pod in sorted(kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, namespace=namespace),
-                      key=lambda p: p["metadata"]["name"]):
+    for pod in sorted(driver_pods, key=lambda p: p["metadata"]["name"]):
         node = (pod.get("spec") or {}).get("nodeName")
-        if node in held and not pod["metadata"].get("deletionTimestamp") and driver_version_of(pod) == target:
+        if node in held and driver_version_of(pod) == target:
             return (f"node {node}, held for a later wave, runs driver {target} outside its wave: its driver pod "
                     f"{pod['metadata']['name']} came back from the new template (deleted while held?)")
     return ""
@@ -230,14 +236,15 @@ def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], 
     first."""
     deadline, unseen = time.monotonic() + seconds, 0
     while True:
-        seen = nodes_seen(kube, nodes, namespace)
+        drivers = operand_pods(kube, DRIVER_COMPONENT_SELECTOR, namespace)     # one read for both questions
+        seen = nodes_seen(kube, nodes, namespace, drivers)
         found = pods.take()
         record(seen, found)
         done, failure = judge(nodes, seen, found, target=target, soaking=soaking)
         unseen = unseen + 1 if (why := pods.unseen()) else 0
         if not failure and unseen >= UNSEEN_LOOKS:      # a removal it cannot see is not a pass
             failure = f"{why} ({UNSEEN_LOOKS} looks in a row)"
-        failure = failure or left_hold(kube, held, namespace, target) or slos.failure() or customers()
+        failure = failure or left_hold(drivers, held, target) or slos.failure() or customers()
         if failure:
             return failure
         if done and not soaking:
