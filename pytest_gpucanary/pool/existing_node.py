@@ -236,14 +236,15 @@ def carved_driver(node: dict) -> str:
 
 
 def restore_node(kube: Kube, name: str, run_id: str) -> bool:
-    """Remove the run's label, annotation and fence from the node and put back the NVSentinel label it changed,
-    and nothing else; False when they are not the run's."""
+    """Remove the run's label, annotation and fence from the node and put back the NVSentinel label it changed
+    (unless someone changed it since), and nothing else; False when they are not the run's."""
     def decide(node: dict) -> tuple[dict | None, bool]:
         if saved_run(node, SAVED_STATE_ANNOTATION) != run_id:
             return None, False
-        labels = {RUN_ID_LABEL: None} if (node["metadata"].get("labels") or {}).get(RUN_ID_LABEL) == run_id else {}
+        now = node["metadata"].get("labels") or {}
+        labels = {RUN_ID_LABEL: None} if now.get(RUN_ID_LABEL) == run_id else {}
         saved = json.loads(node["metadata"]["annotations"][SAVED_STATE_ANNOTATION])
-        if "nvsentinel" in saved:
+        if "nvsentinel" in saved and now.get(neighbours.NVSENTINEL_LABEL) == "false":   # still what the run wrote
             labels[neighbours.NVSENTINEL_LABEL] = saved["nvsentinel"]
         body: dict = {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: None}}}
         taints = (node.get("spec") or {}).get("taints") or []

@@ -20,7 +20,7 @@ from pytest_gpucanary.kube import RUN_ID_LABEL, Forbidden, NotFound
 from pytest_gpucanary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL
-from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
+from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider, restore_node
 from pytest_gpucanary.preflight import ClusterInfo
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.82.07"
@@ -291,6 +291,11 @@ def test_where_nvsentinel_runs_the_pool_leaves_its_care_for_the_run_and_gets_its
     assert json.loads(marked["annotations"][SAVED_STATE_ANNOTATION])["nvsentinel"] == before
     provider.release(fake)
     assert fake.get("v1", "Node", "canary-0")["metadata"]["labels"] == original
+    # someone else set the label since: it is theirs now, and the restore leaves it
+    ExistingNodeProvider(node="canary-0").provision(fake, CLUSTER, run_id="r2")
+    fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {NVSENTINEL_LABEL: "maintenance"}}})
+    assert restore_node(fake, "canary-0", "r2")
+    assert fake.get("v1", "Node", "canary-0")["metadata"]["labels"][NVSENTINEL_LABEL] == "maintenance"
 
 
 def test_without_nvsentinel_the_pool_keeps_its_labels_and_neighbours_are_named_only_where_served() -> None:
