@@ -71,6 +71,7 @@ build:
 	bash ci/build-kubelet.sh >/dev/null
 	bash ci/build-nvml-shim.sh >/dev/null
 	bash ci/build-device-plugin.sh >/dev/null
+	bash ci/build-nfd-master.sh >/dev/null
 	bash ci/build-actionlint.sh >/dev/null
 	bash ci/fetch-pushgateway.sh >/dev/null
 	bash ci/build-helm.sh >/dev/null

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build NVIDIA's k8s-device-plugin, unmodified, from the module version ci/node/device-plugin/go.mod pins (the
+# Build NVIDIA's k8s-device-plugin and GPU Feature Discovery, unmodified, from the module version ci/node/device-plugin/go.mod pins (the
 # Go module proxy serves v0.19.3), into a cache outside the repo, for the fleet's kubelet pool nodes, where it
 # runs over the NVML stand-in (ci/node/nvml-shim). cgo: it dlopens libnvidia-ml.so.1 through go-nvml. Stamped
 # with the module version through the -X internal/info.version its Makefile sets. The cache directory is keyed
@@ -24,10 +24,13 @@ export GOTOOLCHAIN=local CGO_ENABLED=1 GOFLAGS="-trimpath -mod=readonly"
 tmp="$out.partial"
 rm -rf "$tmp"; mkdir -p "$tmp"
 start=$(date +%s)
-echo "building nvidia-device-plugin $version ($MOD, a minute on 2 cores)" >&2
+echo "building nvidia-device-plugin and gpu-feature-discovery $version ($MOD, a minute or two on 2 cores)" >&2
 # go-nvml's cgo preamble declares all of nvml.h, whose deprecated calls would each print a warning
-CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" go build -pgo=off \
-  -ldflags "-s -w -X $MOD/internal/info.version=$version" -o "$tmp/nvidia-device-plugin" "$MOD/cmd/nvidia-device-plugin"
+# the device plugin and GFD, from one module, as NVIDIA ships them in one image
+for cmd in nvidia-device-plugin gpu-feature-discovery; do
+  CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" go build -pgo=off \
+    -ldflags "-s -w -X $MOD/internal/info.version=$version" -o "$tmp/$cmd" "$MOD/cmd/$cmd"
+done
 echo "built in $(( $(date +%s) - start ))s" >&2
 rm -rf "$out"; mv "$tmp" "$out"; touch "$out/.complete"
 echo "$out"

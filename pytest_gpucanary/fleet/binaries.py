@@ -28,8 +28,11 @@ CONTROL_PLANE = Build("GPUCANARY_BIN_DIR", "build.sh",
 GPU_OPERATOR = Build("GPUCANARY_OPERATOR_BIN_DIR", "build-operator.sh", ("gpu-operator", "paths.env"))
 # the kubelet node's libnvidia-ml stand-in, and the client that asks it through NVIDIA's Go bindings
 NVML_SHIM = Build("GPUCANARY_NVML_SHIM_DIR", "build-nvml-shim.sh", ("libnvidia-ml.so.1", "nvml-check"))
-# NVIDIA's k8s-device-plugin, unmodified, which a kubelet pool node runs over that stand-in
-DEVICE_PLUGIN = Build("GPUCANARY_DEVICE_PLUGIN_DIR", "build-device-plugin.sh", ("nvidia-device-plugin",))
+# NVIDIA's k8s-device-plugin and GFD, unmodified, which a kubelet pool node runs over that stand-in
+# NFD's nfd-master, which labels a kubelet pool node from GFD's NodeFeature
+NFD_MASTER = Build("GPUCANARY_NFD_MASTER_DIR", "build-nfd-master.sh", ("nfd-master", "nfd-api-crds.yaml"))
+DEVICE_PLUGIN = Build("GPUCANARY_DEVICE_PLUGIN_DIR", "build-device-plugin.sh",
+                      ("nvidia-device-plugin", "gpu-feature-discovery"))
 
 
 def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> Path:

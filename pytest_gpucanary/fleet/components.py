@@ -15,8 +15,8 @@ OPERATOR_NAMESPACE = "gpu-operator"
 class Component:
     name: str
     argv: tuple[str, ...]
-    health_url: str
-    port: int
+    health_url: str      # "": healthy while it runs
+    port: int            # 0: it listens on none
     env: tuple[tuple[str, str], ...] = ()
 
 
@@ -134,6 +134,17 @@ def gpu_operator(layout: FleetLayout, bin_dir: Path) -> Component:
         f"--metrics-bind-address={HOST}:{metrics}", f"--health-probe-bind-address={HOST}:{health}",
         "--zap-log-level=info",
     ), f"http://{HOST}:{health}/readyz", health, env=(("OPERATOR_NAMESPACE", OPERATOR_NAMESPACE),))
+
+
+def nfd_master(layout: FleetLayout, bin_dir: Path, node: str) -> Component:
+    """NFD's nfd-master, as the GPU Operator's chart runs it beside GFD: it labels each node from its NodeFeature
+    objects (GFD writes one per kubelet pool node), `nvidia.com` labels allowed as the chart's extraLabelNs does.
+    Its one listener (metrics and healthz) would take the port on every address, so it is off (`-port=-1`): no
+    port, and healthy while it runs. `node` stands for the node its pod would run on, which it reads once."""
+    return Component("nfd-master", (
+        str(bin_dir / "nfd-master"), f"-kubeconfig={layout.kubeconfig}", "-config=", "-port=-1",
+        '-options={"extraLabelNs":["nvidia.com"]}',
+    ), "", 0, env=(("NODE_NAME", node), ("KUBERNETES_NAMESPACE", OPERATOR_NAMESPACE)))
 
 
 def node_agent(layout: FleetLayout) -> Component:

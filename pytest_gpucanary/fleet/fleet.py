@@ -21,8 +21,8 @@ import yaml
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, operator, processes, waits
-from pytest_gpucanary.fleet.binaries import (CONTROL_PLANE, find_bin_dir, find_operator_bin_dir, operator_chart,
-                                             operator_release, read_paths_env)
+from pytest_gpucanary.fleet.binaries import (CONTROL_PLANE, NFD_MASTER, find_bin_dir, find_operator_bin_dir,
+                                             operator_chart, operator_release, read_paths_env)
 from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
@@ -56,6 +56,7 @@ class Binaries:
     control_plane: Path
     operator: Path
     kubelet_node: Path | None = None   # None: the fleet has no real kubelet nodes
+    nfd_master: Path | None = None     # None: no kubelet pool, so no GFD for nfd-master to serve
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,10 @@ class Fleet:
         if binaries.kubelet_node is None:
             return self._components(binaries)
         nodes = KubeletNodes.running(self.layout) or KubeletNodes.planned(self.layout, binaries.kubelet_node)
-        return self._components(binaries) + nodes.components()
+        return self._components(binaries) + nodes.components() + self._nfd_master(binaries)
+
+    def _nfd_master(self, binaries: Binaries) -> list[components.Component]:
+        return [components.nfd_master(self.layout, binaries.nfd_master, manifests.CPU_NODE_NAME)] if binaries.nfd_master else []
 
     def _ingress(self) -> components.Component:
         port = self.layout.port("ingress")
@@ -124,9 +128,9 @@ class Fleet:
         """The binaries the running (or last started) fleet uses."""
         try:
             state = json.loads(self.layout.state_file.read_text())
-            kubelet_node = state.get("kubelet_node_bin_dir")
+            kubelet_node, nfd_master = state.get("kubelet_node_bin_dir"), state.get("nfd_master_bin_dir")
             return Binaries(Path(state["bin_dir"]), Path(state["operator_bin_dir"]),
-                            Path(kubelet_node) if kubelet_node else None)
+                            Path(kubelet_node) if kubelet_node else None, Path(nfd_master) if nfd_master else None)
         except (OSError, ValueError, KeyError):
             return None
 
@@ -171,7 +175,9 @@ class Fleet:
         self._refuse_leftovers()
         release = self.layout.operator_release
         binaries = Binaries(find_bin_dir(CONTROL_PLANE, progress), find_operator_bin_dir(release, progress),
-                            kubelet_nodes.find_kubelet_bin_dir(progress) if self.layout.kubelet_nodes else None)
+                            kubelet_nodes.find_kubelet_bin_dir(progress) if self.layout.kubelet_nodes else None,
+                            find_bin_dir(NFD_MASTER, progress) if self.layout.kubelet_nodes
+                            and self.layout.kubelet_pool else None)
         self._check_host(binaries)
         self._prepare(binaries)
         try:
@@ -211,7 +217,7 @@ class Fleet:
         if binaries.kubelet_node is not None:
             kubelet_nodes.check_host()
         for part in self._all_components(binaries):
-            if processes.port_in_use(part.port):
+            if part.port and processes.port_in_use(part.port):
                 raise EnvError(f"port 127.0.0.1:{part.port} for {part.name} is already in use",
                                hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
 
@@ -226,6 +232,11 @@ class Fleet:
         paths = read_paths_env(binaries.operator)
         progress(f"fleet: installing the GPU Operator {paths['GPU_OPERATOR_VERSION']} CRDs")
         operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
+        for part in self._nfd_master(binaries):      # GFD on a kubelet pool node writes NodeFeatures for it
+            progress("fleet: installing NFD's CRDs")
+            self._kubectl_for(binaries.control_plane)("apply", "--server-side", "--field-manager=gpucanary-fleet",
+                                                      "-f", str(binaries.nfd_master / "nfd-api-crds.yaml"))
+            self._start(part, progress)
         self._start(operator_part, progress)
         self._start(agent, progress)
         self._start(ingress, progress)
@@ -329,7 +340,8 @@ class Fleet:
                  "gpu_nodes": self.layout.gpu_nodes, "startup_s": startup_s, "kubeconfig": str(self.kubeconfig),
                  "prometheus_url": self.prometheus_url,
                  "kubelet_pool": bool(self._kubelet_pool_nodes(binaries)),
-                 "kubelet_node_bin_dir": str(binaries.kubelet_node) if binaries.kubelet_node else None}
+                 "kubelet_node_bin_dir": str(binaries.kubelet_node) if binaries.kubelet_node else None,
+                 "nfd_master_bin_dir": str(binaries.nfd_master) if binaries.nfd_master else None}
         self.layout.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
     @staticmethod
@@ -412,7 +424,8 @@ class Fleet:
                 states[part.name] = "stopped"
             else:
                 health = "healthy" if processes.healthy(self.layout, part) else "not answering"
-                states[part.name] = f"running (pid {pid}, 127.0.0.1:{part.port}, {health})"
+                where = f"127.0.0.1:{part.port}" if part.port else "no port"
+                states[part.name] = f"running (pid {pid}, {where}, {health})"
         if all(s.startswith("running") for name, s in states.items()
                if name not in ("gpu-operator release", "default canary pool")):
             states["nodes"] = self._node_summary()
@@ -444,7 +457,7 @@ class Fleet:
 
     def down(self, *, progress: Progress = _quiet) -> None:
         binaries = self.binaries()
-        ports = [p.port for p in self._all_components(binaries)] if binaries else []
+        ports = [p.port for p in self._all_components(binaries) if p.port] if binaries else []
         kubelet_nodes.stop_nodes(self.layout, progress)
         stopped = processes.stop_all(self.layout)
         progress(f"fleet: stopped {len(stopped)} processes")

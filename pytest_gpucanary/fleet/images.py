@@ -50,6 +50,7 @@ class ImageSpec:
     files: tuple[tuple[str, Path], ...]          # (path in image, file on this machine)
     links: tuple[tuple[str, str], ...] = ()      # (path in image, symlink target)
     data: tuple[tuple[str, bytes], ...] = ()     # (path in image, content), executable
+    env: tuple[str, ...] = ()                    # NAME=value, besides PATH
 
 
 def _member(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, size: int = 0,
@@ -93,7 +94,7 @@ def write_oci_tar(spec: ImageSpec, path: Path) -> None:
     with tarfile.open(path, "w") as tar:
         layer_digest, layer_size = _blob(tar, layer)
         config = {"architecture": "amd64", "os": "linux",
-                  "config": {"Env": ["PATH=/bin"], "Entrypoint": list(spec.entrypoint), "WorkingDir": "/"},
+                  "config": {"Env": ["PATH=/usr/bin:/bin", *spec.env], "Entrypoint": list(spec.entrypoint), "WorkingDir": "/"},
                   "rootfs": {"type": "layers", "diff_ids": [layer_digest]}}
         config_digest, config_size = _blob(tar, json.dumps(config).encode())
         manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -121,9 +122,10 @@ def _busybox_applets() -> list[str]:
 
 
 def _busybox(names: tuple[str, ...], entrypoint: tuple[str, ...] = ("/bin/sh",), *,
-             files: tuple[tuple[str, Path], ...] = (), data: tuple[tuple[str, bytes], ...] = ()) -> ImageSpec:
+             files: tuple[tuple[str, Path], ...] = (), data: tuple[tuple[str, bytes], ...] = (),
+             env: tuple[str, ...] = ()) -> ImageSpec:
     return ImageSpec(names, entrypoint, (("/bin/busybox", Path(BUSYBOX)), *files),
-                     tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets()), data)
+                     tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets()), data, env)
 
 
 def shared_libraries(binary: Path) -> tuple[tuple[str, Path], ...]:
@@ -134,22 +136,22 @@ def shared_libraries(binary: Path) -> tuple[tuple[str, Path], ...]:
     return tuple((path, Path(path)) for path in dict.fromkeys(paths))
 
 
-def operator_plugin_images(*, device_plugin: str, device_plugin_bin: Path) -> list[ImageSpec]:
-    """The image of the GPU Operator's device-plugin DaemonSet pod, under the ClusterPolicy's name: NVIDIA's
-    `device_plugin_bin` (cgo: with the C library it and the NVML library it loads link), and busybox for the
-    operator's entrypoint script (sh, lsmod)."""
+def operator_plugin_images(*, device_plugin: str, plugin_dir: Path) -> list[ImageSpec]:
+    """The image of the GPU Operator's device-plugin and GFD DaemonSet pods, under the ClusterPolicy's device plugin
+    name (NVIDIA ships both commands in that image): NVIDIA's binaries from `plugin_dir` (cgo: with the C library
+    they and the NVML library they load link), and busybox for the operator's entrypoint script (sh, lsmod).
+    Like NVIDIA's image (a CUDA base) it asks the NVIDIA runtime for every GPU, which then mounts the driver's
+    NVML into GFD's container."""
+    binaries = [plugin_dir / name for name in ("nvidia-device-plugin", "gpu-feature-discovery")]
+    libraries = dict(library for binary in binaries for library in shared_libraries(binary))
     return [
         _busybox((device_plugin,), ("/bin/nvidia-device-plugin",),
-                 files=(("/bin/nvidia-device-plugin", device_plugin_bin), *shared_libraries(device_plugin_bin)),
-                 data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),)),
+                 files=(*((f"/bin/{b.name}", b) for b in binaries), *libraries.items()),
+                 data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),),
+                 env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility")),
     ]
 
 
-# What the NVIDIA container runtime injects into the validator's toolkit check (NVIDIA_VISIBLE_DEVICES=all): an
-# nvidia-smi whose exit status is all the check reads. The toolkit itself does not run on the kubelet node.
-_TOOLKIT_NVIDIA_SMI = b"""#!/bin/sh
-echo "NVIDIA-SMI (injected by the container runtime stand-in)"
-"""
 # The driver container: `nvidia-driver init` loads the driver. Here that is /sys/module/nvidia/refcnt
 # on a tmpfs in the container's own mount namespace (the startup probe reads it there) and a marker on
 # the node's /run/nvidia that the driver manager unloads; then it waits for SIGTERM.
@@ -261,8 +263,7 @@ def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, va
     validator's nvidia-smi check fails with the message and retries ("unvalidated")."""
     faults = faults or {}
     specs = [
-        _busybox((validator,), files=(("/bin/nvidia-validator", validator_bin),),
-                 data=(("/bin/nvidia-smi", _TOOLKIT_NVIDIA_SMI),)),
+        _busybox((validator,), files=(("/bin/nvidia-validator", validator_bin),)),
         _busybox((driver_manager,), ("/bin/driver-manager",), files=(("/bin/driver-manager", bin_dir / "driver-manager"),),
                  data=(("/etc/gpucanary/apiserver", apiserver_url.encode() + b"\n"),)),
         _busybox((cuda_sample,), data=(("/cuda-samples/vectorAdd", _VECTOR_ADD),)),

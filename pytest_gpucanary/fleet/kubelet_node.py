@@ -48,13 +48,13 @@ NODE_LABELS = {NODE_KIND_LABEL: "kubelet", "gpucanary.io/fleet": "local"}
 # With the device plugin as a fleet process, nvidia.com/gpu.deploy.operands=false keeps every GPU
 # Operator operand off the node: their nvcr.io images are not on it (the KWOK GPU nodes run them).
 PROCESS_PLUGIN_LABELS = {"nvidia.com/gpu.deploy.operands": "false"}
-# A pool node deploys only the operands that have stand-ins here; the operator keeps a deploy label
-# that is already set, so "false" keeps each of the others off.
+# A pool node deploys only the operands that run here; the operator keeps a deploy label that is already
+# set, so "false" keeps each of the others off.
+POOL_OPERANDS = ("driver", "operator-validator", "device-plugin", "gpu-feature-discovery")
 POOL_LABELS = {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in (
-    "driver", "gpu-feature-discovery", "container-toolkit", "dcgm", "dcgm-exporter", "node-status-exporter",
-    "operator-validator", "mig-manager", "sandbox-validator", "sandbox-device-plugin", "vgpu-manager",
-    "vgpu-device-manager", "vfio-manager", "kata-manager", "cc-manager")} | {
-    f"nvidia.com/gpu.deploy.{operand}": "true" for operand in ("driver", "operator-validator", "device-plugin")}
+    "container-toolkit", "dcgm", "dcgm-exporter", "node-status-exporter", "mig-manager", "sandbox-validator",
+    "sandbox-device-plugin", "vgpu-manager", "vgpu-device-manager", "vfio-manager", "kata-manager",
+    "cc-manager")} | {f"nvidia.com/gpu.deploy.{operand}": "true" for operand in POOL_OPERANDS}
 # The driver versions a pool node has images for, besides the fleet's own: a run to another version
 # sees its driver pod fail to pull, and says so.
 POOL_DRIVER_VERSIONS = ("580.95.05", "575.57.08", "570.172.08")
@@ -68,7 +68,7 @@ DRIVER_FAULTS = {"574.0.1": ("crash", "ERROR: Unable to load the kernel module '
                                       "module (a GPL-only symbol on this kernel)"),
                  "574.0.2": ("hang", "Installing Linux kernel headers..."),
                  "574.0.3": ("unvalidated", "Failed to initialize NVML: Driver/library version mismatch")}
-_KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool")
+_KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool", "nvidia.com/gpu.deploy.gpu-feature-discovery")
 # containerd's CRI always adds the loopback network itself, from the same plugin directory
 DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")
 
@@ -107,10 +107,12 @@ def hosts_text(layout: FleetLayout) -> str:
     return Path("/etc/hosts").read_text().rstrip("\n") + f"\n{HOST} {names}\n"
 
 
-def gpu_labels() -> dict[str, str]:
-    """The NFD and GFD labels of the KWOK GPU nodes (fixtures/fleet/gpu-node.yaml), without theirs."""
+def gpu_labels(*, gfd: bool = True) -> dict[str, str]:
+    """The NFD and GFD labels of the KWOK GPU nodes (fixtures/fleet/gpu-node.yaml), without theirs; without GFD's
+    (`nvidia.com/`) where NVIDIA's GFD runs and writes its own."""
     labels = yaml.safe_load((FLEET_FIXTURES / "gpu-node.yaml").read_text())["metadata"]["labels"]
-    return {k: v for k, v in labels.items() if k not in _KWOK_ONLY_LABELS and not k.startswith("kubernetes.io/")}
+    return {k: v for k, v in labels.items() if k not in _KWOK_ONLY_LABELS and not k.startswith("kubernetes.io/")
+            and (gfd or not k.startswith("nvidia.com/"))}
 
 
 def operator_images() -> dict[str, str]:
@@ -272,13 +274,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   privileged_without_host_devices = true  # a privileged pod gets no device of the machine
 {cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
-# RuntimeClass "nvidia" (the operator's operands ask for it): plain runc, standing in for
-# nvidia-container-runtime, which would inject GPU devices and libraries there are none of
+# RuntimeClass "nvidia" (the operator's operands ask for it): runc behind the stand-in for
+# nvidia-container-runtime (ci/node/nvidia-runtime), which mounts the driver root's NVML and nvidia-smi
+# into a container that asks for GPUs, as the NVIDIA Container Toolkit does
 {cri}.containerd.runtimes.nvidia]
   runtime_type = "io.containerd.runc.v2"
   privileged_without_host_devices = true
 {cri}.containerd.runtimes.nvidia.options]
   SystemdCgroup = false
+  BinaryName = "{self.bin_dir / 'nvidia-container-runtime'}"
 {cri}.cni]
   bin_dir = "{self.dir / 'cni' / 'bin'}"
   conf_dir = "{self.dir / 'cni' / 'net.d'}"

@@ -31,7 +31,7 @@ Progress = Callable[[str], None]
 Kubectl = Callable[..., str]
 KUBELET_NODE_BUILD = Build("GPUCANARY_KUBELET_BIN_DIR", "build-kubelet.sh",
                            ("kubelet", "pause", "fake-gpu-plugin", "gpucanary-netns", "allreduce",
-                            "driver-manager"))
+                            "driver-manager", "nvidia-container-runtime"))
 DEBIAN_TOOLS = {"containerd": "containerd", "containerd-shim-runc-v2": "containerd", "ctr": "containerd",
                 "runc": "runc", "nsenter": "util-linux", "ip": "iproute2", "openssl": "openssl"}
 READY_TIMEOUT_S = 120
@@ -107,9 +107,8 @@ class KubeletNodes:
             if not validator.is_file():
                 raise EnvError(f"the GPU Operator build in {operator_bin_dir} has no nvidia-validator, which a kubelet "
                                "pool runs", hint="rebuild it: bash ci/build-operator.sh <release>")
-            specs += images.operator_plugin_images(
-                device_plugin=names["devicePlugin"],
-                device_plugin_bin=find_bin_dir(DEVICE_PLUGIN, progress) / "nvidia-device-plugin")
+            specs += images.operator_plugin_images(device_plugin=names["devicePlugin"],
+                                                   plugin_dir=find_bin_dir(DEVICE_PLUGIN, progress))
             specs += images.pool_operand_images(self.bin_dir, self.layout.apiserver_url, validator=names["validator"],
                                                 validator_bin=validator,
                                                 nvml_shim=find_bin_dir(NVML_SHIM, progress) / "libnvidia-ml.so.1",
@@ -138,7 +137,8 @@ class KubeletNodes:
         for part in plugin:
             _start(self.layout, part, progress)
         _wait_registered(kubectl, node.name)
-        kubectl("label", "node", node.name, "--overwrite", *(f"{k}={v}" for k, v in gpu_labels().items()))
+        kubectl("label", "node", node.name, "--overwrite",
+                *(f"{k}={v}" for k, v in gpu_labels(gfd=not node.pool).items()))
         _wait(kubectl, node.name, "--for=condition=Ready")
         if plugin:
             _wait_gpus(kubectl, node.name)
@@ -148,12 +148,14 @@ class KubeletNodes:
         return elapsed_s
 
     def wait_operator_gpus(self, kubectl: Kubectl, progress: Progress) -> None:
-        """On pool nodes: wait until the operator's device-plugin pod has advertised the GPUs."""
+        """On pool nodes: wait until the operator's device-plugin pod has advertised the GPUs and GFD's labels,
+        through nfd-master, name them."""
         if not self.layout.kubelet_pool:
             return
         for node in self.nodes():
-            progress(f"fleet: waiting for the GPU Operator's device plugin on {node.name}")
+            progress(f"fleet: waiting for the GPU Operator's device plugin and GFD on {node.name}")
             _wait_gpus(kubectl, node.name)
+            _wait(kubectl, node.name, "--for=jsonpath={.metadata.labels.nvidia\\.com/gpu\\.count}=" + str(GPUS_PER_NODE))
 
 
 def _start(layout: FleetLayout, part: Component, progress: Progress) -> None:

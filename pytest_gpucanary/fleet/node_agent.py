@@ -27,13 +27,13 @@ GPU Feature Discovery's driver labels, and the device plugin's GPU count.
   `gpucanary.io/simulated-collective: never-completes` or its driver pod's nvidia-peermem-ctr is not
   ready. Pairs with a real kubelet node are left to the real processes.
 
-- **Kubelet pool nodes** (real nodes, whose driver manager, driver, validator and device plugin are
-  processes there): only what no process there does yet. GFD's driver labels once the node's driver
-  pod is Ready, and DCGM series (at KUBELET_DCGM_PATH on the agent's port, which the fleet's
-  Prometheus scrapes) as kwok serves them for KWOK nodes.
+- **Kubelet pool nodes** (real nodes, whose driver manager, driver, validator, device plugin and GFD are
+  processes there, GFD's labels written by nfd-master): only what no process there does yet, DCGM series
+  (at KUBELET_DCGM_PATH on the agent's port, which the fleet's Prometheus scrapes) as kwok serves them for
+  KWOK nodes, from the driver version in GFD's labels.
 
 This stands in for the node, never for the upgrade controller: it writes no upgrade-state label and
-deletes no pod. Of a real kubelet node it writes only GFD's driver labels.
+deletes no pod. It writes nothing to a real kubelet node.
 """
 
 from __future__ import annotations
@@ -145,11 +145,6 @@ class NodeAgent:
                 self.step(node)
             except GpucanaryError:
                 pass   # the node or pod went away meanwhile; its next event retries
-        for node in sorted(n for n in nodes if n in self.kubelet_pool):
-            loaded = next((p for p in self.pods.values() if p["spec"].get("nodeName") == node
-                           and op.is_driver_pod(_labels(p)) and _ready(p) and not _gone(p)), None)
-            if loaded is not None:
-                self._write_driver_labels(node, loaded)
 
     def _kwok(self, node: str) -> bool:
         """A KWOK node (a real kubelet node's processes do all of this themselves). The Node watch

@@ -69,7 +69,7 @@ POOL_DRIVER = {"hostNetwork": True, "startupProbe": {"initialDelaySeconds": 5, "
                                                      "successThreshold": 1, "timeoutSeconds": 30}}
 
 
-def pool_operands(apiserver_url: str) -> dict:
+def pool_operands(apiserver_url: str, device_plugin: dict) -> dict:
     """The ClusterPolicy's validator and device plugin where kubelet nodes are canary pools, so NVIDIA's own run
     there as NVIDIA's GPU-less test stack runs them (k8s-test-infra's gpu-operator values). The validator: no
     /dev/char links to devices that do not exist, no CUDA vectorAdd pod; it reaches the apiserver only by
@@ -78,7 +78,9 @@ def pool_operands(apiserver_url: str) -> dict:
     checks build a client). The device plugin: no NVML event health checks (the stand-in has no events), and the
     NVML stand-in's state read through the host root it mounts. And no CDI (v26.7's default turns it on): the
     plugin would write a CDI spec from the driver root's libcuda and ld.so.cache, which the stand-in driver does
-    not have; it hands out GPUs by NVIDIA_VISIBLE_DEVICES and device nodes instead, as before CDI."""
+    not have; it hands out GPUs by NVIDIA_VISIBLE_DEVICES and device nodes instead, as before CDI. GFD: from the
+    device plugin's image (`device_plugin`: its repository, image and version), as NVIDIA ships it; on the host
+    network with the apiserver's address, where it writes its NodeFeature for nfd-master."""
     url = urlsplit(apiserver_url)
     api = [{"name": "KUBERNETES_SERVICE_HOST", "value": url.hostname}, {"name": "KUBERNETES_SERVICE_PORT",
                                                                           "value": str(url.port)}]
@@ -88,6 +90,8 @@ def pool_operands(apiserver_url: str) -> dict:
                           "plugin": {"env": api}},
             "devicePlugin": {"env": [{"name": "DP_DISABLE_HEALTHCHECKS", "value": "all"},
                                      {"name": "GPUCANARY_NVML_STATE", "value": "/host" + NVML_STATE_PATH}]},
+            "gfd": {"enabled": True, **{k: device_plugin[k] for k in ("repository", "image", "version")},
+                    "hostNetwork": True, "env": api},
             "cdi": {"enabled": False}}
 
 
@@ -103,7 +107,7 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
     policy["metadata"].setdefault("labels", {}).update(release_labels(release))
     policy["spec"]["driver"]["useNvidiaDriverCRD"] = driver_mode == "nvidiadriver"
     if pool_nodes:
-        for operand, settings in pool_operands(apiserver_url).items():
+        for operand, settings in pool_operands(apiserver_url, policy["spec"]["devicePlugin"]).items():
             policy["spec"][operand] = policy["spec"].get(operand, {}) | settings
     if driver_mode == "clusterpolicy" and pool_nodes:   # one DaemonSet drives the kubelet pool nodes too
         policy["spec"]["driver"] |= POOL_DRIVER

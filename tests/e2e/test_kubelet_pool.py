@@ -35,7 +35,7 @@ import pytest
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet import processes
-from pytest_gpucanary.fleet.binaries import NVML_SHIM, find_bin_dir
+from pytest_gpucanary.fleet.binaries import DEVICE_PLUGIN, NFD_MASTER, NVML_SHIM, find_bin_dir
 from pytest_gpucanary.fleet.images import NVML_STATE_PATH, PAUSE_IMAGE
 from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
@@ -249,6 +249,47 @@ def test_gpus_come_from_the_operators_device_plugin_pod_and_go_with_it(pool_flee
     kube.wait_for("v1", "Node", NODE, lambda n: n["status"]["allocatable"].get("nvidia.com/gpu") == "8", timeout_s=90)
 
 
+def test_gfd_labels_the_node_through_nfd_master_from_the_nvml_the_runtime_mounts(pool_fleet: dict[str, str]) -> None:
+    """NVIDIA's GFD (v0.19.3, from the device plugin's module and image) reads the node's GPUs through the NVML that
+    the runtime stand-in mounts into its container, writes them into a NodeFeature, and NFD's nfd-master (v0.18.3)
+    puts them on the node: the node agent writes no GFD label on a kubelet node."""
+    kube = _kube(pool_fleet)
+    root = Path(pool_fleet["GPUCANARY_FLEET_DIR"])
+    kubectl = [str(Path(pool_fleet["GPUCANARY_BIN_DIR"]) / "kubectl"), f"--kubeconfig={root / 'kubeconfig'}"]
+    for node in (NODE, SECOND):
+        [gfd] = kube.list("v1", "Pod", namespace="gpu-operator", label_selector="app=gpu-feature-discovery",
+                          field_selector=f"spec.nodeName={node}")
+        log = subprocess.run([*kubectl, "logs", "-n", "gpu-operator", gfd["metadata"]["name"], "-c",
+                              "gpu-feature-discovery"], capture_output=True, text=True, timeout=60).stdout
+        assert "Using NVML manager" in log and f"NodeFeature object nvidia-features-for-{node}" in log, log
+        features = kube.get("nfd.k8s-sigs.io/v1alpha1", "NodeFeature", f"nvidia-features-for-{node}",
+                            namespace="gpu-operator")["spec"]["labels"]
+        assert (features["nvidia.com/cuda.driver-version.full"], features["nvidia.com/gpu.count"],
+                features["nvidia.com/gpu.product"]) == ("580.82.07", "8", "NVIDIA-H100-80GB-HBM3"), features
+        meta = kube.get("v1", "Node", node)["metadata"]
+        labels, written = meta["labels"], meta["annotations"]["nfd.node.kubernetes.io/feature-labels"].split(",")
+        assert {k: labels.get(k) for k in features} == features, labels
+        assert {"nvidia.com/cuda.driver-version.full", "nvidia.com/gpu.product"} <= set(written), written
+    writers = {entry.get("manager") for entry in kube.get("v1", "Node", NODE)["metadata"]["managedFields"]
+               if "nvidia.com/cuda.driver-version.full" in json.dumps(entry.get("fieldsV1", {}))}
+    assert writers == {"nfd-master"}, writers
+
+
+def test_each_nvidia_operand_the_pool_node_runs_is_built_from_its_own_module(pool_fleet: dict[str, str]) -> None:
+    """`go version -m`: the validator from the operator's release tree, the device plugin and GFD from NVIDIA's
+    k8s-device-plugin module, nfd-master from NFD's; none is a stand-in of ours."""
+    operator_dir = Path(json.loads((Path(pool_fleet["GPUCANARY_FLEET_DIR"]) / "fleet.json").read_text())["operator_bin_dir"])
+    plugin_dir = find_bin_dir(DEVICE_PLUGIN, progress=lambda line: None)
+    binaries = {operator_dir / "nvidia-validator": "github.com/NVIDIA/gpu-operator",
+                plugin_dir / "nvidia-device-plugin": "github.com/NVIDIA/k8s-device-plugin\tv0.19.3",
+                plugin_dir / "gpu-feature-discovery": "github.com/NVIDIA/k8s-device-plugin\tv0.19.3",
+                find_bin_dir(NFD_MASTER, progress=lambda line: None) / "nfd-master":
+                    "sigs.k8s.io/node-feature-discovery\tv0.18.3"}
+    for binary, module in binaries.items():
+        info = subprocess.run(["go", "version", "-m", str(binary)], capture_output=True, text=True, check=True).stdout
+        assert module in info, (binary, info[:600])
+
+
 def test_field_note_policy_drains_the_real_service_and_the_gate_fails_at_application(
         pool_fleet: dict[str, str], demo_runs: dict) -> None:
     kube = _kube(pool_fleet)
@@ -283,7 +324,7 @@ def test_default_policy_deletes_only_the_gpu_job_on_the_kubelet_node(pool_fleet:
     texts = [e["text"] for e in device["evidence"]]
     assert any("Succeeded" in t and "driver:580.82.07" in t for t in texts), texts   # the old driver pod ended
     assert any("Running" in t and f"driver:{TARGET}" in t for t in texts), texts      # its successor at the target
-    # GFD's label and DCGM's driver version at the target (the node agent's stand-ins on this node)
+    # GFD's label (NVIDIA's GFD through nfd-master) and DCGM's driver version (the node agent's) at the target
     assert device["outcome"] == "pass", device
     assert any(f"nvidia.com/cuda.driver-version.full={TARGET}" in t for t in texts), texts
     assert run.proc.returncode == 0, output

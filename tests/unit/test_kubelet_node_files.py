@@ -104,6 +104,8 @@ def test_gpu_labels_are_the_kwok_gpu_nodes_nfd_and_gfd_labels_without_kwoks_own(
     assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert "type" not in labels and "gpucanary.io/driver-pool" not in labels  # kwok's, and the fleet driver's
+    assert "nvidia.com/gpu.deploy.gpu-feature-discovery" not in labels        # keeps GFD pods off KWOK nodes only
+    assert {k for k in gpu_labels(gfd=False) if k.startswith("nvidia.com/")} == set()   # a pool node's GFD writes them
 
 
 def test_hosts_names_every_kubelet_node_on_loopback(tmp_path: Path) -> None:
@@ -164,17 +166,23 @@ def test_oci_tar_names_each_image_and_its_blobs_match_their_digests(tmp_path: Pa
         assert {"tool", "bin/x", "bin/bash", "etc/passwd", "tmp"} <= set(inner.getnames())
 
 
-def test_the_device_plugin_image_carries_the_c_library_a_cgo_binary_and_the_nvml_it_loads_link(tmp_path: Path) -> None:
+def test_the_device_plugin_image_carries_plugin_gfd_and_the_c_library_they_link_and_asks_for_gpus(tmp_path: Path) -> None:
     binary = Path(shutil.which("ls") or "/bin/ls")        # any dynamically linked program of the machine
-    [spec] = operator_plugin_images(device_plugin="nvcr.io/nvidia/k8s-device-plugin:v0.17.4", device_plugin_bin=binary)
+    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
+        shutil.copy(binary, tmp_path / name)
+    [spec] = operator_plugin_images(device_plugin="nvcr.io/nvidia/k8s-device-plugin:v0.17.4", plugin_dir=tmp_path)
     write_oci_tar(spec, tmp_path / "plugin.tar")
     with tarfile.open(tmp_path / "plugin.tar") as tar:
-        layers = [m for m in tar.getmembers() if m.name.startswith("blobs/") and m.size > 100_000]
-        with tarfile.open(fileobj=io.BytesIO(tar.extractfile(layers[0]).read())) as layer:
-            names = set(layer.getnames())
+        blobs = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.startswith("blobs/")}
+    layer = max(blobs.values(), key=len)
+    with tarfile.open(fileobj=io.BytesIO(layer)) as layer_tar:
+        names = set(layer_tar.getnames())
     loader = next(inside for inside, _ in shared_libraries(binary) if "ld-linux" in inside)
-    assert {"bin/nvidia-device-plugin", "bin/lsmod", "bin/sh", loader.lstrip("/")} <= names, sorted(names)[:20]
+    assert {"bin/nvidia-device-plugin", "bin/gpu-feature-discovery", "bin/lsmod", "bin/sh",
+            loader.lstrip("/")} <= names, sorted(names)[:20]
     assert any(name.endswith("/libc.so.6") for name in names)
+    config = next(json.loads(b) for b in blobs.values() if b.startswith(b"{") and b'"rootfs"' in b)
+    assert "NVIDIA_VISIBLE_DEVICES=all" in config["config"]["Env"]   # as NVIDIA's CUDA-based image: the runtime mounts NVML
 
 
 def test_kubelet_config_is_yaml_the_kubelet_reads(tmp_path: Path) -> None:
@@ -182,11 +190,12 @@ def test_kubelet_config_is_yaml_the_kubelet_reads(tmp_path: Path) -> None:
     assert yaml.safe_load(text)["failCgroupV1"] is False
 
 
-def test_a_pool_node_runs_driver_validator_and_device_plugin_untainted_with_a_driver_of_its_own(tmp_path: Path) -> None:
+def test_a_pool_node_runs_driver_validator_device_plugin_and_gfd_untainted_with_a_driver_of_its_own(tmp_path: Path) -> None:
     node = _node(tmp_path, pool=True)
     deploy = {k: v for k, v in node.labels().items() if k.startswith("nvidia.com/gpu.deploy.")}
     assert sorted(k for k, v in deploy.items() if v == "true") == [
-        "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.driver", "nvidia.com/gpu.deploy.operator-validator"]
+        "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.driver",
+        "nvidia.com/gpu.deploy.gpu-feature-discovery", "nvidia.com/gpu.deploy.operator-validator"]
     assert node.labels()["gpucanary.io/driver-pool"] == "gpu-kubelet-0"
     assert node._kubelet_config()["registerWithTaints"] == []     # the canary's service must be able to land there
     assert [c.name for c in node.components()] == ["gpu-kubelet-0-containerd", "gpu-kubelet-0-kubelet"]
