@@ -268,7 +268,7 @@ class Fleet:
             time.sleep(1.0)
 
     def _start(self, part: components.Component, progress: Progress) -> None:
-        progress(f"fleet: starting {part.name} on 127.0.0.1:{part.port}")
+        progress(f"fleet: starting {part.name} " + (f"on 127.0.0.1:{part.port}" if part.port else "(it listens on no port)"))
         proc = processes.start(self.layout, part)
         processes.wait_healthy(self.layout, part, proc, timeout_s=START_TIMEOUT_S.get(part.name, 60))
 
