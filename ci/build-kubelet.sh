@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the fleet's real kubelet node from Go modules into a cache outside the repo: kubelet from
 # the same k8s.io/kubernetes module as the control plane (ci/go.mod), and the node's stand-ins in
-# ci/node/ (pause, the fake GPU device plugin, the namespace-only CNI plugin, the TCP all-reduce
+# ci/node/ (pause, the namespace-only CNI plugin, the TCP all-reduce
 # standing in for nccl-tests, the driver manager stand-in, the NVIDIA container runtime stand-in). containerd and runc come
 # from Debian (ci/install-node-deps.sh). The cache directory is keyed by the Kubernetes version,
 # go.sum and the stand-ins' sources, so a warm run builds nothing.
@@ -15,7 +15,7 @@ K8S=$(grep -Eo 'k8s.io/kubernetes v[0-9.]+' go.mod | head -1 | sed 's/.* v//')
 sum=$( (cat go.sum; find node -name '*.go' -not -path 'node/nvml-shim/*' -not -path 'node/device-plugin/*' -not -path 'node/nfd-master/*' | sort | xargs cat) | sha256sum | cut -c1-12)
 cache=${GPUCANARY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpucanary}
 out="$cache/bin/kubelet-node-$K8S-$sum"
-bins="kubelet pause fake-gpu-plugin gpucanary-netns allreduce driver-manager nvidia-container-runtime"
+bins="kubelet pause gpucanary-netns allreduce driver-manager nvidia-container-runtime"
 
 if [ -f "$out/.complete" ]; then
   echo "kubelet node binaries up to date in $out" >&2
@@ -39,9 +39,8 @@ done
 go build -pgo=off -tags selinux,notest,grpcnotrace -ldflags "$ld" -o "$tmp/" k8s.io/kubernetes/cmd/kubelet
 kubelet_s=$(( $(date +%s) - start ))
 
-echo "building the node's stand-ins (pause, fake-gpu-plugin, gpucanary-netns, allreduce, driver-manager, nvidia-container-runtime)" >&2
+echo "building the node's stand-ins (pause, gpucanary-netns, allreduce, driver-manager, nvidia-container-runtime)" >&2
 go build -pgo=off -ldflags "-s -w" -o "$tmp/pause" ./node/pause
-go build -pgo=off -ldflags "-s -w" -o "$tmp/fake-gpu-plugin" ./node/fake-gpu-plugin
 go build -pgo=off -ldflags "-s -w" -o "$tmp/gpucanary-netns" ./node/netns-cni
 go build -pgo=off -ldflags "-s -w" -o "$tmp/allreduce" ./node/allreduce
 go build -pgo=off -ldflags "-s -w" -o "$tmp/driver-manager" ./node/driver-manager

@@ -8,8 +8,6 @@ which then finds them). Each image is one uncompressed layer, so its diff ID is 
 - busybox: Debian's static busybox with a link per applet. It stands in for the workload images
   (busybox:1.36 in fixtures/workloads/probe.yaml) and for anything that needs a shell.
 - pause: ci/node/pause, standing in for registry.k8s.io/pause as the sandbox image.
-- fake-gpu-plugin: ci/node/fake-gpu-plugin, standing in for nvcr.io/nvidia/k8s-device-plugin on a kubelet
-  node that is not a canary pool (a pool node runs NVIDIA's own, see operator_plugin_images).
 - allreduce: ci/node/allreduce as /allreduce, a two-rank all-reduce over TCP standing in for
   nccl-tests' all_reduce_perf (same flags and summary lines), with busybox so a manifest can wrap
   it in `sh -c`.
@@ -37,7 +35,6 @@ BUSYBOX = "/bin/busybox"
 PAUSE_IMAGE = "localhost/gpucanary/pause:1"
 BUSYBOX_IMAGES = ("localhost/gpucanary/busybox:1", "docker.io/library/busybox:1.36",
                   "docker.io/library/busybox:latest")
-FAKE_GPU_PLUGIN_IMAGE = "localhost/gpucanary/fake-gpu-plugin:1"
 ALLREDUCE_IMAGE = "localhost/gpucanary/allreduce:1"
 _BASE_DIRS = ("bin", "etc", "dev", "proc", "sys", "run", "var", "root")   # in every image, with /tmp
 _PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
@@ -287,8 +284,6 @@ def node_images(bin_dir: Path) -> list[ImageSpec]:
     return [
         _busybox(BUSYBOX_IMAGES),
         ImageSpec((PAUSE_IMAGE,), ("/pause",), (("/pause", bin_dir / "pause"),)),
-        ImageSpec((FAKE_GPU_PLUGIN_IMAGE,), ("/fake-gpu-plugin",),
-                  (("/fake-gpu-plugin", bin_dir / "fake-gpu-plugin"),)),
         _busybox((ALLREDUCE_IMAGE,), ("/allreduce",), files=(("/allreduce", bin_dir / "allreduce"),)),
     ]
 

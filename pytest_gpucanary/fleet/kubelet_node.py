@@ -1,8 +1,9 @@
 """One real kubelet GPU node of the fleet: its files and its three processes.
 
 kubelet v1.36 (built from the control plane's k8s.io/kubernetes module by ci/build-kubelet.sh),
-containerd and runc from Debian, and the fake GPU device plugin (ci/node/fake-gpu-plugin). Every
-port is on 127.0.0.1 in the fleet's range; every file is under <fleet>/data/nodes/<name>.
+containerd and runc from Debian, and, on a node that is no canary pool, NVIDIA's device plugin over the
+NVML stand-in (a pool node gets it from the GPU Operator). Every port is on 127.0.0.1 in the fleet's
+range; every file is under <fleet>/data/nodes/<name>.
 
 The node is one private mount namespace, made by its containerd component and entered (nsenter) by
 its kubelet and device plugin, so containerd, runc, the shims and the kubelet see the same node:
@@ -23,6 +24,7 @@ and goes with its last process. Pods' cgroups live under
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ import yaml
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.components import Component
-from pytest_gpucanary.fleet.images import PAUSE_IMAGE
+from pytest_gpucanary.fleet.images import NVML_STATE_SCRIPT, PAUSE_IMAGE, nvml_gpus
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL
@@ -126,6 +128,11 @@ def operator_images() -> dict[str, str]:
     return names
 
 
+def fleet_driver_version() -> str:
+    """The driver version of the fleet's ClusterPolicy and NVIDIADriver."""
+    return str(yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]["driver"]["version"])
+
+
 def driver_images() -> tuple[str, ...]:
     """The driver image names a pool node has: the fleet's version, POOL_DRIVER_VERSIONS and DRIVER_FAULTS,
     with the OS suffix the operator appends from the node's NFD labels."""
@@ -133,7 +140,7 @@ def driver_images() -> tuple[str, ...]:
     labels = gpu_labels()
     suffix = (labels["feature.node.kubernetes.io/system-os_release.ID"]
               + labels["feature.node.kubernetes.io/system-os_release.VERSION_ID"])
-    versions = dict.fromkeys((str(spec["version"]), *POOL_DRIVER_VERSIONS, *DRIVER_FAULTS))
+    versions = dict.fromkeys((fleet_driver_version(), *POOL_DRIVER_VERSIONS, *DRIVER_FAULTS))
     return tuple(f"{spec['repository']}/{spec['image']}:{version}-{suffix}" for version in versions)
 
 
@@ -197,7 +204,8 @@ class KubeletNode:
         """containerd (makes the namespace), kubelet and device plugin (enter it), in start order."""
         containerd, kubelet, plugin = self.component_names()
         pidfile = str(self.layout.run / f"{containerd}.pid")
-        metrics, healthz, gpu = self.port("containerd-metrics"), self.port("kubelet-healthz"), self.port("fake-gpu-plugin")
+        metrics, healthz = self.port("containerd-metrics"), self.port("kubelet-healthz")
+        driver_root = str(self.dir / "driver-root")
         parts = [
             Component(containerd, (
                 "unshare", "--mount", "--propagation", "private", "sh", "-c", _NAMESPACE_SETUP, str(self.dir),
@@ -210,16 +218,19 @@ class KubeletNode:
                 f"--hostname-override={self.name}", "--v=2",
                 "--node-labels=" + ",".join(f"{k}={v}" for k, v in self.labels().items()),
             ), f"http://{HOST}:{healthz}/healthz", healthz),
+            # NVIDIA's device plugin as a process of a node whose driver is installed on the host: it loads the
+            # driver root's NVML (the stand-in, answering from the node's state file) and registers its GPUs
             Component(plugin, (
-                "sh", "-c", _ENTER, pidfile, str(self.bin_dir / "fake-gpu-plugin"),
-                f"--count={GPUS_PER_NODE}", f"--device-prefix=GPU-{self.name}", f"--health-addr={HOST}:{gpu}",
-                f"--allocations={self.dir / 'allocations.log'}",
-            ), f"http://{HOST}:{gpu}/healthz", gpu),
+                "sh", "-c", _ENTER, pidfile, str(self.dir / "device-plugin" / "nvidia-device-plugin"),
+                f"--driver-root={driver_root}", f"--driver-root-ctr-path={driver_root}",
+            ), "", 0, env=(("GPUCANARY_NVML_STATE", str(self.dir / "nvml.env")), ("DP_DISABLE_HEALTHCHECKS", "all"))),
         ]
         return parts[:2] if self.pool else parts
 
-    def prepare(self, hosts: str) -> None:
-        """Every file the node's processes read; a leftover directory of a crashed node is replaced."""
+    def prepare(self, hosts: str, *, device_plugin: Path, nvml_shim: Path) -> None:
+        """Every file the node's processes read; a leftover directory of a crashed node is replaced. A node that is
+        no pool runs NVIDIA's `device_plugin` as a process over the `nvml_shim`, its driver installed on the host at
+        the fleet's version."""
         shutil.rmtree(self.dir, ignore_errors=True)
         for sub in ("varlib/upper", "varlib/work", "etc", "sysctl", "cni/net.d", "cni/ipam", "cni/bin", "containerd",
                     "kubelet/pki", "kubelet/pod-logs", "pki"):
@@ -231,6 +242,15 @@ class KubeletNode:
         if self.pool:
             for sub in ("dev/upper", "dev/work", "dev/keep"):
                 (self.dir / sub).mkdir(parents=True)
+        else:
+            (self.dir / "device-plugin").mkdir()
+            (self.dir / "device-plugin" / "nvidia-device-plugin").symlink_to(device_plugin)
+            (self.dir / "driver-root" / "usr" / "lib64").mkdir(parents=True)
+            shutil.copy(nvml_shim, self.dir / "driver-root" / "usr" / "lib64" / "libnvidia-ml.so.1")
+            gpus = self.dir / "nvml-gpus"
+            gpus.write_text(nvml_gpus(fleet_driver_version()))
+            subprocess.run(["sh", "-c", NVML_STATE_SCRIPT.decode(), "nvml-state", str(gpus), str(self.dir / "nvml.env")],
+                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NODE_NAME": self.name}, check=True)
         (self.dir / "cni" / "bin" / "loopback").symlink_to(DEBIAN_LOOPBACK_PLUGIN)
         (self.dir / "cni" / "bin" / "gpucanary-netns").symlink_to(self.bin_dir / "gpucanary-netns")
         (self.dir / "cni" / "net.d" / "10-gpucanary-netns.conflist").write_text(json.dumps(self._cni_config()))

@@ -30,7 +30,7 @@ from pytest_gpucanary.fleet.layout import FleetLayout
 Progress = Callable[[str], None]
 Kubectl = Callable[..., str]
 KUBELET_NODE_BUILD = Build("GPUCANARY_KUBELET_BIN_DIR", "build-kubelet.sh",
-                           ("kubelet", "pause", "fake-gpu-plugin", "gpucanary-netns", "allreduce",
+                           ("kubelet", "pause", "gpucanary-netns", "allreduce",
                             "driver-manager", "nvidia-container-runtime"))
 DEBIAN_TOOLS = {"containerd": "containerd", "containerd-shim-runc-v2": "containerd", "ctr": "containerd",
                 "runc": "runc", "nsenter": "util-linux", "ip": "iproute2", "openssl": "openssl"}
@@ -101,31 +101,33 @@ class KubeletNodes:
         check_host()
         hosts = hosts_text(self.layout)
         specs = images.node_images(self.bin_dir)
+        plugin_dir, nvml_shim = find_bin_dir(DEVICE_PLUGIN, progress), find_bin_dir(NVML_SHIM, progress) / "libnvidia-ml.so.1"
         if self.layout.kubelet_pool:
             names = operator_images()
             validator = operator_bin_dir / "nvidia-validator"
             if not validator.is_file():
                 raise EnvError(f"the GPU Operator build in {operator_bin_dir} has no nvidia-validator, which a kubelet "
                                "pool runs", hint="rebuild it: bash ci/build-operator.sh <release>")
-            specs += images.operator_plugin_images(device_plugin=names["devicePlugin"],
-                                                   plugin_dir=find_bin_dir(DEVICE_PLUGIN, progress))
+            specs += images.operator_plugin_images(device_plugin=names["devicePlugin"], plugin_dir=plugin_dir)
             specs += images.pool_operand_images(self.bin_dir, self.layout.apiserver_url, validator=names["validator"],
                                                 validator_bin=validator,
-                                                nvml_shim=find_bin_dir(NVML_SHIM, progress) / "libnvidia-ml.so.1",
+                                                nvml_shim=nvml_shim,
                                                 driver_manager=names["driverManager"], drivers=driver_images(),
                                                 cuda_sample=GPU_JOB_IMAGE, probe=PROBE_IMAGE,
                                                 service=SERVICE_IMAGE, faults=DRIVER_FAULTS)
         _state_file(self.layout).parent.mkdir(parents=True, exist_ok=True)
         _state_file(self.layout).write_text(json.dumps({"bin_dir": str(self.bin_dir), "count": self.count}))
-        started = {node.name: self._start_node(node, specs, hosts, kubectl, progress) for node in self.nodes()}
+        started = {node.name: self._start_node(node, specs, hosts, kubectl, progress,
+                                               device_plugin=plugin_dir / "nvidia-device-plugin", nvml_shim=nvml_shim)
+                   for node in self.nodes()}
         state = {"bin_dir": str(self.bin_dir), "count": self.count, "start_s": started}
         _state_file(self.layout).write_text(json.dumps(state, indent=2) + "\n")
         return started
 
     def _start_node(self, node: KubeletNode, specs: list[images.ImageSpec], hosts: str, kubectl: Kubectl,
-                    progress: Progress) -> float:
+                    progress: Progress, *, device_plugin: Path, nvml_shim: Path) -> float:
         begin = time.monotonic()
-        node.prepare(hosts)
+        node.prepare(hosts, device_plugin=device_plugin, nvml_shim=nvml_shim)
         node_cgroups.create(node.cgroup_root)
         containerd, kubelet, *plugin = node.components()
         _start(self.layout, containerd, progress)

@@ -45,7 +45,7 @@ PORT_OFFSETS = {
 # Each real kubelet node i takes offsets KUBELET_NODE_OFFSET + i * len(KUBELET_NODE_PORTS) + k;
 # hostNetwork workloads on those nodes bind the workload ports (tests use them).
 KUBELET_NODE_OFFSET = 0
-KUBELET_NODE_PORTS = ("kubelet", "kubelet-healthz", "containerd-metrics", "containerd-stream", "fake-gpu-plugin")
+KUBELET_NODE_PORTS = ("kubelet", "kubelet-healthz", "containerd-metrics", "containerd-stream")
 KUBELET_WORKLOAD_OFFSETS = (40, 41, 42)
 # The canary's default service on kubelet pool node i binds KUBELET_SERVICE_OFFSET + i (hostNetwork).
 KUBELET_SERVICE_OFFSET = 60

@@ -108,7 +108,9 @@ def test_gpu_pod_is_a_real_process_and_its_shm_is_tmpfs(kube: Kube, namespace: s
     pids = [pid for pid in host_processes_with(token) if pid in node_cgroups.pids(node.cgroup_root)]
     assert pids, f"no process named {token} in the node's cgroups"
     lines = out.splitlines()
-    assert lines[0].startswith(f"gpus=GPU-{NODE}-") and "," not in lines[0]
+    uuids = [line.split()[0].removeprefix("DEVICE=") for line in (node.dir / "nvml.env").read_text().splitlines()
+             if line.startswith("DEVICE=")]
+    assert lines[0].removeprefix("gpus=") in uuids, (lines[0], uuids)   # one GPU, from NVIDIA's plugin
     assert lines[1].split()[1:3] == ["/dev/shm", "tmpfs"], lines[1]
     assert lines[2] == "written"
     assert f"/{node.cgroup_root}/kubepods/" in lines[3]

@@ -6,6 +6,7 @@ import hashlib
 import io
 import shutil
 import json
+import re
 import tarfile
 import tomllib
 from pathlib import Path
@@ -19,6 +20,7 @@ from pytest_gpucanary.fleet.kubelet_node import (KERNEL_TUNABLES, TAINT_KEY, Kub
                                                  driver_images, gpu_labels, hosts_text, operator_images)
 from pytest_gpucanary.fleet.manifests import host_network_service
 from pytest_gpucanary.fleet.operator import apply_policies
+from pytest_gpucanary.fleet.pki import ensure_pki
 from pytest_gpucanary.fleet.layout import (KUBELET_NODE_PORTS, KUBELET_WORKLOAD_OFFSETS, MAX_KUBELET_NODES,
                                            PORT_OFFSETS, FleetLayout)
 
@@ -113,6 +115,9 @@ def test_hosts_names_every_kubelet_node_on_loopback(tmp_path: Path) -> None:
     assert text.splitlines()[-1] == "127.0.0.1 gpu-kubelet-0 gpu-kubelet-1"
 
 
+GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
 def _node(tmp_path: Path, *, pool: bool = False) -> KubeletNode:
     return KubeletNode(FleetLayout(root=tmp_path, port_base=26800, kubelet_pool=pool), 0, tmp_path / "bin")
 
@@ -137,6 +142,26 @@ def test_process_plugin_keeps_operands_off(tmp_path: Path) -> None:
     process = _node(tmp_path)
     assert process.labels()["nvidia.com/gpu.deploy.operands"] == "false"
     assert [c.name for c in process.components()][-1] == "gpu-kubelet-0-device-plugin"
+
+
+def test_a_node_that_is_no_pool_runs_nvidias_plugin_over_the_nvml_of_a_host_installed_driver(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    (tmp_path / "bin").mkdir()
+    plugin, shim = tmp_path / "bin" / "nvidia-device-plugin", tmp_path / "bin" / "libnvidia-ml.so.1"
+    plugin.write_text("plugin")
+    shim.write_text("shim")
+    ensure_pki(node.layout.pki)                                  # the fleet's CA signs the node's certificate
+    node.prepare(hosts_text(node.layout), device_plugin=plugin, nvml_shim=shim)
+    *_, component = node.components()
+    assert Path(component.argv[4]).resolve() == plugin.resolve()
+    root = node.dir / "driver-root"
+    assert f"--driver-root={root}" in component.argv and (root / "usr" / "lib64" / "libnvidia-ml.so.1").read_text() == "shim"
+    env = dict(component.env)
+    state = Path(env["GPUCANARY_NVML_STATE"]).read_text().splitlines()
+    assert "DRIVER_VERSION=580.82.07" in state and env["DP_DISABLE_HEALTHCHECKS"] == "all"
+    devices = [line.split() for line in state if line.startswith("DEVICE=")]
+    assert len(devices) == 8 and all(GPU_UUID.match(d[0].removeprefix("DEVICE=")) for d in devices), devices
+    assert (component.port, component.health_url) == (0, "")     # it listens on no port of the machine
 
 
 def test_operator_image_names_follow_the_fleet_clusterpolicy() -> None:
