@@ -48,6 +48,15 @@ def nvsentinel_present(kube: Kube) -> bool:
                 or kube.list("v1", "Node", label_selector=NVSENTINEL_LABEL, limit=1))
 
 
+def node_maintenance_served(kube: Kube) -> bool:
+    """Whether NodeMaintenances can be watched here: the kind is served and the canary may list it."""
+    try:
+        kube.list(*NODE_MAINTENANCE, limit=1)
+    except (NotFound, Forbidden):
+        return False
+    return True
+
+
 def detect(kube: Kube) -> Neighbours:
     return Neighbours(nvsentinel_present(kube), _serves(kube, *SKYHOOK), _serves(kube, *NODE_MAINTENANCE))
 

@@ -93,6 +93,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("create", "services", why="the non-GPU service"),
     *_perms("create", "poddisruptionbudgets", "policy", why="the non-GPU service's budget"),
     *_perms("list watch", "poddisruptionbudgets", "policy", why="name the budget that refuses an eviction on the pool"),
+    *_perms("list watch", "nodemaintenances", "maintenance.nvidia.com",
+            why="record a NodeMaintenance that another system puts on the pool (where the kind is served)"),
     *(perm for name in ADMISSION_POLICIES for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
       for perm in _perms("get", kind, "admissionregistration.k8s.io", name=name,
                          why="say whether the apiserver enforces deploy/admission.yaml")),

@@ -35,6 +35,18 @@ class StreamSpec:
     recorded_as: str = ""       # the kind its records carry, when readers of the API kind must not see them
 
 
+def spec_writers(managed_fields: list[dict]) -> dict[str, str]:
+    """Which field manager last wrote a node's spec.unschedulable and spec.taints (an atomic list: its last writer
+    wrote every taint in it), from its managedFields: who cordoned or tainted it."""
+    writers = {}
+    for entry in managed_fields:
+        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        for field_name in ("unschedulable", "taints"):
+            if f"f:{field_name}" in spec:
+                writers[field_name] = entry.get("manager", "unknown")
+    return writers
+
+
 def trim(kind: str, obj: dict) -> dict:
     """Keep what the ladder reads; managedFields and pod specs are most of an object's bytes."""
     meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
@@ -56,6 +68,8 @@ def trim(kind: str, obj: dict) -> dict:
         trimmed["spec"] = {k: spec.get(k) for k in ("completions", "parallelism", "backoffLimit")}
     if kind == "Node":
         trimmed["status"] = {k: v for k, v in obj.get("status", {}).items() if k not in ("images", "nodeInfo")}
+        if writers := spec_writers(obj.get("metadata", {}).get("managedFields") or []):
+            meta["specWriters"] = writers
     return trimmed
 
 

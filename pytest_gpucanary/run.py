@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from pytest_gpucanary import gpu_operator as op, lease, metrics, preflight, publish, workloads
+from pytest_gpucanary import gpu_operator as op, lease, metrics, neighbours, preflight, publish, workloads
 from pytest_gpucanary.blast_radius import BlastRadiusWatch
 from pytest_gpucanary.cleanup import leftovers
 from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
@@ -486,6 +486,8 @@ class CanaryRun:
                               label_selector=f"{workloads.ROLE_LABEL}=gpu-job"),
                    # which budget refuses an eviction on the pool: any namespace's pods can be there
                    StreamSpec("budgets", "policy/v1", "PodDisruptionBudget")]
+        if neighbours.node_maintenance_served(self.kube):   # the maintenance operator may cordon and drain the pool
+            streams.append(StreamSpec("node-maintenance", *neighbours.NODE_MAINTENANCE))
         for node in pool.nodes:
             streams += [
                 StreamSpec(f"node-{node}", "v1", "Node", field_selector=f"metadata.name={node}"),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from pytest_gpucanary.ladder import Evidence, LadderResult, RunEvidence
+from pytest_gpucanary.ladder import Evidence, LadderResult, RunEvidence, timeline
+from pytest_gpucanary.ladder.timeline import NeighbourAct
 
 
 def utc(wall_ns: int | None) -> str:
@@ -31,4 +32,11 @@ def run_rows(ev: RunEvidence) -> list[tuple[str, str]]:
             ("applied to", ev.policy_applied_to or "-"), *(("policy render", line) for line in ev.policy_rendering),
             ("GPU job", f"{ev.gpu_job.name} (uid {ev.gpu_job.uid or 'unknown'})"),
             ("started", utc(ev.upgrade_started_wall_ns)), ("finished", utc(ev.finished_wall_ns)), ("CI", ci),
-            *(("exposure", line) for line in ev.exposure)]
+            *(("exposure", line) for line in ev.exposure),
+            *(("others on the pool", f"{ev.offset_s(act.wall_ns):+.1f} s {act.line()}") for act in neighbour_acts(ev))]
+
+
+def neighbour_acts(ev: RunEvidence) -> list[NeighbourAct]:
+    """What systems other than the upgrade and the canary did to the pool during the run (cordons, taints,
+    NodeMaintenances): not judged, but a reader must know the pool was not the policy's alone."""
+    return timeline.neighbour_acts(ev.records, ev.pool_nodes)

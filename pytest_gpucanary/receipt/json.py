@@ -11,7 +11,7 @@ from typing import Any
 from pytest_gpucanary.ladder import Evidence, Eviction, LadderResult, Outcome, RunEvidence, Stage, StageVerdict
 from pytest_gpucanary.ladder.model import CapacityDip, PhaseWindow, StateSpan
 from pytest_gpucanary.ladder.stall import Cause
-from pytest_gpucanary.receipt.common import utc
+from pytest_gpucanary.receipt.common import neighbour_acts, utc
 
 SCHEMA = "gpucanary-receipt/1"
 
@@ -29,7 +29,9 @@ def render_json(result: LadderResult, evidence: RunEvidence) -> str:
                 "ci": dict(evidence.ci), "exposure": list(evidence.exposure),
                 "held_nodes": list(evidence.held_nodes), "operator_release": evidence.operator_release,
                 "policy_applied_to": evidence.policy_applied_to, "upgrade_policy": dict(evidence.upgrade_policy),
-                "policy_rendering": list(evidence.policy_rendering)},
+                "policy_rendering": list(evidence.policy_rendering),
+                "neighbours": [{**dataclasses.asdict(a), "offset_s": evidence.offset_s(a.wall_ns)}
+                               for a in neighbour_acts(evidence)]},
         "thresholds": dict(result.thresholds),
         "verdicts": [{"stage": v.stage.value, "outcome": v.outcome.value, "summary": v.summary,
                       "evidence": [dataclasses.asdict(e) for e in v.evidence]} for v in result.verdicts],

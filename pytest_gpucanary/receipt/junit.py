@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from junit_xml import TestCase, TestSuite, to_xml_report_string
 
 from pytest_gpucanary.ladder import LadderResult, Outcome, RunEvidence
-from pytest_gpucanary.receipt.common import offset, utc
+from pytest_gpucanary.receipt.common import neighbour_acts, offset, utc
 
 JUNIT_CLASSNAME = "gpucanary.ladder"
 
@@ -25,7 +25,9 @@ def render_stage_junit(result: LadderResult, evidence: RunEvidence) -> str:
         cases.append(case)
     properties = {"run_id": evidence.run_id, "pool": ",".join(evidence.pool_nodes),
                   "driver_from": evidence.driver_from, "driver_to": evidence.driver_to}
-    suite = TestSuite("gpucanary ladder", cases, properties=properties, timestamp=utc(evidence.upgrade_started_wall_ns))
+    others = [f"{evidence.offset_s(a.wall_ns):+.1f} s others on the pool: {a.line()}" for a in neighbour_acts(evidence)]
+    suite = TestSuite("gpucanary ladder", cases, properties=properties, timestamp=utc(evidence.upgrade_started_wall_ns),
+                      stdout="\n".join(others) or None)
     return junit_document(suite)
 
 
