@@ -247,6 +247,7 @@ class NeighbourAct:
     wall_ns: int
     what: str       # "cordoned", "tainted nvsentinel/quarantine=true:NoSchedule", "NodeMaintenance ns/name began", ...
     by: str         # the field manager that wrote it, or the NodeMaintenance's requestor; "unknown" when not recorded
+                    # (the apiserver keeps no writer of a field that is gone: the untaint of a node's last taint)
 
     def line(self) -> str:
         return f"{self.node}: {self.what} by {self.by}"
