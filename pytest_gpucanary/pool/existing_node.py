@@ -140,7 +140,8 @@ class ExistingNodeProvider:
 
     def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> str:
         """The NVIDIADriver that drives the pool, and only it: the one the operator names in each pool node's owner
-        label (v26.7), else the one whose nodeSelector picks the pool (earlier releases)."""
+        label (v26.7), else the one whose nodeSelector picks the pool (earlier releases). A default NVIDIADriver
+        (v26.7, NVIDIA/gpu-operator #2518) drives every node no other picks, so it never drives the pool alone."""
         owners = {(kube.get("v1", "Node", n)["metadata"].get("labels") or {}).get(DRIVER_OWNER_LABEL) for n in names}
         if owners != {None}:
             if len(owners) != 1 or None in owners:
