@@ -112,7 +112,9 @@ class Fleet:
         return self._components(binaries) + nodes.components() + self._nfd_master(binaries)
 
     def _nfd_master(self, binaries: Binaries) -> list[components.Component]:
-        return [components.nfd_master(self.layout, binaries.nfd_master, manifests.CPU_NODE_NAME)] if binaries.nfd_master else []
+        if binaries.nfd_master is None:
+            return []
+        return [components.nfd_master(self.layout, binaries.nfd_master, manifests.CPU_NODE_NAME)]
 
     def _ingress(self) -> components.Component:
         port = self.layout.port("ingress")
@@ -268,7 +270,7 @@ class Fleet:
             time.sleep(1.0)
 
     def _start(self, part: components.Component, progress: Progress) -> None:
-        progress(f"fleet: starting {part.name} " + (f"on 127.0.0.1:{part.port}" if part.port else "(it listens on no port)"))
+        progress(f"fleet: starting {part.name} {processes.where(part)}")
         proc = processes.start(self.layout, part)
         processes.wait_healthy(self.layout, part, proc, timeout_s=START_TIMEOUT_S.get(part.name, 60))
 

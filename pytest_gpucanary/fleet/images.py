@@ -91,7 +91,8 @@ def write_oci_tar(spec: ImageSpec, path: Path) -> None:
     with tarfile.open(path, "w") as tar:
         layer_digest, layer_size = _blob(tar, layer)
         config = {"architecture": "amd64", "os": "linux",
-                  "config": {"Env": ["PATH=/usr/bin:/bin", *spec.env], "Entrypoint": list(spec.entrypoint), "WorkingDir": "/"},
+                  "config": {"Env": ["PATH=/usr/bin:/bin", *spec.env], "Entrypoint": list(spec.entrypoint),
+                             "WorkingDir": "/"},
                   "rootfs": {"type": "layers", "diff_ids": [layer_digest]}}
         config_digest, config_size = _blob(tar, json.dumps(config).encode())
         manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",

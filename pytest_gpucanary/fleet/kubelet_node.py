@@ -249,7 +249,8 @@ class KubeletNode:
             shutil.copy(nvml_shim, self.dir / "driver-root" / "usr" / "lib64" / "libnvidia-ml.so.1")
             gpus = self.dir / "nvml-gpus"
             gpus.write_text(nvml_gpus(fleet_driver_version()))
-            subprocess.run(["sh", "-c", NVML_STATE_SCRIPT.decode(), "nvml-state", str(gpus), str(self.dir / "nvml.env")],
+            subprocess.run(["sh", "-c", NVML_STATE_SCRIPT.decode(), "nvml-state", str(gpus),
+                            str(self.dir / "nvml.env")],
                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NODE_NAME": self.name}, check=True)
         (self.dir / "cni" / "bin" / "loopback").symlink_to(DEBIAN_LOOPBACK_PLUGIN)
         (self.dir / "cni" / "bin" / "gpucanary-netns").symlink_to(self.bin_dir / "gpucanary-netns")

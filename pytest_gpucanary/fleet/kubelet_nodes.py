@@ -101,7 +101,8 @@ class KubeletNodes:
         check_host()
         hosts = hosts_text(self.layout)
         specs = images.node_images(self.bin_dir)
-        plugin_dir, nvml_shim = find_bin_dir(DEVICE_PLUGIN, progress), find_bin_dir(NVML_SHIM, progress) / "libnvidia-ml.so.1"
+        plugin_dir = find_bin_dir(DEVICE_PLUGIN, progress)
+        nvml_shim = find_bin_dir(NVML_SHIM, progress) / "libnvidia-ml.so.1"
         if self.layout.kubelet_pool:
             names = operator_images()
             validator = operator_bin_dir / "nvidia-validator"
@@ -157,11 +158,12 @@ class KubeletNodes:
         for node in self.nodes():
             progress(f"fleet: waiting for the GPU Operator's device plugin and GFD on {node.name}")
             _wait_gpus(kubectl, node.name)
-            _wait(kubectl, node.name, "--for=jsonpath={.metadata.labels.nvidia\\.com/gpu\\.count}=" + str(GPUS_PER_NODE))
+            _wait(kubectl, node.name,
+                  "--for=jsonpath={.metadata.labels.nvidia\\.com/gpu\\.count}=" + str(GPUS_PER_NODE))
 
 
 def _start(layout: FleetLayout, part: Component, progress: Progress) -> None:
-    progress(f"fleet: starting {part.name} on 127.0.0.1:{part.port}")
+    progress(f"fleet: starting {part.name} {processes.where(part)}")
     proc = processes.start(layout, part)
     processes.wait_healthy(layout, part, proc, timeout_s=60)
 

@@ -52,6 +52,11 @@ def port_in_use(port: int) -> bool:
         return sock.connect_ex((HOST, port)) == 0
 
 
+def where(component: Component) -> str:
+    """Where a component listens, for a progress line."""
+    return f"on {HOST}:{component.port}" if component.port else "(it listens on no port)"
+
+
 def start(layout: FleetLayout, component: Component) -> subprocess.Popen:
     if component.port and port_in_use(component.port):
         raise EnvError(f"port {HOST}:{component.port} for {component.name} is already in use",

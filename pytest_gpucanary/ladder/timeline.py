@@ -254,7 +254,8 @@ class NeighbourAct:
 
 
 def _node_marks(obj: dict) -> tuple[bool, set[tuple[str, str, str]]]:
-    taints = {(t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in (obj.get("spec") or {}).get("taints") or []
+    taints = {(t.get("key", ""), t.get("value", ""), t.get("effect", ""))
+              for t in (obj.get("spec") or {}).get("taints") or []
               if not t.get("key", "").startswith((CANARY_TAINT_DOMAIN, KUBERNETES_TAINT_DOMAIN))}
     return bool((obj.get("spec") or {}).get("unschedulable")), taints
 
