@@ -72,6 +72,12 @@ def _unix_s(stamp: str) -> float:
     return datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).timestamp() if stamp else 0.0
 
 
+def _phase_set(body: object) -> str:
+    # a JSON patch logs its body as a list of operations, not an object
+    status = body.get("status") if isinstance(body, dict) else None
+    return str(status.get("phase") or "") if isinstance(status, dict) else ""
+
+
 def parse_event(event: dict) -> AuditRecord:
     ref = event.get("objectRef") or {}
     return AuditRecord(
@@ -82,7 +88,7 @@ def parse_event(event: dict) -> AuditRecord:
         code=int((event.get("responseStatus") or {}).get("code") or 0),
         received_s=_unix_s(event.get("requestReceivedTimestamp", "")),
         stage_s=_unix_s(event.get("stageTimestamp", "")), request_object=event.get("requestObject"),
-        sets_phase=str(((event.get("requestObject") or {}).get("status") or {}).get("phase") or ""),
+        sets_phase=_phase_set(event.get("requestObject")),
         user=str((event.get("user") or {}).get("username") or ""),
         authorization=str((event.get("annotations") or {}).get("authorization.k8s.io/decision") or ""))
 

@@ -98,3 +98,14 @@ def test_the_lease_namespace_is_the_runs_own() -> None:
     scope = RunScope("r1", frozenset())
     assert scope.scope_of(write("gpucanary-r1-owner", "gpucanary-r1-owner")) == Scope.OWN_NAMESPACE
     assert outside([write("gpucanary-r2-owner", "gpucanary-r2-owner")], scope)
+
+
+def test_a_phase_is_read_from_an_object_body_and_a_json_patch_body_is_kept_whole(tmp_path: Path) -> None:
+    status_write = json.loads(event("s", "update", resource="pods", sub="status", name="p"))
+    status_write["requestObject"] = {"kind": "Pod", "status": {"phase": "Failed"}}
+    json_patch = json.loads(event("j", "patch", resource="pods", sub="status", name="p"))
+    json_patch["requestObject"] = [{"op": "replace", "path": "/status/phase", "value": "Running"}]
+    log = write(tmp_path / "audit.log", json.dumps(status_write), json.dumps(json_patch))
+    written, patched = read_log(log)
+    assert written.sets_phase == "Failed"
+    assert patched.sets_phase == "" and patched.request_object == json_patch["requestObject"]
