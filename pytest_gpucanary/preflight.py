@@ -32,7 +32,7 @@ RBAC_FILE = "deploy/rbac.yaml"
 RBAC_CLUSTER_POLICY_FILE = "deploy/rbac-clusterpolicy-mode.yaml"
 # deploy/admission.yaml's policies, each bound under its own name
 ADMISSION_POLICIES = ("gpucanary-namespaces", "gpucanary-namespaced-writes", "gpucanary-pods", "gpucanary-services",
-                      "gpucanary-nodes", "gpucanary-driver-policy")
+                      "gpucanary-nodes", "gpucanary-driver-policy", "gpucanary-driver-handover")
 CHART_CLUSTER_POLICY = "cluster-policy"     # the ClusterPolicy's name as the operator's chart creates it
 
 
@@ -72,6 +72,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("patch", "clusterpolicies", "nvidia.com", name=CHART_CLUSTER_POLICY, writes_cluster_policy=True,
             why="apply and restore the policy (ClusterPolicy mode; NVIDIADriver mode before operator v26.7)"),
     *_perms("get list patch", "nvidiadrivers", "nvidia.com", why="find the pool's NVIDIADriver; set its version"),
+    *_perms("create delete", "nvidiadrivers", "nvidia.com",
+            why="hand a node of the default NVIDIADriver to the run's own and back"),
     *_perms("get", "customresourcedefinitions", "apiextensions.k8s.io", name=op.NVIDIADRIVER_CRD,
             why="tell whether NVIDIADrivers carry their own upgradePolicy"),
     *_perms("get", "priorityclasses", "scheduling.k8s.io", name=PRIORITY_CLASS,

@@ -356,7 +356,8 @@ class CanaryRun:
             gpu_job_until_wall_ns=run.gpu_job_until_wall_ns, exposure=run.exposure, held_nodes=run.held_nodes,
             operator_release=run.operator_release, policy_applied_to=run.policy_applied_to,
             policy_rendering=run.policy_rendering, collective=tuple(run.collective), collective_note=run.collective_note,
-            blast_radius=tuple(run.blast_radius.breaches) if run.blast_radius else ())
+            blast_radius=tuple(run.blast_radius.breaches) if run.blast_radius else (),
+            pool_setup=tuple(line for line in (pool.fence, *pool.notes) if line))
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)
 

@@ -98,9 +98,9 @@ def fleet_driver_version(kube: Kube) -> str:
     return versions.most_common(1)[0][0]
 
 
-# beyond preflight.PERMISSIONS: the pool's own nodes and NVIDIADriver (deploy/local-fleet-kwok-pool.yaml)
-KWOK_POOL_PERMISSIONS = tuple(Permission(verb, resource, group, "create and delete the pool's simulated nodes")
-                              for resource, group in (("nodes", ""), ("nvidiadrivers", "nvidia.com"))
+# beyond preflight.PERMISSIONS (which creates and deletes NVIDIADrivers already): the pool's own nodes
+# (deploy/local-fleet-kwok-pool.yaml)
+KWOK_POOL_PERMISSIONS = tuple(Permission(verb, "nodes", "", "create and delete the pool's simulated nodes")
                               for verb in ("create", "delete"))
 
 

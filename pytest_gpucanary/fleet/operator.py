@@ -22,7 +22,7 @@ from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
 from pytest_gpucanary.fleet.images import NVML_STATE_PATH
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
+from pytest_gpucanary.pool import DRIVER_POOL_LABEL, HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL
 
 Kubectl = Callable[..., str]
 # v26.7.0 keeps the ClusterPolicy notReady, with only this reason, while any NVIDIADriver-owned node
@@ -117,8 +117,9 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
     apply = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f")
     kubectl(*apply, "-", stdin=json.dumps(policy))
     if driver_mode == "nvidiadriver":
-        fleet = {**driver, "spec": {**{k: v for k, v in driver["spec"].items() if k != "nodeSelector"},
-                                    "default": True}} if default_driver else driver
+        fleet = {**driver, "metadata": {**driver["metadata"], "labels": {HANDOVER_ELIGIBLE_LABEL: "true"}},
+                 "spec": {**{k: v for k, v in driver["spec"].items() if k != "nodeSelector"},
+                          "default": True}} if default_driver else driver
         kubectl(*apply, "-", stdin=json.dumps(fleet))
         for name in pool_nodes:
             own = {**driver, "metadata": {**driver["metadata"], "name": name, "labels": {POOL_ELIGIBLE_LABEL: "true"}},

@@ -65,10 +65,13 @@ class RunEvidence:
     # ClusterPolicy mode: each time the target reached beyond the pool (a GPU node not held back, a driver pod
     # outside the pool at the target), one line each; any fails rollout
     blast_radius: tuple[str, ...] = ()
+    # how the pool was set up beyond its carve-out (its fence, a handover from the default NVIDIADriver): recorded,
+    # not judged; one line each
+    pool_setup: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate", "exposure",
-                     "held_nodes", "policy_rendering", "collective", "blast_radius"):
+                     "held_nodes", "policy_rendering", "collective", "blast_radius", "pool_setup"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def offset_s(self, wall_ns: int) -> float:
@@ -144,7 +147,7 @@ class RunEvidence:
                    policy_rendering=tuple(doc.get("policy_rendering", ())),
                    collective=tuple(CollectiveRun(**c) for c in doc.get("collective", ())),
                    collective_note=doc.get("collective_note", ""),
-                   blast_radius=tuple(doc.get("blast_radius", ())))
+                   blast_radius=tuple(doc.get("blast_radius", ())), pool_setup=tuple(doc.get("pool_setup", ())))
 
     def write(self, report_dir: Path) -> Path:
         """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""

@@ -19,6 +19,10 @@ DRIVER_POOL_LABEL = "gpucanary.io/driver-pool"
 # An existing node may be carved out as a pool only when an administrator set this label to "true" on it,
 # whatever a selector or a node name given to a run says.
 POOL_ELIGIBLE_LABEL = "gpucanary.io/pool-eligible"
+# A node of the default NVIDIADriver (v26.7) is handed to an NVIDIADriver of the run's own, copied from the
+# default one, only when an administrator set this label to "true" on the default one (deploy/admission.yaml
+# compares the copy with it).
+HANDOVER_ELIGIBLE_LABEL = "gpucanary.io/handover-eligible"
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,18 @@ up only when every operator DaemonSet pod on the node tolerates the key (an admi
 `{key: gpucanary.io/run, operator: Exists, effect: NoSchedule}` to the ClusterPolicy's
 `daemonsets.tolerations` and the NVIDIADriver's `tolerations`); otherwise the run says so and relies on
 the foreign-pod check right before the policy.
+
+A node of the default NVIDIADriver (v26.7; every GPU node no other NVIDIADriver picks) cannot be upgraded
+through its owner, which drives every such node. It is handed over instead, as its own step before the
+policy: an NVIDIADriver of the run's own (`gpucanary-<run id>`, the default one's spec at the node's
+driver, picking the nodes by the run's label) takes it, the operator replaces its driver pod under the
+new owner, and the run waits for that before anything is judged. Giving it back deletes that NVIDIADriver,
+so the default one takes the node again, and waits for its driver pod there (NVIDIA/gpu-operator #2518).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -33,13 +41,19 @@ from pytest_gpucanary.gpu_operator import (
     driver_node_selector, driver_version_of, is_default_driver, is_driver_pod, of_daemonset, unplaced,
 )
 from pytest_gpucanary.kube import (
-    FENCE_TAINT_KEY, RUN_ID_LABEL, Conflict, Kube, NotFound, fence_taint, patch_as_read, saved_run, tolerated,
+    FENCE_TAINT_KEY, RUN_ID_LABEL, Conflict, Kube, NotFound, fence_taint, owned_labels, patch_as_read, saved_run,
+    tolerated,
 )
 from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
-from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL, Pool
+from pytest_gpucanary.pool import HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo
 
 SAVED_STATE_ANNOTATION = "gpucanary.io/saved-node-state"
+
+
+def handover_driver(run_id: str) -> str:
+    """The name of the NVIDIADriver a run hands default-driven pool nodes to."""
+    return f"gpucanary-{run_id}"
 
 
 @dataclass
@@ -86,20 +100,31 @@ class ExistingNodeProvider:
         nodes = self._candidates(kube)
         checked = [self._check(kube, cluster, node) for node in nodes]
         names = tuple(n["metadata"]["name"] for n in nodes)
-        driver = self._pool_driver(kube, names) if cluster.nvidiadriver_mode else None
+        driver, default = self._pool_driver(kube, names) if cluster.nvidiadriver_mode else (None, "")
         self.run_id = run_id
         unfenceable = [pod for _, pods in checked for pod in pods]
         opt_out = neighbours.nvsentinel_present(kube)
         for node, (version, _) in zip(nodes, checked):  # every check passed: only now change anything
-            self._mark(kube, node, run_id, version, fence=not unfenceable, nvsentinel_opt_out=opt_out)
+            self._mark(kube, node, run_id, version, fence=not unfenceable, nvsentinel_opt_out=opt_out,
+                       handover_from=default)
         self.driver_from = checked[0][0]
+        handed = ()
+        if default:
+            try:
+                driver, took_s = self._hand_over(kube, names, default)
+            except BaseException:
+                self.release(kube)      # the run registers its restore only for a pool it got
+                raise
+            handed = (f"handed over from the default NVIDIADriver {default} to the run's own {driver} at driver "
+                      f"{self.driver_from} in {took_s:.0f} s, before the policy and not judged (a node changing "
+                      f"owner gets a new driver pod, NVIDIA/gpu-operator #2518); {default} takes it back after",)
         taint = f"{FENCE_TAINT_KEY}={run_id}:NoSchedule"
         fence = (f"fenced: {taint}" if not unfenceable else
                  f"not fenced: operator pod {unfenceable[0]} does not tolerate {FENCE_TAINT_KEY} (add {{key: "
                  f"{FENCE_TAINT_KEY}, operator: Exists, effect: NoSchedule}} to the ClusterPolicy's daemonsets."
                  "tolerations and the NVIDIADriver's tolerations); tenant pods are checked again before the policy")
-        notes = ((f"opted out of NVSentinel for the run: {neighbours.NVSENTINEL_LABEL}=false, put back as it was "
-                  "after",) if opt_out else ())
+        notes = handed + ((f"opted out of NVSentinel for the run: {neighbours.NVSENTINEL_LABEL}=false, put back as "
+                           "it was after",) if opt_out else ())
         return Pool(names, driver, checked[0][0], fence=fence, notes=notes)
 
     def _check(self, kube: Kube, cluster: ClusterInfo, node: dict) -> tuple[str, list[str]]:
@@ -138,10 +163,11 @@ class ExistingNodeProvider:
                                f"({len(foreign)} such pods): the policy under test would take it down",
                                hint="keep tenants off the node (cordon or taint it), then run again")
 
-    def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> str:
+    def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> tuple[str, str]:
         """The NVIDIADriver that drives the pool, and only it: the one the operator names in each pool node's owner
-        label (v26.7), else the one whose nodeSelector picks the pool (earlier releases). A default NVIDIADriver
-        (v26.7, NVIDIA/gpu-operator #2518) drives every node no other picks, so it never drives the pool alone."""
+        label (v26.7), else the one whose nodeSelector picks the pool (earlier releases); with "". A default
+        NVIDIADriver (v26.7, NVIDIA/gpu-operator #2518) drives every node no other picks, so it never drives the pool
+        alone: for a pool it drives, ("", its name), the pool to be handed over."""
         owners = {(kube.get("v1", "Node", n)["metadata"].get("labels") or {}).get(DRIVER_OWNER_LABEL) for n in names}
         if owners != {None}:
             if len(owners) != 1 or None in owners:
@@ -157,6 +183,13 @@ class ExistingNodeProvider:
             if driver is None:
                 raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
             name = driver["metadata"]["name"]
+        if is_default_driver(driver) and set(names) <= selected:
+            if (driver["metadata"].get("labels") or {}).get(HANDOVER_ELIGIBLE_LABEL) != "true":
+                raise ConfigError(f"the pool {list(names)} is driven by the default NVIDIADriver {name}, which is not "
+                                  f"marked for handing nodes to a canary run (no {HANDOVER_ELIGIBLE_LABEL}=true)",
+                                  hint=f"an administrator allows it: kubectl label nvidiadriver {name} "
+                                       f"{HANDOVER_ELIGIBLE_LABEL}=true; or give the pool an NVIDIADriver of its own")
+            return "", name
         if selected != set(names):
             default = " (the default NVIDIADriver: every GPU node no other one picks)" if is_default_driver(driver) else ""
             raise ConfigError(f"NVIDIADriver {name}{default} drives {len(selected)} nodes, not only the pool "
@@ -168,18 +201,32 @@ class ExistingNodeProvider:
                               f"(no {POOL_ELIGIBLE_LABEL}=true)",
                               hint=f"an administrator marks the NVIDIADrivers a canary may change: kubectl "
                                    f"label nvidiadriver {name} {POOL_ELIGIBLE_LABEL}=true")
-        return name
+        return name, ""
+
+    def _hand_over(self, kube: Kube, names: tuple[str, ...], default: str) -> tuple[str, float]:
+        """Create the run's own NVIDIADriver, the default one's spec at the pool's driver picking the run's nodes,
+        and wait until each pool node runs that driver under it. Its name and how long the handover took."""
+        spec = {k: v for k, v in kube.get(*NVIDIADRIVER, default)["spec"].items() if k not in ("default", "nodeSelector")}
+        name = handover_driver(self.run_id)
+        kube.create({"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1],
+                     "metadata": {"name": name, "labels": owned_labels(self.run_id)},
+                     "spec": {**spec, "version": self.driver_from, "nodeSelector": {RUN_ID_LABEL: self.run_id}}})
+        started = time.monotonic()
+        for node in names:
+            wait_for_driver(kube, node, self.driver_from, owner=name, timeout_s=self.restore_timeout_s)
+        return name, time.monotonic() - started
 
     def _mark(self, kube: Kube, node: dict, run_id: str, driver: str, *, fence: bool,
-              nvsentinel_opt_out: bool = False) -> None:
+              nvsentinel_opt_out: bool = False, handover_from: str = "") -> None:
         """Label, annotate and fence the node in one patch against the version read; the kubelet and the
         operator change a node often, so a 409 reads it again and checks its marks again. With
-        `nvsentinel_opt_out` the node leaves NVSentinel's care for the run, its label's value saved to restore."""
+        `nvsentinel_opt_out` the node leaves NVSentinel's care for the run, its label's value saved to restore;
+        `handover_from` names the default NVIDIADriver that takes the node back."""
         name = node["metadata"]["name"]
 
         def decide(node: dict) -> tuple[dict, bool]:
             _check_marks(node)
-            saved: dict = {"run_id": run_id, "driver": driver}
+            saved: dict = {"run_id": run_id, "driver": driver, **({"handover_from": handover_from} if handover_from else {})}
             labels = {RUN_ID_LABEL: run_id}
             if nvsentinel_opt_out:
                 saved["nvsentinel"] = (node["metadata"].get("labels") or {}).get(neighbours.NVSENTINEL_LABEL)
@@ -219,21 +266,39 @@ def _check_marks(node: dict) -> None:
 def give_back(kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: float,
               report: Callable[[str], None] = print) -> bool:
     """Wait for `driver` on the node, then drop the run's label and annotation (only while they name `run_id`).
-    False when the node carries nothing of the run."""
+    A node the run took from the default NVIDIADriver goes back to it first: the run's own NVIDIADriver is
+    deleted and the default one's driver pod waited for. False when the node carries nothing of the run."""
+    try:
+        node = kube.get("v1", "Node", name)
+    except NotFound:
+        return False
+    owner = _saved(node).get("handover_from", "") if saved_run(node, SAVED_STATE_ANNOTATION) == run_id else ""
+    if owner:
+        with contextlib.suppress(NotFound):     # gone already: given back another node of the run
+            own = kube.get(*NVIDIADRIVER, handover_driver(run_id))
+            if (own["metadata"].get("labels") or {}).get(RUN_ID_LABEL) == run_id:
+                kube.delete(*NVIDIADRIVER, handover_driver(run_id), uid=own["metadata"]["uid"])
+                report(f"deleted NVIDIADriver {handover_driver(run_id)}: the default NVIDIADriver {owner} takes the "
+                       "pool back")
     if driver:
         try:
-            wait_for_driver(kube, name, driver, timeout_s=timeout_s, report=report)
+            wait_for_driver(kube, name, driver, owner=owner, timeout_s=timeout_s, report=report)
         except NotFound:
             return False
     return restore_node(kube, name, run_id)
 
 
+def _saved(node: dict) -> dict:
+    try:
+        saved = json.loads(node["metadata"]["annotations"][SAVED_STATE_ANNOTATION])
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
 def carved_driver(node: dict) -> str:
     """The driver version a carved node ran when the run took it (saved in its annotation), or ''."""
-    try:
-        return str(json.loads(node["metadata"]["annotations"][SAVED_STATE_ANNOTATION]).get("driver") or "")
-    except (KeyError, ValueError, TypeError, AttributeError):
-        return ""
+    return str(_saved(node).get("driver") or "")
 
 
 def restore_node(kube: Kube, name: str, run_id: str) -> bool:
@@ -273,9 +338,10 @@ UNSTRAND_TRIES = 3     # once more if the first came before the operator had put
 LOOK_EVERY_S = 15      # a stranded node may not change: it is looked at again this often
 
 
-def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float,
+def wait_for_driver(kube: Kube, node: str, version: str, *, owner: str = "", timeout_s: float,
                     report: Callable[[str], None] = print) -> None:
-    """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done. A node
+    """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done (with
+    `owner`, also until that NVIDIADriver owns the node and the running driver pod is its DaemonSet's). A node
     stranded on another driver (STRANDED_STATES) is put back into upgrade-required, the state the operator
     itself gives a node whose driver pod is out of date, so it rolls the node back; a driver pod of another
     version that the scheduler could not place there is deleted (`_replace_unplaced`)."""
@@ -284,7 +350,8 @@ def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float,
     def back(nodes: dict[str, dict]) -> bool | None:
         labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
         state = labels.get(UPGRADE_STATE_LABEL)
-        if state == UPGRADE_DONE and _driver_version_on(kube, node) == version:
+        if state == UPGRADE_DONE and (not owner or labels.get(DRIVER_OWNER_LABEL) == owner) \
+                and _driver_version_on(kube, node, owner) == version:
             return True
         if state in STRANDED_STATES and tries["unstrand"] and (stale := _other_drivers_on(kube, node, version)):
             tries["unstrand"] -= 1
@@ -303,7 +370,8 @@ def wait_for_driver(kube: Kube, node: str, version: str, *, timeout_s: float,
             return
         except TimeoutError:
             continue
-    raise EnvError(f"node {node} did not return to driver {version} within {timeout_s:.0f} s",
+    under = f" under NVIDIADriver {owner}" if owner else ""
+    raise EnvError(f"node {node} did not return to driver {version}{under} within {timeout_s:.0f} s",
                    hint="check it, then run `gpucanary cleanup` to restore its labels and taints")
 
 
@@ -350,6 +418,9 @@ def _unstrand(kube: Kube, node: str) -> bool:
     return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}"))
 
 
-def _driver_version_on(kube: Kube, node: str) -> str:
-    ready = [p for p in _driver_pods_on(kube, node) if p.get("status", {}).get("phase") == "Running"]
+def _driver_version_on(kube: Kube, node: str, owner: str = "") -> str:
+    """The version of the node's one running driver pod (of `owner`'s DaemonSets, whose pods select the nodes
+    that NVIDIADriver owns), or ''."""
+    ready = [p for p in _driver_pods_on(kube, node) if p.get("status", {}).get("phase") == "Running"
+             and (not owner or ((p.get("spec") or {}).get("nodeSelector") or {}).get(DRIVER_OWNER_LABEL) == owner)]
     return driver_version_of(ready[0]) if len(ready) == 1 else ""

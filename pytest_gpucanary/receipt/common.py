@@ -26,7 +26,7 @@ def offset(evidence: Evidence) -> str:
 
 def run_rows(ev: RunEvidence) -> list[tuple[str, str]]:
     ci = ", ".join(f"{k}={v}" for k, v in ev.ci.items()) or "not in CI"
-    return [("run id", ev.run_id), ("pool", ", ".join(ev.pool_nodes)),
+    return [("run id", ev.run_id), ("pool", ", ".join(ev.pool_nodes)), *(("pool setup", line) for line in ev.pool_setup),
             ("driver", f"{ev.driver_from} -> {ev.driver_to}"), ("upgrade policy", ev.policy_path),
             ("GPU Operator", ev.operator_release or "release unknown (no app.kubernetes.io/version label)"),
             ("applied to", ev.policy_applied_to or "-"), *(("policy render", line) for line in ev.policy_rendering),

@@ -45,7 +45,7 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
                                 "--gpucanary-pool-provider=kwok", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                                 "--gpucanary-driver-version=580.95.05"], capture_output=True, text=True, timeout=120)
     assert preflight.returncode == 0, preflight.stdout + preflight.stderr
-    assert "the apiserver enforces deploy/admission.yaml (6 policies, bound)" in json.loads(preflight.stdout)["notes"]
+    assert "the apiserver enforces deploy/admission.yaml (7 policies, bound)" in json.loads(preflight.stdout)["notes"]
     cluster = discover(kube)
     ops = cluster.operator_namespace
     tag = uuid.uuid4().hex[:6]
@@ -85,6 +85,9 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
             allowed.append(("patch", *NVIDIADRIVER, {"name": driver, "body": {
                 "spec": {"version": "580.95.05", "labels": {"gpucanary.io/restart": "adversary"}},
                 "metadata": {"annotations": {"gpucanary.io/saved-spec": "{}"}}}}))
+        default = next((d for d in kube.list(*NVIDIADRIVER) if d["spec"].get("default")), None)
+        if default is not None:     # a handover's NVIDIADriver, the default one's copy picking the run's nodes
+            allowed.append(("create", *NVIDIADRIVER, {"body": handover_driver(default, "adversary")}))
         assert not [a for a in allowed if refused(canary, a[0], a[1], a[2], **a[3])], "a run's own write was refused"
 
         # what it must not do: refused by RBAC (not granted) or by deploy/admission.yaml
@@ -153,6 +156,20 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
                 ("admission", "an NVIDIADriver made eligible", "patch", *NVIDIADRIVER,
                  {"name": "fleet", "body": {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: "true"}}}}),
             ]
+        if default is not None:
+            other_image = handover_driver(default, "adversary")
+            other_image["spec"]["image"] = "evil"
+            wide = handover_driver(default, "adversary")
+            wide["spec"]["nodeSelector"] = {"nvidia.com/gpu.present": "true"}
+            battery += [
+                ("admission", "a handover NVIDIADriver with another driver image", "create", *NVIDIADRIVER,
+                 {"body": other_image}),
+                ("admission", "a handover NVIDIADriver picking every GPU node", "create", *NVIDIADRIVER, {"body": wide}),
+                ("admission", "an NVIDIADriver that is not a run's own", "create", *NVIDIADRIVER,
+                 {"body": {**handover_driver(default, "adversary"), "metadata": {"name": f"evil-{tag}"}}}),
+                ("admission", "the default NVIDIADriver deleted", "delete", *NVIDIADRIVER,
+                 {"name": default["metadata"]["name"]}),
+            ]
         let_through = [what for _, what, verb, api, kind, kw in battery if not refused(canary, verb, api, kind, **kw)]
         assert not let_through, f"the apiserver let the canary's token do: {let_through}"
 
@@ -170,6 +187,14 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
                 kube.delete(api_version, kind, name, namespace=namespace)
             except NotFound:
                 pass
+
+
+def handover_driver(default: dict, run_id: str) -> dict:
+    """The NVIDIADriver a run creates to take a node from the default one (pool/existing_node.py)."""
+    spec = {k: v for k, v in default["spec"].items() if k not in ("default", "nodeSelector")}
+    return {"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1],
+            "metadata": {"name": f"gpucanary-{run_id}", "labels": owned_labels(run_id)},
+            "spec": {**spec, "nodeSelector": {"gpucanary.io/run-id": run_id}}}
 
 
 def unplaceable_daemonset(name: str, namespace: str, node: str) -> dict:

@@ -411,26 +411,56 @@ def driver_owners(kube: Kube) -> dict[str, str]:
             for n in kube.list("v1", "Node", label_selector="nvidia.com/gpu-operator.driver.owner")}
 
 
-def test_a_node_of_the_default_nvidiadriver_is_refused_as_pool_in_one_line(gpucanary_fleet, kube: Kube,
-                                                                          tmp_path: Path) -> None:
-    """Its version is every other GPU node's too: the pool needs an NVIDIADriver of its own."""
+def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back(
+        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict, canary_service_account) -> None:
+    """A node no NVIDIADriver of its own picks belongs to the default one, whose version is every such node's: the
+    run, under the canary's own token and deploy/'s admission policies, hands the node to an NVIDIADriver of its own
+    (the default one's copy), waits for that handover's driver pod before the policy, judges only its own upgrade,
+    then hands the node back; the operator's owner label and the node's labels end as they began."""
+    from pytest_gpucanary.fleet.kwok_pool import KwokPool, fleet_driver_version
+
     if not gpucanary_fleet.fleet.layout.default_driver:
         pytest.skip("the fleet runs no default NVIDIADriver (operator before v26.7)")
-    driven = {p["spec"].get("nodeName") for p in kube.list("v1", "Pod", label_selector="app.kubernetes.io/component=nvidia-driver")}
-    node = next(name for name, owner in sorted(driver_owners(kube).items()) if owner == "fleet" and name in driven)
-    eligible = {"metadata": {"labels": {"gpucanary.io/pool-eligible": "true"}}}
-    kube.patch("v1", "Node", node, eligible)
+    loose = KwokPool(kube, name=f"loose-{uuid.uuid4().hex[:6]}", run_id="loose")
+    [node] = loose.create(driver_version=None)      # no NVIDIADriver of its own: the default one's
+    kube.patch("v1", "Node", node, {"metadata": {"labels": {   # a node the cluster's owners made, marked for pools
+        "app.kubernetes.io/managed-by": None, "gpucanary.io/run-id": None, "gpucanary.io/kwok-pool": None,
+        "gpucanary.io/pool-eligible": "true"}}})
     try:
-        result = gpucanary("preflight", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                           f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=existing",
-                           f"--gpucanary-pool-node={node}", "--gpucanary-allow-foreign-pods",   # whatever else runs there
-                           reports=tmp_path, timeout_s=120)
+        kube.wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"].get("nvidia.com/gpu-driver-upgrade-state")
+                      == "upgrade-done" and n["metadata"]["labels"].get("nvidia.com/gpu-operator.driver.owner") == "fleet",
+                      timeout_s=180)
+        loose.wait_for_gpus()
+        before, owners = kube.get("v1", "Node", node), driver_owners(kube)
+        result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                           f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
+                           f"--gpucanary-pool-node={node}", f"--gpucanary-kubeconfig={canary_service_account()}",
+                           reports=tmp_path / "reports")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        receipt = receipt_of(tmp_path / "reports")
+        run_id = receipt["run"]["run_id"]
+        handed = [line for line in receipt["run"]["pool_setup"] if line.startswith("handed over")]
+        assert handed and handed[0].startswith(f"handed over from the default NVIDIADriver fleet to the run's own "
+                                               f"gpucanary-{run_id} at driver {fleet_driver_version(kube)} in "), receipt
+        assert f"deleted NVIDIADriver gpucanary-{run_id}: the default NVIDIADriver fleet takes the pool back" in result.stdout
+        # the upgrade judged is the policy's alone: from the pool's driver to the target, under the run's NVIDIADriver
+        assert receipt["run"]["driver_from"] == fleet_driver_version(kube) and receipt["run"]["driver_to"] == TARGET
+        assert f"gpucanary-{run_id}" in receipt["run"]["policy_applied_to"], receipt["run"]["policy_applied_to"]
+        with contextlib.suppress(TimeoutError):   # GFD-style driver labels follow the driver pod back a moment later
+            kube.wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"] == before["metadata"]["labels"],
+                          timeout_s=180)
+        after = kube.get("v1", "Node", node)
+        assert after["metadata"]["labels"] == before["metadata"]["labels"]
+        assert after["spec"].get("taints") == before["spec"].get("taints")
+        assert not [d["metadata"]["name"] for d in kube.list("nvidia.com/v1alpha1", "NVIDIADriver")
+                    if d["metadata"]["name"].startswith("gpucanary-")]
+        assert driver_owners(kube) == owners
+        drivers = [p for p in kube.list("v1", "Pod", label_selector="app.kubernetes.io/component=nvidia-driver",
+                                        field_selector=f"spec.nodeName={node}") if not p["metadata"].get("deletionTimestamp")]
+        assert [p["spec"]["nodeSelector"].get("nvidia.com/gpu-operator.driver.owner") for p in drivers] == ["fleet"]
+        assert_nothing_left(kube, policy_before)
     finally:
-        kube.patch("v1", "Node", node, {"metadata": {"labels": {"gpucanary.io/pool-eligible": None}}})
-    assert result.returncode == 4, result.stdout + result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("gpucanary: error:")]
-    assert len(errors) == 1 and errors[0].startswith(
-        "gpucanary: error: NVIDIADriver fleet (the default NVIDIADriver: every GPU node no other one picks) drives "), errors
+        loose.delete()
 
 
 def test_non_gpu_node_is_refused_as_pool(gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:

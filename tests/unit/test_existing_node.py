@@ -354,16 +354,65 @@ def test_the_pool_driver_is_the_owner_the_operator_names_beside_a_default_nvidia
     assert pool.driver == "canary"
 
 
-def test_a_node_of_the_default_nvidiadriver_is_refused_in_one_line_and_left_alone() -> None:
+def test_a_node_of_a_default_nvidiadriver_not_marked_for_handover_is_refused_in_one_line_and_left_alone() -> None:
     fake = with_default_driver(good_cluster())
     fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: "true"}}})
     fake.create(node("gpu-2", **{OWNER: "all"}))
     before = fake.objects()
     with pytest.raises(ConfigError) as refused:
         ExistingNodeProvider(node="gpu-1").provision(fake, CLUSTER, run_id="r1")
-    assert str(refused.value).startswith("NVIDIADriver all (the default NVIDIADriver: every GPU node no other one "
-                                         "picks) drives 2 nodes, not only the pool ['gpu-1']")
-    assert "changing owner" in refused.value.hint and fake.objects() == before
+    assert str(refused.value).startswith("the pool ['gpu-1'] is driven by the default NVIDIADriver all, which is not "
+                                         "marked for handing nodes to a canary run (no gpucanary.io/handover-eligible"
+                                         "=true)")
+    assert "kubectl label nvidiadriver all gpucanary.io/handover-eligible=true" in refused.value.hint
+    assert fake.objects() == before
+
+
+def owner_swap(fake: FakeKube, node_name: str, owner: str, version: str = DRIVER_FROM) -> None:
+    """What GPU Operator v26.7 does when a node changes owner: the owner label, then a driver pod of the new
+    owner's DaemonSet (its pods select the owner label) in place of the old one."""
+    fake.patch("v1", "Node", node_name, {"metadata": {"labels": {OWNER: owner}}})
+    fake.delete("v1", "Pod", f"nvidia-driver-{node_name}", namespace="gpu-operator")
+    new = driver_pod(node_name, version)
+    new["spec"]["nodeSelector"] = {OWNER: owner}
+    fake.create(new)
+
+
+def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back() -> None:
+    """The run's own NVIDIADriver is the default one's spec at the node's driver, picking the node by the run's
+    label; the pool is ready once the node's driver pod is that NVIDIADriver's. Giving it back deletes it and
+    waits for the default one's driver pod, then takes the run's marks off: the node is as it was."""
+    fake = with_default_driver(good_cluster())
+    fake.patch(*NVIDIADRIVER, "all", {"metadata": {"labels": {"gpucanary.io/handover-eligible": "true"}},
+                                      "spec": {"image": "driver", "repository": "nvcr.io/nvidia"}})
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: "true"}}})
+    before = fake.get("v1", "Node", "gpu-1")
+
+    def operator() -> None:
+        fake.wait_for(*NVIDIADRIVER, "gpucanary-r1", lambda d: True, timeout_s=10)
+        owner_swap(fake, "gpu-1", "gpucanary-r1")
+        fake.wait_gone(*NVIDIADRIVER, "gpucanary-r1", timeout_s=10)
+        owner_swap(fake, "gpu-1", "all")
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    provider = ExistingNodeProvider(node="gpu-1", restore_timeout_s=10)
+    pool = provider.provision(fake, CLUSTER, run_id="r1")
+    own = fake.get(*NVIDIADRIVER, "gpucanary-r1")
+    assert pool.driver == "gpucanary-r1" and pool.driver_from == DRIVER_FROM
+    assert own["spec"] == {"version": DRIVER_FROM, "image": "driver", "repository": "nvcr.io/nvidia",
+                           "nodeSelector": {RUN_ID_LABEL: "r1"}}
+    assert own["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpucanary", RUN_ID_LABEL: "r1"}
+    assert pool.notes[0].startswith("handed over from the default NVIDIADriver all to the run's own gpucanary-r1 "
+                                    f"at driver {DRIVER_FROM} in ")
+    said: list[str] = []
+    provider.release(fake, report=said.append)
+    thread.join(timeout=10)
+    assert said == ["deleted NVIDIADriver gpucanary-r1: the default NVIDIADriver all takes the pool back"]
+    after = fake.get("v1", "Node", "gpu-1")
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["metadata"].get("annotations", {}) == before["metadata"].get("annotations", {})
+    assert after["spec"] == before["spec"]
 
 
 def test_a_pool_driven_by_two_nvidiadrivers_is_refused() -> None:
@@ -452,3 +501,30 @@ def test_a_driver_pod_no_node_took_is_deleted_so_its_daemonset_makes_one_of_the_
                     "(0/4 nodes are available: 1 Insufficient cpu.), and GPU Operator passes over a node whose driver "
                     f"pod has no node: deleted it, so that its DaemonSet makes one of {DRIVER_FROM}"]
     assert fake.get("v1", "Pod", "nvidia-driver-elsewhere", namespace="gpu-operator")
+
+
+def test_cleanup_of_a_killed_run_hands_its_pool_back_to_the_default_nvidiadriver() -> None:
+    """A run killed after the handover left its NVIDIADriver and its marks: cleanup deletes that NVIDIADriver and
+    waits for the default one's driver pod before it takes the marks off, as the run's own restore does."""
+    from pytest_gpucanary.cleanup import cleanup
+
+    fake = with_default_driver(good_cluster())
+    fake.patch(*NVIDIADRIVER, "all", {"metadata": {"labels": {"gpucanary.io/handover-eligible": "true"}}})
+    fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: "true"}}})
+    before = fake.get("v1", "Node", "gpu-1")
+    handed = threading.Thread(target=lambda: (fake.wait_for(*NVIDIADRIVER, "gpucanary-r1", lambda d: True, timeout_s=10),
+                                              owner_swap(fake, "gpu-1", "gpucanary-r1")))
+    handed.start()
+    ExistingNodeProvider(node="gpu-1", restore_timeout_s=10).provision(fake, CLUSTER, run_id="r1")   # then killed
+    handed.join(timeout=10)
+    back = threading.Thread(target=lambda: (fake.wait_gone(*NVIDIADRIVER, "gpucanary-r1", timeout_s=10),
+                                            owner_swap(fake, "gpu-1", "all")))
+    back.start()
+    said: list[str] = []
+    result = cleanup(fake, run_id="r1", force=True, wait_s=10, report=said.append)
+    back.join(timeout=10)
+    assert result.problems == [] and "gave node gpu-1 back" in said, said
+    after = fake.get("v1", "Node", "gpu-1")
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["spec"] == before["spec"] and SAVED_STATE_ANNOTATION not in after["metadata"].get("annotations", {})
+    assert [d["metadata"]["name"] for d in fake.list(*NVIDIADRIVER)] == ["all", "canary"]
