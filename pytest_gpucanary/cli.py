@@ -187,11 +187,13 @@ def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
         _progress(f"gpucanary: note: {line}")
     for line in report.exposure:
         _progress(f"gpucanary: exposure: {line}")
+    for line in report.unproven:
+        _progress(f"gpucanary: not proven: {line}")
     for problem in report.problems:
         _progress(f"gpucanary: error: {problem.line}")
     print(json.dumps({"ok": not report.problems, "mode": report.cluster.mode if report.cluster else None,
                       "problems": [p.line for p in report.problems], "exposure": list(report.exposure),
-                      "notes": list(report.notes)}, indent=1))
+                      "notes": list(report.notes), "unproven": list(report.unproven)}, indent=1))
     if not report.problems:
         return ExitCode.OK
     return ExitCode.USAGE if all(p.usage for p in report.problems) else ExitCode.ENVIRONMENT

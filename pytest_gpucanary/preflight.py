@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary import metrics, neighbours
+from pytest_gpucanary import dra, metrics, neighbours
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Forbidden, Kube, NotFound
 from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE, LEASE_NAME
@@ -95,6 +95,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("create", "services", why="the non-GPU service"),
     *_perms("create", "poddisruptionbudgets", "policy", why="the non-GPU service's budget"),
     *_perms("list watch", "poddisruptionbudgets", "policy", why="name the budget that refuses an eviction on the pool"),
+    *_perms("list", "resourceslices", "resource.k8s.io",
+            why="say which nodes offer GPUs through DRA, which the canary's workloads do not claim (where served)"),
     *_perms("list watch", "nodemaintenances", "maintenance.nvidia.com",
             why="record a NodeMaintenance that another system puts on the pool (where the kind is served)"),
     *(perm for name in ADMISSION_POLICIES for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
@@ -121,6 +123,7 @@ class PreflightReport:
     notes: tuple[str, ...] = ()
     exposure: tuple[str, ...] = ()
     checked: tuple[str, ...] = field(default=())
+    unproven: tuple[str, ...] = ()    # what a passing run here does not speak for, one line each
 
     def raise_first(self) -> None:
         """The first problem as the run's error (all of them are in `problems`)."""
@@ -310,6 +313,8 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
     if problem := priority_class_problem(kube):
         problems.append(Problem(problem))
     notes = [admission_note(kube), *neighbours.detect(kube).notes()]
+    dra_nodes = dra.gpu_nodes(kube)
+    unproven = (dra.note(dra_nodes, cluster.operator_release),) if dra_nodes else ()
     if service_url and (why := answers_http(service_url)):
         problems.append(Problem(f"service URL {redact_url(service_url)} does not answer ({why})"))
     if pushgateway_url and (why := answers_http(pushgateway_url)):
@@ -323,4 +328,4 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
                      "the upgrade budget for the rollout and again for the restore)")
         if problem := token_life_problem(kube, longest_run_s):
             problems.append(Problem(problem))
-    return PreflightReport(cluster, tuple(problems), tuple(notes), exposure(cluster, target=target))
+    return PreflightReport(cluster, tuple(problems), tuple(notes), exposure(cluster, target=target), unproven=unproven)

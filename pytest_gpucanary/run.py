@@ -99,6 +99,7 @@ class _Measured:
     upgrade_started_wall_ns: int = 0
     gpu_job_until_wall_ns: int = 0
     exposure: tuple[str, ...] = ()
+    unproven: tuple[str, ...] = ()
     held_nodes: tuple[str, ...] = ()
     operator_release: str = ""
     policy_applied_to: str = ""
@@ -226,6 +227,8 @@ class CanaryRun:
                            f"release {cluster.operator_release or 'unknown'}")
         for line in checked.exposure:
             self.progress.line(f"exposure: {line}")
+        for line in checked.unproven:
+            self.progress.line(f"not proven: {line}")
         try:
             refuse_other_runs(self.kube, cluster, allow_shared_policy=settings.allow_shared_policy)  # read-only
             with RestoringStack(self.progress.line) as cleanup:
@@ -243,7 +246,7 @@ class CanaryRun:
                                       "that leaves the driver as it is) relabels the pool's own NVIDIADriver, so it "
                                       "needs the operator in NVIDIADriver mode",
                                       hint=f"give {flag('driver_version')} a version other than {pool.driver_from}")
-                run = _Measured(run_id, pool, upgrade_policy=policy.to_cr(),
+                run = _Measured(run_id, pool, upgrade_policy=policy.to_cr(), unproven=checked.unproven,
                                 policy_rendering=policy.rendering.lines() if policy.rendering else ())
                 self.progress.line(f"pool {', '.join(pool.nodes)} ({self.provider.name}), driver {pool.driver_from} "
                                    f"-> {settings.driver_version}")
@@ -357,7 +360,7 @@ class CanaryRun:
             operator_release=run.operator_release, policy_applied_to=run.policy_applied_to,
             policy_rendering=run.policy_rendering, collective=tuple(run.collective), collective_note=run.collective_note,
             blast_radius=tuple(run.blast_radius.breaches) if run.blast_radius else (),
-            pool_setup=tuple(line for line in (pool.fence, *pool.notes) if line))
+            pool_setup=tuple(line for line in (pool.fence, *pool.notes) if line), unproven=run.unproven)
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)
 

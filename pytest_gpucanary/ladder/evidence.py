@@ -68,10 +68,11 @@ class RunEvidence:
     # how the pool was set up beyond its carve-out (its fence, a handover from the default NVIDIADriver): recorded,
     # not judged; one line each
     pool_setup: tuple[str, ...] = ()
+    unproven: tuple[str, ...] = ()     # what the verdict does not speak for (pods holding DRA claims), one line each
 
     def __post_init__(self) -> None:
         for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate", "exposure",
-                     "held_nodes", "policy_rendering", "collective", "blast_radius", "pool_setup"):
+                     "held_nodes", "policy_rendering", "collective", "blast_radius", "pool_setup", "unproven"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def offset_s(self, wall_ns: int) -> float:
@@ -147,7 +148,8 @@ class RunEvidence:
                    policy_rendering=tuple(doc.get("policy_rendering", ())),
                    collective=tuple(CollectiveRun(**c) for c in doc.get("collective", ())),
                    collective_note=doc.get("collective_note", ""),
-                   blast_radius=tuple(doc.get("blast_radius", ())), pool_setup=tuple(doc.get("pool_setup", ())))
+                   blast_radius=tuple(doc.get("blast_radius", ())), pool_setup=tuple(doc.get("pool_setup", ())),
+                   unproven=tuple(doc.get("unproven", ())))
 
     def write(self, report_dir: Path) -> Path:
         """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""

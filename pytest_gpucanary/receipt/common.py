@@ -32,7 +32,7 @@ def run_rows(ev: RunEvidence) -> list[tuple[str, str]]:
             ("applied to", ev.policy_applied_to or "-"), *(("policy render", line) for line in ev.policy_rendering),
             ("GPU job", f"{ev.gpu_job.name} (uid {ev.gpu_job.uid or 'unknown'})"),
             ("started", utc(ev.upgrade_started_wall_ns)), ("finished", utc(ev.finished_wall_ns)), ("CI", ci),
-            *(("exposure", line) for line in ev.exposure),
+            *(("exposure", line) for line in ev.exposure), *(("not proven", line) for line in ev.unproven),
             *(("others on the pool", f"{ev.offset_s(act.wall_ns):+.1f} s {act.line()}") for act in neighbour_acts(ev))]
 
 

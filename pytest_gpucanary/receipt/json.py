@@ -27,6 +27,7 @@ def render_json(result: LadderResult, evidence: RunEvidence) -> str:
                 "started_wall_ns": evidence.upgrade_started_wall_ns, "finished_wall_ns": evidence.finished_wall_ns,
                 "started_utc": utc(evidence.upgrade_started_wall_ns), "finished_utc": utc(evidence.finished_wall_ns),
                 "ci": dict(evidence.ci), "exposure": list(evidence.exposure), "pool_setup": list(evidence.pool_setup),
+                "unproven": list(evidence.unproven),
                 "held_nodes": list(evidence.held_nodes), "operator_release": evidence.operator_release,
                 "policy_applied_to": evidence.policy_applied_to, "upgrade_policy": dict(evidence.upgrade_policy),
                 "policy_rendering": list(evidence.policy_rendering),

@@ -1,0 +1,39 @@
+"""GPUs that a cluster allocates through Dynamic Resource Allocation (resource.k8s.io/v1, GA in Kubernetes 1.34),
+found before a run: the nodes for which NVIDIA's DRA driver publishes ResourceSlices.
+
+The canary's GPU job and probes request the extended resource `nvidia.com/gpu`, so its verdict does not speak
+for pods that hold a `gpu.nvidia.com` ResourceClaim: those pods are said, not hidden. Before GPU Operator v26.7
+the upgrade controller's pod deletion matches extended resources only, so it never deletes a claim-holding pod
+and only a drain evicts one (v26.7.0 counts a pod with an allocated `gpu.nvidia.com` claim as a GPU pod).
+"""
+
+from __future__ import annotations
+
+from pytest_gpucanary import gpu_operator as op
+from pytest_gpucanary.kube import Forbidden, Kube, NotFound
+
+GPU_DRIVER = "gpu.nvidia.com"           # NVIDIA's DRA driver for GPUs: its driver name and its DeviceClass
+RESOURCE_SLICE = ("resource.k8s.io/v1", "ResourceSlice")
+POD_DELETION_SEES_CLAIMS = (26, 7)      # the first release whose pod deletion counts claim-holding pods
+
+
+def gpu_nodes(kube: Kube) -> tuple[str, ...]:
+    """The nodes with a ResourceSlice of NVIDIA's GPU driver, sorted; none where resource.k8s.io/v1 is not served
+    (or the canary may not list it: preflight names that permission)."""
+    try:
+        slices = kube.list(*RESOURCE_SLICE, field_selector=f"spec.driver={GPU_DRIVER}")
+    except (NotFound, Forbidden):
+        return ()
+    return tuple(sorted({name for s in slices if (name := (s.get("spec") or {}).get("nodeName"))}))
+
+
+def note(nodes: tuple[str, ...], release: str | None) -> str:
+    """What a run on this cluster does not prove, in one line."""
+    names = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+    series = op.release_series(release) if release else None
+    blind = (f"; on GPU Operator {release} pod deletion never deletes a claim-holding pod (it matches extended "
+             "resources only), so only a drain evicts one" if series is not None and series < POD_DELETION_SEES_CLAIMS
+             else "")
+    return (f"{len(nodes)} node(s) offer GPUs through DRA ({GPU_DRIVER} ResourceSlices: {names}): the canary's GPU "
+            f"job and probes request nvidia.com/gpu, so its verdict does not speak for pods holding a {GPU_DRIVER} "
+            f"ResourceClaim{blind}")
