@@ -1,5 +1,5 @@
-"""mkdocs hooks: the options page's table is made from `Settings` at every build, so it cannot drift from the
-code; the repository's CHANGELOG.md is the site's changes page."""
+"""mkdocs hooks: the options page's tables are made from `Settings` and the lint rules at every build, so they
+cannot drift from the code; the repository's CHANGELOG.md is the site's changes page."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 from pytest_gpucanary.config import KNOBS
+from pytest_gpucanary.policy.lint import RULES
 
 MARKER = "<!-- the options table, made from pytest_gpucanary.config.Settings -->"
+RULES_MARKER = "<!-- the lint rules table, made from pytest_gpucanary.policy.lint.RULES -->"
 OPTIONS_PAGE = "options.md"
 CHANGELOG = Path(__file__).resolve().parents[1] / "CHANGELOG.md"
 
@@ -24,12 +26,20 @@ def options_table() -> str:
     return "\n".join(rows)
 
 
+def rules_table() -> str:
+    rows = ["| rule | reads | source |", "|---|---|---|"]
+    rows += [f"| `{rule.code}` | {', '.join(f'`{k}`' for k in rule.knobs)} | {rule.source} |" for rule in RULES]
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     if page.file.src_uri != OPTIONS_PAGE:
         return markdown
-    if MARKER not in markdown:
-        raise PluginError(f"docs/{OPTIONS_PAGE} lost the line the options table goes in: {MARKER}")
-    return markdown.replace(MARKER, options_table())
+    for marker, table in ((MARKER, options_table), (RULES_MARKER, rules_table)):
+        if marker not in markdown:
+            raise PluginError(f"docs/{OPTIONS_PAGE} lost the line a table goes in: {marker}")
+        markdown = markdown.replace(marker, table())
+    return markdown
 
 
 def on_files(files: Files, config: Any, **kwargs: Any) -> Files:

@@ -3,8 +3,9 @@ found before a run: the nodes for which NVIDIA's DRA driver publishes ResourceSl
 
 The canary's GPU job and probes request the extended resource `nvidia.com/gpu`, so its verdict does not speak
 for pods that hold a `gpu.nvidia.com` ResourceClaim: those pods are said, not hidden. Before GPU Operator v26.7
-the upgrade controller's pod deletion matches extended resources only, so it never deletes a claim-holding pod
-and only a drain evicts one (v26.7.0 counts a pod with an allocated `gpu.nvidia.com` claim as a GPU pod).
+the pod deletion filter (`gpuPodSpecFilter`, cmd/gpu-operator/main.go) matches `nvidia.com/gpu` and
+`nvidia.com/mig-*` resources only, so it never deletes a claim-holding pod and only a drain evicts one; v26.7.0
+also counts a pod with an allocated `gpu.nvidia.com` claim (`PodHasNVIDIAGPUClaim`).
 """
 
 from __future__ import annotations

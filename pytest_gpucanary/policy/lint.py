@@ -59,19 +59,21 @@ class Rule:
     code: str
     knobs: tuple[str, ...]   # every CR key the check reads; the finding points at the first
     check: Callable[[UpgradePolicy], _Flag | None]
+    source: str              # where the behaviour it warns of is written down (the docs' rules table shows it)
 
 
 RULES: list[Rule] = []
 
 
-def _rule(code: str, *knobs: str) -> Callable[[Callable[[UpgradePolicy], _Flag | None]], Rule]:
+def _rule(code: str, *knobs: str, source: str) -> Callable[[Callable[[UpgradePolicy], _Flag | None]], Rule]:
     def register(check: Callable[[UpgradePolicy], _Flag | None]) -> Rule:
-        RULES.append(rule := Rule(code, knobs, check))
+        RULES.append(rule := Rule(code, knobs, check, source))
         return rule
     return register
 
 
-@_rule("auto-upgrade-off", "autoUpgrade")
+@_rule("auto-upgrade-off", "autoUpgrade",
+       source="k8s-operator-libs upgrade state machine: autoUpgrade false clears every node's upgrade state")
 def _auto_upgrade_off(p: UpgradePolicy) -> _Flag | None:
     if p.auto_upgrade:
         return None
@@ -79,7 +81,9 @@ def _auto_upgrade_off(p: UpgradePolicy) -> _Flag | None:
                                  "nothing; set autoUpgrade: true")
 
 
-@_rule("drain-evicts-non-gpu", "drain.enable", "drain.podSelector")
+@_rule("drain-evicts-non-gpu", "drain.enable", "drain.podSelector",
+       source="the field note this canary comes from (a drain took a scheduler API pod off a GPU worker); "
+              "k8s-operator-libs drain: every non-DaemonSet pod the selector matches")
 def _drain_evicts_non_gpu(p: UpgradePolicy) -> _Flag | None:
     if not p.drain.enable:
         return None
@@ -92,7 +96,9 @@ def _drain_evicts_non_gpu(p: UpgradePolicy) -> _Flag | None:
                                  "or narrow drain.podSelector")
 
 
-@_rule("driver-holders-not-freed", "drain.enable")
+@_rule("driver-holders-not-freed", "drain.enable",
+       source="NVIDIA/gpu-operator #2570, #2509, #2549, #2166; k8s-driver-manager v0.12.0 "
+              "autoDrainSupersededByPolicyMsg")
 def _driver_holders_not_freed(p: UpgradePolicy) -> _Flag | None:
     # k8s-driver-manager's own ENABLE_AUTO_DRAIN is superseded once an upgrade policy is on (its
     # autoDrainSupersededByPolicyMsg), so no knob here frees them (NVIDIA/gpu-operator #2570, #2509)
@@ -105,7 +111,22 @@ def _driver_holders_not_freed(p: UpgradePolicy) -> _Flag | None:
                                 "show it with --gpucanary-holder")
 
 
-@_rule("emptydir-blocks-pod-deletion", "podDeletion.deleteEmptyDir", "drain.enable")
+@_rule("dra-claims-not-deleted", "drain.enable",
+       source="GPU Operator cmd/gpu-operator/main.go gpuPodSpecFilter: v26.7.0 is the first to count a pod with "
+              "an allocated gpu.nvidia.com claim (PodHasNVIDIAGPUClaim); v26.3.3 and before match nvidia.com/gpu "
+              "and nvidia.com/mig-* resources only")
+def _dra_claims_not_deleted(p: UpgradePolicy) -> _Flag | None:
+    # the operator's pod deletion filter (gpuPodSpecFilter) before v26.7 matches extended resources only;
+    # v26.7.0 also counts a pod with an allocated gpu.nvidia.com ResourceClaim (pytest_gpucanary/dra.py)
+    then = ("a drain evicts them only after a GPU pod deletion failed" if p.drain.enable
+            else "drain is off, so nothing removes them")
+    return _Flag(Severity.INFO, "before GPU Operator v26.7, pod deletion never deletes a pod that holds its GPU "
+                                f"through a DRA ResourceClaim (gpu.nvidia.com): {then}, and the driver cannot unload "
+                                "while one runs; on a DRA cluster run the operator v26.7 or later, or test with drain")
+
+
+@_rule("emptydir-blocks-pod-deletion", "podDeletion.deleteEmptyDir", "drain.enable",
+       source="k8s-operator-libs upgrade state machine: pod deletion refuses emptyDir pods unless deleteEmptyDir")
 def _emptydir_blocks_pod_deletion(p: UpgradePolicy) -> _Flag | None:
     if p.pod_deletion.delete_empty_dir:
         return None
@@ -114,7 +135,8 @@ def _emptydir_blocks_pod_deletion(p: UpgradePolicy) -> _Flag | None:
                                    f"{then}; set podDeletion.deleteEmptyDir: true")
 
 
-@_rule("pod-deletion-loses-emptydir", "podDeletion.deleteEmptyDir")
+@_rule("pod-deletion-loses-emptydir", "podDeletion.deleteEmptyDir",
+       source="k8s-operator-libs upgrade state machine: pod deletion")
 def _pod_deletion_loses_emptydir(p: UpgradePolicy) -> _Flag | None:
     if not p.pod_deletion.delete_empty_dir:
         return None
@@ -122,7 +144,8 @@ def _pod_deletion_loses_emptydir(p: UpgradePolicy) -> _Flag | None:
                                 "checkpoint); non-GPU pods are not touched")
 
 
-@_rule("drain-aborts-on-emptydir", "drain.deleteEmptyDir", "drain.enable")
+@_rule("drain-aborts-on-emptydir", "drain.deleteEmptyDir", "drain.enable",
+       source="kubectl drain helper: emptyDir pods abort the drain unless DeleteEmptyDirData")
 def _drain_aborts_on_emptydir(p: UpgradePolicy) -> _Flag | None:
     if not p.drain.enable or p.drain.delete_empty_dir:
         return None
@@ -130,14 +153,16 @@ def _drain_aborts_on_emptydir(p: UpgradePolicy) -> _Flag | None:
                                    "the node goes to upgrade-failed; set drain.deleteEmptyDir: true or disable drain")
 
 
-@_rule("drain-loses-emptydir", "drain.deleteEmptyDir", "drain.enable")
+@_rule("drain-loses-emptydir", "drain.deleteEmptyDir", "drain.enable",
+       source="kubectl drain helper: DeleteEmptyDirData")
 def _drain_loses_emptydir(p: UpgradePolicy) -> _Flag | None:
     if not (p.drain.enable and p.drain.delete_empty_dir):
         return None
     return _Flag(Severity.INFO, "a drain deletes the emptyDir data of every pod it evicts, GPU or not")
 
 
-@_rule("pod-deletion-waits-forever", "podDeletion.timeoutSeconds")
+@_rule("pod-deletion-waits-forever", "podDeletion.timeoutSeconds",
+       source="k8s-operator-libs upgrade state machine: timeoutSeconds 0 is infinite")
 def _pod_deletion_waits_forever(p: UpgradePolicy) -> _Flag | None:
     if p.pod_deletion.timeout_s:
         return None
@@ -145,7 +170,8 @@ def _pod_deletion_waits_forever(p: UpgradePolicy) -> _Flag | None:
                                    "the node cordoned, with no fallback and no upgrade-failed; set e.g. 300")
 
 
-@_rule("drain-waits-forever", "drain.timeoutSeconds", "drain.enable")
+@_rule("drain-waits-forever", "drain.timeoutSeconds", "drain.enable",
+       source="kubectl drain helper: Timeout 0 is infinite")
 def _drain_waits_forever(p: UpgradePolicy) -> _Flag | None:
     if not p.drain.enable or p.drain.timeout_s:
         return None
@@ -153,7 +179,8 @@ def _drain_waits_forever(p: UpgradePolicy) -> _Flag | None:
                                    "the node cordoned and draining; set e.g. 300")
 
 
-@_rule("wait-for-completion-forever", "waitForCompletion.timeoutSeconds", "waitForCompletion.podSelector")
+@_rule("wait-for-completion-forever", "waitForCompletion.timeoutSeconds", "waitForCompletion.podSelector",
+       source="k8s-operator-libs upgrade state machine: waitForCompletion timeoutSeconds 0 is infinite")
 def _wait_forever(p: UpgradePolicy) -> _Flag | None:
     wait = p.wait_for_completion
     if not wait.pod_selector or wait.timeout_s:
@@ -162,7 +189,8 @@ def _wait_forever(p: UpgradePolicy) -> _Flag | None:
                                    "cordoned forever; set a timeout (its expiry moves on to pod deletion)")
 
 
-@_rule("wait-timeout-is-not-failure", "waitForCompletion.timeoutSeconds", "waitForCompletion.podSelector")
+@_rule("wait-timeout-is-not-failure", "waitForCompletion.timeoutSeconds", "waitForCompletion.podSelector",
+       source="k8s-operator-libs upgrade state machine: an expired wait moves on to pod deletion")
 def _wait_timeout_is_not_failure(p: UpgradePolicy) -> _Flag | None:
     wait = p.wait_for_completion
     if not wait.pod_selector or not wait.timeout_s:
@@ -171,7 +199,8 @@ def _wait_timeout_is_not_failure(p: UpgradePolicy) -> _Flag | None:
                                 "upgrade stops waiting and deletes the still-running GPU pods; it is not a failure")
 
 
-@_rule("max-unavailable-zero", "maxUnavailable")
+@_rule("max-unavailable-zero", "maxUnavailable",
+       source="k8s-operator-libs upgrade state machine: maxUnavailable caps nodes that may be cordoned")
 def _max_unavailable_zero(p: UpgradePolicy) -> _Flag | None:
     if p.max_unavailable not in (0, "0%"):
         return None
@@ -179,7 +208,8 @@ def _max_unavailable_zero(p: UpgradePolicy) -> _Flag | None:
                                  'set 1 or a percentage such as "25%"')
 
 
-@_rule("no-parallel-limit", "maxParallelUpgrades")
+@_rule("no-parallel-limit", "maxParallelUpgrades",
+       source="k8s-operator-libs upgrade state machine: maxParallelUpgrades 0 is unlimited")
 def _no_parallel_limit(p: UpgradePolicy) -> _Flag | None:
     if p.max_parallel_upgrades:
         return None
@@ -187,7 +217,8 @@ def _no_parallel_limit(p: UpgradePolicy) -> _Flag | None:
                                    "by maxUnavailable; set 1 or a small number")
 
 
-@_rule("failed-node-blocks-others", "maxParallelUpgrades")
+@_rule("failed-node-blocks-others", "maxParallelUpgrades",
+       source="k8s-operator-libs upgrade state machine: upgrade-failed counts as in progress")
 def _failed_node_blocks_others(p: UpgradePolicy) -> _Flag | None:
     if p.max_parallel_upgrades != 1:
         return None
@@ -195,7 +226,8 @@ def _failed_node_blocks_others(p: UpgradePolicy) -> _Flag | None:
                                 "stops every other node until someone clears it")
 
 
-@_rule("pod-deletion-force-deletes-unmanaged", "podDeletion.force")
+@_rule("pod-deletion-force-deletes-unmanaged", "podDeletion.force",
+       source="k8s-operator-libs upgrade state machine: pod deletion force")
 def _pod_deletion_force(p: UpgradePolicy) -> _Flag | None:
     if not p.pod_deletion.force:
         return None
@@ -203,7 +235,8 @@ def _pod_deletion_force(p: UpgradePolicy) -> _Flag | None:
                                    "set podDeletion.force: false unless that is intended")
 
 
-@_rule("drain-force-deletes-unmanaged", "drain.force", "drain.enable")
+@_rule("drain-force-deletes-unmanaged", "drain.force", "drain.enable",
+       source="kubectl drain helper: Force deletes unmanaged pods")
 def _drain_force(p: UpgradePolicy) -> _Flag | None:
     if not (p.drain.enable and p.drain.force):
         return None

@@ -206,7 +206,8 @@ class ExistingNodeProvider:
     def _hand_over(self, kube: Kube, names: tuple[str, ...], default: str) -> tuple[str, float]:
         """Create the run's own NVIDIADriver, the default one's spec at the pool's driver picking the run's nodes,
         and wait until each pool node runs that driver under it. Its name and how long the handover took."""
-        spec = {k: v for k, v in kube.get(*NVIDIADRIVER, default)["spec"].items() if k not in ("default", "nodeSelector")}
+        spec = {k: v for k, v in kube.get(*NVIDIADRIVER, default)["spec"].items()
+                if k not in ("default", "nodeSelector")}
         name = handover_driver(self.run_id)
         kube.create({"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1],
                      "metadata": {"name": name, "labels": owned_labels(self.run_id)},
@@ -226,7 +227,9 @@ class ExistingNodeProvider:
 
         def decide(node: dict) -> tuple[dict, bool]:
             _check_marks(node)
-            saved: dict = {"run_id": run_id, "driver": driver, **({"handover_from": handover_from} if handover_from else {})}
+            saved: dict = {"run_id": run_id, "driver": driver}
+            if handover_from:
+                saved["handover_from"] = handover_from
             labels = {RUN_ID_LABEL: run_id}
             if nvsentinel_opt_out:
                 saved["nvsentinel"] = (node["metadata"].get("labels") or {}).get(neighbours.NVSENTINEL_LABEL)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from pytest_gpucanary.config import KNOBS
+from pytest_gpucanary.policy.lint import RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,6 +21,8 @@ def test_the_site_builds_strict_and_its_options_page_lists_every_knob(tmp_path: 
     options = (tmp_path / "options" / "index.html").read_text()
     missing = [k.flag for k in KNOBS if f"<code>{k.flag}</code>" not in options or f"<code>{k.env}</code>" not in options]
     assert missing == []
+    assert [r.code for r in RULES if f"<code>{r.code}</code>" not in options] == []
+    assert "NVIDIA/gpu-operator #2570" in options
     assert "Changes" in (tmp_path / "changelog" / "index.html").read_text()
 
 
