@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -59,6 +60,42 @@ def assert_replay_reproduces(reports: Path, *, returncode: int) -> None:
     again = json.loads((run_dir / "receipt.json").read_text())
     assert again["verdicts"] == before["verdicts"] and again["first_failed"] == before["first_failed"]
     assert again["evictions"] == before["evictions"] and again["thresholds"] == before["thresholds"]
+
+
+def run_until_applied(*args: str, reports: Path, **popen: Any) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start a run of the default policy with `args` and read its output until it has applied the policy: the
+    running process and the lines it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
+                             f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                             f"--gpucanary-driver-version={TARGET}", *FAST, *args, f"--gpucanary-reports-dir={reports}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED, **popen)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "applied; upgrading the pool" in line:
+            break
+    return proc, seen
+
+
+def killed_once_applied(*args: str, reports: Path) -> list[str]:
+    """`run_until_applied`, then SIGKILL (no chance to clean up); the lines it printed."""
+    proc, seen = run_until_applied(*args, reports=reports, start_new_session=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    return seen
+
+
+def eventually_nothing_left(kube: Kube, policy_before: dict, timeout_s: float = 60) -> None:
+    """`assert_nothing_left` once namespace deletion, which finishes asynchronously, has had `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            assert_nothing_left(kube, policy_before)
+            return
+        except AssertionError:
+            time.sleep(2)
+    assert_nothing_left(kube, policy_before)
 
 
 def live(items: list[dict]) -> list[str]:
@@ -287,18 +324,9 @@ def test_interrupted_run_restores_everything_also_through_a_second_signal(
     """Ctrl-C, then Ctrl-C again; SIGTERM takes the same handler (tests/unit/test_run_waits.py), and one during
     the restore is test_faults.py's restoring-sigterm case."""
     sig = signal.SIGINT
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
-                             f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                             f"--gpucanary-driver-version={TARGET}", *FAST,
-                             f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED,
-                            preexec_fn=sigint_default)     # as from a terminal, whatever this process inherited
+    proc, seen = run_until_applied(reports=tmp_path / "reports",
+                                   preexec_fn=sigint_default)     # as from a terminal, whatever this process inherited
     assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "applied; upgrading the pool" in line:
-            break
     proc.send_signal(sig)
     # the second signal goes once the run took the first: sent blind, on a loaded machine both could land before
     # the run's next bytecode, and the kernel keeps one pending signal of a kind, not two
@@ -319,18 +347,7 @@ def test_interrupted_run_restores_everything_also_through_a_second_signal(
 def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp_path: Path,
                                                 policy_before: dict) -> None:
     run_id = f"killed-{uuid.uuid4().hex[:6]}"
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
-                             f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                             f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-run-id={run_id}",
-                             f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=UNBUFFERED)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "applied; upgrading the pool" in line:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up
-    proc.wait(timeout=30)
+    killed_once_applied(f"--gpucanary-run-id={run_id}", reports=tmp_path / "reports")
     left = [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")]
     assert left
     # a second run given the killed run's pool never adopts what that run left there: refused before its first
@@ -349,14 +366,7 @@ def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp
     assert result.returncode == 0, result.stderr
     assert f"watching the Lease of {run_id} for 60 s" in result.stderr, result.stderr
     assert f"run {run_id}: nothing of it is left on the cluster" in result.stderr, result.stderr
-    deadline = time.monotonic() + 60  # namespace deletion finishes asynchronously
-    while time.monotonic() < deadline:
-        try:
-            assert_nothing_left(kube, policy_before)
-            break
-        except AssertionError:
-            time.sleep(2)
-    assert_nothing_left(kube, policy_before)
+    eventually_nothing_left(kube, policy_before)
 
 
 def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, kube: Kube, tmp_path: Path,
@@ -411,18 +421,16 @@ def driver_owners(kube: Kube) -> dict[str, str]:
             for n in kube.list("v1", "Node", label_selector="nvidia.com/gpu-operator.driver.owner")}
 
 
-def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back(
-        gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict, canary_service_account) -> None:
-    """A node no NVIDIADriver of its own picks belongs to the default one, whose version is every such node's: the
-    run, under the canary's own token and deploy/'s admission policies, hands the node to an NVIDIADriver of its own
-    (the default one's copy), waits for that handover's driver pod before the policy, judges only its own upgrade,
-    then hands the node back; the operator's owner label and the node's labels end as they began."""
-    from pytest_gpucanary.fleet.kwok_pool import KwokPool, fleet_driver_version
+@pytest.fixture
+def default_driven_node(gpucanary_fleet, kube: Kube) -> Iterator[str]:
+    """A fresh GPU node that no NVIDIADriver of its own picks, so the default one drives it, marked for pools as an
+    administrator would; deleted after."""
+    from pytest_gpucanary.fleet.kwok_pool import KwokPool
 
     if not gpucanary_fleet.fleet.layout.default_driver:
         pytest.skip("the fleet runs no default NVIDIADriver (operator before v26.7)")
     loose = KwokPool(kube, name=f"loose-{uuid.uuid4().hex[:6]}", run_id="loose")
-    [node] = loose.create(driver_version=None)      # no NVIDIADriver of its own: the default one's
+    [node] = loose.create(driver_version=None)
     kube.patch("v1", "Node", node, {"metadata": {"labels": {   # a node the cluster's owners made, marked for pools
         "app.kubernetes.io/managed-by": None, "gpucanary.io/run-id": None, "gpucanary.io/kwok-pool": None,
         "gpucanary.io/pool-eligible": "true"}}})
@@ -431,36 +439,71 @@ def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back(
                       == "upgrade-done" and n["metadata"]["labels"].get("nvidia.com/gpu-operator.driver.owner") == "fleet",
                       timeout_s=180)
         loose.wait_for_gpus()
-        before, owners = kube.get("v1", "Node", node), driver_owners(kube)
-        result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                           f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
-                           f"--gpucanary-pool-node={node}", f"--gpucanary-kubeconfig={canary_service_account()}",
-                           reports=tmp_path / "reports")
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-        receipt = receipt_of(tmp_path / "reports")
-        run_id = receipt["run"]["run_id"]
-        handed = [line for line in receipt["run"]["pool_setup"] if line.startswith("handed over")]
-        assert handed and handed[0].startswith(f"handed over from the default NVIDIADriver fleet to the run's own "
-                                               f"gpucanary-{run_id} at driver {fleet_driver_version(kube)} in "), receipt
-        assert f"deleted NVIDIADriver gpucanary-{run_id}: the default NVIDIADriver fleet takes the pool back" in result.stdout
-        # the upgrade judged is the policy's alone: from the pool's driver to the target, under the run's NVIDIADriver
-        assert receipt["run"]["driver_from"] == fleet_driver_version(kube) and receipt["run"]["driver_to"] == TARGET
-        assert f"gpucanary-{run_id}" in receipt["run"]["policy_applied_to"], receipt["run"]["policy_applied_to"]
-        with contextlib.suppress(TimeoutError):   # GFD-style driver labels follow the driver pod back a moment later
-            kube.wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"] == before["metadata"]["labels"],
-                          timeout_s=180)
-        after = kube.get("v1", "Node", node)
-        assert after["metadata"]["labels"] == before["metadata"]["labels"]
-        assert after["spec"].get("taints") == before["spec"].get("taints")
-        assert not [d["metadata"]["name"] for d in kube.list("nvidia.com/v1alpha1", "NVIDIADriver")
-                    if d["metadata"]["name"].startswith("gpucanary-")]
-        assert driver_owners(kube) == owners
-        drivers = [p for p in kube.list("v1", "Pod", label_selector="app.kubernetes.io/component=nvidia-driver",
-                                        field_selector=f"spec.nodeName={node}") if not p["metadata"].get("deletionTimestamp")]
-        assert [p["spec"]["nodeSelector"].get("nvidia.com/gpu-operator.driver.owner") for p in drivers] == ["fleet"]
-        assert_nothing_left(kube, policy_before)
+        yield node
     finally:
         loose.delete()
+
+
+def assert_handed_back(kube: Kube, node: str, before: dict, owners: dict[str, str]) -> None:
+    """The node's labels and taints as before, the default NVIDIADriver's driver pod on it, no run's NVIDIADriver."""
+    with contextlib.suppress(TimeoutError):   # GFD-style driver labels follow the driver pod back a moment later
+        kube.wait_for("v1", "Node", node, lambda n: n["metadata"]["labels"] == before["metadata"]["labels"],
+                      timeout_s=180)
+    after = kube.get("v1", "Node", node)
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["spec"].get("taints") == before["spec"].get("taints")
+    assert not [d["metadata"]["name"] for d in kube.list("nvidia.com/v1alpha1", "NVIDIADriver")
+                if d["metadata"]["name"].startswith("gpucanary-")]
+    assert driver_owners(kube) == owners
+    drivers = [p for p in kube.list("v1", "Pod", label_selector="app.kubernetes.io/component=nvidia-driver",
+                                    field_selector=f"spec.nodeName={node}") if not p["metadata"].get("deletionTimestamp")]
+    assert [p["spec"]["nodeSelector"].get("nvidia.com/gpu-operator.driver.owner") for p in drivers] == ["fleet"]
+
+
+def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back(
+        default_driven_node: str, kube: Kube, tmp_path: Path, policy_before: dict, canary_service_account) -> None:
+    """A node no NVIDIADriver of its own picks belongs to the default one, whose version is every such node's: the
+    run, under the canary's own token and deploy/'s admission policies, hands the node to an NVIDIADriver of its own
+    (the default one's copy), waits for that handover's driver pod before the policy, judges only its own upgrade,
+    then hands the node back; the operator's owner label and the node's labels end as they began."""
+    from pytest_gpucanary.fleet.kwok_pool import fleet_driver_version
+
+    node = default_driven_node
+    before, owners = kube.get("v1", "Node", node), driver_owners(kube)
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
+                       f"--gpucanary-pool-node={node}", f"--gpucanary-kubeconfig={canary_service_account()}",
+                       reports=tmp_path / "reports")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    receipt = receipt_of(tmp_path / "reports")
+    run_id = receipt["run"]["run_id"]
+    handed = [line for line in receipt["run"]["pool_setup"] if line.startswith("handed over")]
+    assert handed and handed[0].startswith(f"handed over from the default NVIDIADriver fleet to the run's own "
+                                           f"gpucanary-{run_id} at driver {fleet_driver_version(kube)} in "), receipt
+    assert f"deleted NVIDIADriver gpucanary-{run_id}: the default NVIDIADriver fleet takes the pool back" in result.stdout
+    # the upgrade judged is the policy's alone: from the pool's driver to the target, under the run's NVIDIADriver
+    assert receipt["run"]["driver_from"] == fleet_driver_version(kube) and receipt["run"]["driver_to"] == TARGET
+    assert f"gpucanary-{run_id}" in receipt["run"]["policy_applied_to"], receipt["run"]["policy_applied_to"]
+    assert_handed_back(kube, node, before, owners)
+    assert_nothing_left(kube, policy_before)
+
+
+def test_cleanup_hands_a_killed_runs_pool_back_to_the_default_nvidiadriver(
+        default_driven_node: str, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
+    """Killed mid-upgrade, after the handover: `gpucanary cleanup` deletes the run's NVIDIADriver and waits for the
+    default one's driver pod on the node before it takes the run's marks off."""
+    node, run_id = default_driven_node, f"killed-{uuid.uuid4().hex[:6]}"
+    before, owners = kube.get("v1", "Node", node), driver_owners(kube)
+    seen = killed_once_applied(f"--gpucanary-run-id={run_id}", "--gpucanary-pool-provider=existing",
+                               f"--gpucanary-pool-node={node}", reports=tmp_path / "reports")
+    assert any("pool handed over from the default NVIDIADriver fleet" in line for line in seen), seen[-20:]
+    assert driver_owners(kube)[node] == f"gpucanary-{run_id}"
+    result = gpucanary("cleanup", "--run-id", run_id, reports=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"deleted NVIDIADriver gpucanary-{run_id}: the default NVIDIADriver fleet takes the pool back" in result.stderr
+    assert f"run {run_id}: nothing of it is left on the cluster" in result.stderr, result.stderr
+    assert_handed_back(kube, node, before, owners)
+    eventually_nothing_left(kube, policy_before)
 
 
 def test_non_gpu_node_is_refused_as_pool(gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
