@@ -32,7 +32,8 @@ test: setup build
 # Every step boundary x SIGINT/SIGTERM/SIGKILL, the crash-after-write samples and the control-plane
 # faults on the local fleet (hours); `make test` runs a subset of each.
 kill-matrix: setup build
-	GPUCANARY_KILL_MATRIX=1 $(PY) -m pytest tests/e2e/test_faults.py tests/e2e/test_control_plane_faults.py -rA $(PYTEST_ARGS)
+	GPUCANARY_KILL_MATRIX=1 $(PY) -m pytest tests/e2e/test_faults.py tests/e2e/test_control_plane_faults.py \
+		tests/e2e/test_canary_gate.py::test_cleanup_hands_a_killed_runs_pool_back_to_the_default_nvidiadriver -rA $(PYTEST_ARGS)
 
 # Every cause of a stuck rollout the watcher names on the kubelet pool: in ClusterPolicy mode one run each, in
 # NVIDIADriver mode two at a time (`make test` runs the no-image case in both modes, and the driver held in

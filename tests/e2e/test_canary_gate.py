@@ -488,6 +488,7 @@ def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back(
     assert_nothing_left(kube, policy_before)
 
 
+@pytest.mark.kill_matrix     # 6 min of CI's longest file; the run's own handback is in make test (above)
 def test_cleanup_hands_a_killed_runs_pool_back_to_the_default_nvidiadriver(
         default_driven_node: str, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
     """Killed mid-upgrade, after the handover: `gpucanary cleanup` deletes the run's NVIDIADriver and waits for the
