@@ -191,8 +191,7 @@ class ExistingNodeProvider:
                                        f"{HANDOVER_ELIGIBLE_LABEL}=true; or give the pool an NVIDIADriver of its own")
             return "", name
         if selected != set(names):
-            default = " (the default NVIDIADriver: every GPU node no other one picks)" if is_default_driver(driver) else ""
-            raise ConfigError(f"NVIDIADriver {name}{default} drives {len(selected)} nodes, not only the pool "
+            raise ConfigError(f"NVIDIADriver {name} drives {len(selected)} nodes, not only the pool "
                               f"{list(names)}", hint="give the canary pool an NVIDIADriver whose nodeSelector picks only "
                               "it, and wait for its driver pod: the node changing owner is a driver restart of its own, "
                               "which a canary run must not judge")
@@ -275,7 +274,8 @@ def give_back(kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: flo
         node = kube.get("v1", "Node", name)
     except NotFound:
         return False
-    owner = _saved(node).get("handover_from", "") if saved_run(node, SAVED_STATE_ANNOTATION) == run_id else ""
+    saved = _saved(node)
+    owner = str(saved.get("handover_from") or "") if str(saved.get("run_id")) == run_id else ""
     if owner:
         with contextlib.suppress(NotFound):     # gone already: given back another node of the run
             own = kube.get(*NVIDIADRIVER, handover_driver(run_id))

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+import canary_process
 import pytest
 
 from pytest_gpucanary.kube import Kube
@@ -63,19 +64,10 @@ def assert_replay_reproduces(reports: Path, *, returncode: int) -> None:
 
 
 def run_until_applied(*args: str, reports: Path, **popen: Any) -> tuple[subprocess.Popen[str], list[str]]:
-    """Start a run of the default policy with `args` and read its output until it has applied the policy: the
-    running process and the lines it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
-                             f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                             f"--gpucanary-driver-version={TARGET}", *FAST, *args, f"--gpucanary-reports-dir={reports}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED, **popen)
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "applied; upgrading the pool" in line:
-            break
-    return proc, seen
+    """A run of the default policy with `args`, followed until it has applied the policy (`canary_process`)."""
+    return canary_process.run_until_applied([f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                                             f"--gpucanary-driver-version={TARGET}", *FAST, *args,
+                                             f"--gpucanary-reports-dir={reports}"], env=UNBUFFERED, **popen)
 
 
 def killed_once_applied(*args: str, reports: Path) -> list[str]:

@@ -5,13 +5,11 @@ for the test). The receipt names each with its writer; the upgrade's own cordon 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from canary_process import run_until_applied
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
@@ -40,17 +38,8 @@ def test_the_receipt_names_the_taint_and_node_maintenance_others_put_on_the_pool
     kubectl("wait", "--for=condition=Established", "crd/nodemaintenances.maintenance.nvidia.com", "--timeout=60s")
     reports = tmp_path / "reports"
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
-                                 f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                                 f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-reports-dir={reports}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(line)
-            if "applied; upgrading the pool" in line:
-                break
+        proc, seen = run_until_applied([f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                                        f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-reports-dir={reports}"])
         [pool] = [n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=RUN_ID_LABEL)]
         kubectl("taint", "node", pool, f"{QUARANTINE}=true:NoSchedule")
         kube.create({"apiVersion": NODE_MAINTENANCE[0], "kind": NODE_MAINTENANCE[1],
