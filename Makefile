@@ -27,6 +27,8 @@ demo: setup build
 TEST_WORKERS ?= 3
 test: setup build
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check pytest_gpucanary
+	$(VENV)/bin/ruff format --check pytest_gpucanary
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every step boundary x SIGINT/SIGTERM/SIGKILL, the crash-after-write samples and the control-plane

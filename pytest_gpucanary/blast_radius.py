@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.gpu_operator import (
-    DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, SKIP_LABEL, driver_version_of, image_at_version,
+    DRIVER_COMPONENT_SELECTOR,
+    GPU_PRESENT_LABEL,
+    SKIP_LABEL,
+    driver_version_of,
+    image_at_version,
 )
 from pytest_gpucanary.kube import Kube, WatchEvent
 
@@ -26,7 +30,7 @@ class BlastRadiusWatch:
     kube: Kube
     pool_nodes: tuple[str, ...]
     target: str
-    breaches: list[str] = field(default_factory=list)   # one line each, in the order seen
+    breaches: list[str] = field(default_factory=list)  # one line each, in the order seen
     _seen: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -36,8 +40,7 @@ class BlastRadiusWatch:
     def start(self) -> BlastRadiusWatch:
         self._started_mono = time.monotonic()
         for target, name in ((self._nodes, "nodes"), (self._driver_pods, "driver-pods")):
-            thread = threading.Thread(target=self._guarded, args=(target,), name=f"gpucanary-blast-{name}",
-                                      daemon=True)
+            thread = threading.Thread(target=self._guarded, args=(target,), name=f"gpucanary-blast-{name}", daemon=True)
             self._threads.append(thread)
             thread.start()
         return self
@@ -53,7 +56,7 @@ class BlastRadiusWatch:
                 follow()
                 return
             except GpucanaryError:
-                self._stop.wait(2.0)   # the watch relists after an outage: nothing is missed, only late
+                self._stop.wait(2.0)  # the watch relists after an outage: nothing is missed, only late
 
     def sweep(self) -> None:
         """One read of every node and driver pod, for what the watches have not delivered yet (before a verdict)."""
@@ -75,17 +78,29 @@ class BlastRadiusWatch:
     def _check_node(self, node: dict) -> None:
         meta = node["metadata"]
         labels = meta.get("labels") or {}
-        if (meta["name"] not in self.pool_nodes and labels.get(GPU_PRESENT_LABEL) == "true"
-                and labels.get(SKIP_LABEL) != "true"):
-            self._breach(meta["name"], f"GPU node {meta['name']} is not held back from the ClusterPolicy's "
-                                       f"target {self.target} (it joined, or its hold was taken off)")
+        if (
+            meta["name"] not in self.pool_nodes
+            and labels.get(GPU_PRESENT_LABEL) == "true"
+            and labels.get(SKIP_LABEL) != "true"
+        ):
+            self._breach(
+                meta["name"],
+                f"GPU node {meta['name']} is not held back from the ClusterPolicy's "
+                f"target {self.target} (it joined, or its hold was taken off)",
+            )
 
     def _check_pod(self, pod: dict) -> None:
         node = (pod.get("spec") or {}).get("nodeName")
-        if node and node not in self.pool_nodes and any(
-                image_at_version(c.get("image", ""), self.target) for c in pod["spec"].get("containers", [])):
-            self._breach(node, f"driver pod {pod['metadata'].get('namespace')}/{pod['metadata']['name']} on "
-                               f"node {node}, outside the pool, runs the target {driver_version_of(pod)}")
+        if (
+            node
+            and node not in self.pool_nodes
+            and any(image_at_version(c.get("image", ""), self.target) for c in pod["spec"].get("containers", []))
+        ):
+            self._breach(
+                node,
+                f"driver pod {pod['metadata'].get('namespace')}/{pod['metadata']['name']} on "
+                f"node {node}, outside the pool, runs the target {driver_version_of(pod)}",
+            )
 
     def _breach(self, node: str, line: str) -> None:
         with self._lock:

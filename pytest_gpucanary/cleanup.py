@@ -15,9 +15,10 @@ compare-and-swap: a second cleanup, or the run itself, loses the swap and is lef
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pytest_gpucanary import lease
 from pytest_gpucanary.config import run_id_rule
@@ -28,7 +29,7 @@ from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, carved_driver, give_back
 
 NAMESPACE_GONE_TIMEOUT_S = 180
-CLEANUP_HOLDER = "cleanup/"     # the holder identity a cleanup writes into a Lease it took over, before host/pid
+CLEANUP_HOLDER = "cleanup/"  # the holder identity a cleanup writes into a Lease it took over, before host/pid
 
 
 @dataclass
@@ -44,7 +45,7 @@ class RunLeftovers:
 @dataclass
 class CleanupResult:
     restored: int = 0
-    problems: list[str] = field(default_factory=list)    # each one line: what is still held or left, and why
+    problems: list[str] = field(default_factory=list)  # each one line: what is still held or left, and why
 
 
 def leftovers(kube: Kube, problems: list[str], *, only: str | None = None) -> dict[str, RunLeftovers]:
@@ -56,12 +57,14 @@ def leftovers(kube: Kube, problems: list[str], *, only: str | None = None) -> di
         if run is None or (only is not None and run != only):
             return None
         if run_id_rule(run) is not None:
-            problems.append(f"{obj.get('kind', 'object')} {obj['metadata']['name']}: {annotation} names no canary "
-                            "run; left as it is")
+            problems.append(
+                f"{obj.get('kind', 'object')} {obj['metadata']['name']}: {annotation} names no canary "
+                "run; left as it is"
+            )
             return None
         return runs.setdefault(run, RunLeftovers())
 
-    for kind in (NVIDIADRIVER, CLUSTER_POLICY):       # NVIDIADriver first: the order the run restores in
+    for kind in (NVIDIADRIVER, CLUSTER_POLICY):  # NVIDIADriver first: the order the run restores in
         for obj in _list(kube, *kind):
             if found := of(obj, upgrade.SAVED_SPEC_ANNOTATION):
                 found.specs.append((kind, obj["metadata"]["name"]))
@@ -76,14 +79,21 @@ def leftovers(kube: Kube, problems: list[str], *, only: str | None = None) -> di
         for obj in _list(kube, *kind, label_selector=selector):
             run = (obj["metadata"].get("labels") or {}).get(RUN_ID_LABEL, "")
             if obj["metadata"].get("deletionTimestamp"):
-                continue      # on its way out (a namespace terminating): nothing left to do for it
+                continue  # on its way out (a namespace terminating): nothing left to do for it
             if run_id_rule(run) is None:
                 runs.setdefault(run, RunLeftovers()).owned.append((kind, obj))
     return runs
 
 
-def cleanup(kube: Kube, *, run_id: str | None = None, force: bool = False, wait_s: float = 1200.0,
-            report: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> CleanupResult:
+def cleanup(
+    kube: Kube,
+    *,
+    run_id: str | None = None,
+    force: bool = False,
+    wait_s: float = 1200.0,
+    report: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> CleanupResult:
     """Without a run id: every dead run, leaving alone (and naming) the live ones. With one: that run only; a
     live one is refused (EnvError) unless `force`. `wait_s` bounds each wait for a node's original driver."""
     result = CleanupResult()
@@ -98,8 +108,10 @@ def cleanup(kube: Kube, *, run_id: str | None = None, force: bool = False, wait_
         if seen.holder.startswith(CLEANUP_HOLDER):
             report(f"left run {run} alone: another cleanup ({seen.holder}) took it over")
         elif run == run_id:
-            raise EnvError(f"run {run} is alive: its Lease (held by {seen.holder}) was renewed while cleanup watched",
-                           hint="let it finish and restore itself, or pass --force if its process is surely gone")
+            raise EnvError(
+                f"run {run} is alive: its Lease (held by {seen.holder}) was renewed while cleanup watched",
+                hint="let it finish and restore itself, or pass --force if its process is surely gone",
+            )
         else:
             report(f"left live run {run} alone (held by {seen.holder})")
     holder = f"{CLEANUP_HOLDER}{lease.identity()}"
@@ -118,8 +130,9 @@ def _nothing_left(left: RunLeftovers) -> bool:
     return not (left.specs or left.holds or left.carved or left.owned)
 
 
-def _clean_run(kube: Kube, run: str, left: RunLeftovers, result: CleanupResult, *, wait_s: float,
-               report: Callable[[str], None]) -> None:
+def _clean_run(
+    kube: Kube, run: str, left: RunLeftovers, result: CleanupResult, *, wait_s: float, report: Callable[[str], None]
+) -> None:
     problems_before = len(result.problems)
 
     def attempt(what: str, step: Callable[[], object]) -> object:
@@ -131,22 +144,31 @@ def _clean_run(kube: Kube, run: str, left: RunLeftovers, result: CleanupResult, 
             return False
 
     owner, lock = lease.namespace_of(run), lease.CLUSTER_LOCK_NAMESPACE
-    workload_namespaces = [obj["metadata"]["name"] for (_, kind), obj in left.owned
-                           if kind == "Namespace" and obj["metadata"]["name"] not in (owner, lock)]
-    for name in workload_namespaces:   # the canary's pods go before the original policy is back (see run.py)
+    workload_namespaces = [
+        obj["metadata"]["name"]
+        for (_, kind), obj in left.owned
+        if kind == "Namespace" and obj["metadata"]["name"] not in (owner, lock)
+    ]
+    for name in workload_namespaces:  # the canary's pods go before the original policy is back (see run.py)
         result.restored += bool(attempt(f"namespace {name}", lambda name=name: _delete_and_wait(kube, name, report)))
     for kind, name in left.specs:
-        if line := attempt(f"{kind[1]} {name}", lambda kind=kind, name=name:
-                           upgrade.restore_saved_spec(kube, kind, name, run)):
+        if line := attempt(
+            f"{kind[1]} {name}", lambda kind=kind, name=name: upgrade.restore_saved_spec(kube, kind, name, run)
+        ):
             report(str(line))
             result.restored += 1
     if left.holds:
-        result.restored += int(attempt(f"{len(left.holds)} held nodes stay held",
-                                       lambda: _release_holds(kube, run, left.holds, report)))
+        result.restored += int(
+            attempt(f"{len(left.holds)} held nodes stay held", lambda: _release_holds(kube, run, left.holds, report))
+        )
     for node in left.carved:
         name = node["metadata"]["name"]
-        if attempt(f"node {name} stays the run's", lambda name=name, node=node:
-                   give_back(kube, name, run, carved_driver(node), timeout_s=wait_s, report=report)):
+        if attempt(
+            f"node {name} stays the run's",
+            lambda name=name, node=node: give_back(
+                kube, name, run, carved_driver(node), timeout_s=wait_s, report=report
+            ),
+        ):
             report(f"gave node {name} back")
             result.restored += 1
     for (api_version, kind), obj in left.owned:
@@ -155,13 +177,14 @@ def _clean_run(kube: Kube, run: str, left: RunLeftovers, result: CleanupResult, 
             continue  # a carved-out node is given back, never deleted
         if kind == "Namespace" and meta["name"] in (owner, lock, *workload_namespaces):
             continue  # gone already, or (the Lease, the lock) goes last
-        if attempt(f"delete {kind} {meta['name']}",
-                   lambda: _delete(kube, api_version, kind, meta["name"], uid=meta.get("uid"))):
+        delete = functools.partial(_delete, kube, api_version, kind, meta["name"], uid=meta.get("uid"))
+        if attempt(f"delete {kind} {meta['name']}", delete):
             report(f"deleted {kind} {meta['name']}")
             result.restored += 1
     if len(result.problems) > problems_before:
-        result.problems.append(f"run {run}: left held; run `gpucanary cleanup --run-id {run}` again once the above "
-                               "is resolved")
+        result.problems.append(
+            f"run {run}: left held; run `gpucanary cleanup --run-id {run}` again once the above is resolved"
+        )
         return
     lease.release_cluster_lock(kube, run)
     lease.release(kube, run)
@@ -179,10 +202,21 @@ def _release_holds(kube: Kube, run: str, holds: list[dict], report: Callable[[st
     if not version:
         raise EnvError("the holds name no driver version to wait for", hint="release them by hand")
     # holds written before they named their owner are ClusterPolicy mode's
-    cluster_policy = saved["cluster_policy"] if "cluster_policy" in saved else (
-        policies[0]["metadata"]["name"] if policies else None)
-    return upgrade.release_holds(kube, run, [n["metadata"]["name"] for n in holds], version, saved.get("namespace") or None,
-                                 cluster_policy=cluster_policy, nvidiadriver=saved.get("nvidiadriver"), report=report)
+    cluster_policy = (
+        saved["cluster_policy"]
+        if "cluster_policy" in saved
+        else (policies[0]["metadata"]["name"] if policies else None)
+    )
+    return upgrade.release_holds(
+        kube,
+        run,
+        [n["metadata"]["name"] for n in holds],
+        version,
+        saved.get("namespace") or None,
+        cluster_policy=cluster_policy,
+        nvidiadriver=saved.get("nvidiadriver"),
+        report=report,
+    )
 
 
 def _delete(kube: Kube, api_version: str, kind: str, name: str, *, uid: str | None = None) -> bool:
@@ -208,5 +242,5 @@ def _delete_and_wait(kube: Kube, name: str, report: Callable[[str], None]) -> bo
 def _list(kube: Kube, api_version: str, kind: str, **selectors: str) -> list[dict]:
     try:
         return kube.list(api_version, kind, **selectors)
-    except NotFound:      # the cluster serves no such kind (no NVIDIADriver CRD)
+    except NotFound:  # the cluster serves no such kind (no NVIDIADriver CRD)
         return []

@@ -7,8 +7,9 @@ import enum
 import math
 import os
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from pytest_gpucanary.config import BY_NAME, KNOBS, Knob, Settings, env_source, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
@@ -35,8 +36,12 @@ def _add_fleet(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("fleet", help="Run the local GPU fleet (real control plane, KWOK GPU nodes)")
     actions = parser.add_subparsers(dest="fleet_action", required=True)
     up = actions.add_parser("up", help="Build (if needed) and start the fleet; idempotent")
-    up.add_argument("--gpu-nodes", type=int, default=None,
-                    help="Number of simulated GPU nodes (env GPUCANARY_FLEET_GPU_NODES, default 4)")
+    up.add_argument(
+        "--gpu-nodes",
+        type=int,
+        default=None,
+        help="Number of simulated GPU nodes (env GPUCANARY_FLEET_GPU_NODES, default 4)",
+    )
     actions.add_parser("status", help="Print the kubeconfig path and the state of each component")
     actions.add_parser("down", help="Stop every fleet process and free its ports")
     parser.set_defaults(handler=_cmd_fleet)
@@ -67,22 +72,37 @@ def _cmd_fleet(args: argparse.Namespace) -> ExitCode:
 
 
 def _add_plan_sweep(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("plan-sweep", help="Plan a checkpoint-aware upgrade sweep",
-                            description="Plan a wave-by-wave upgrade that keeps old-version capacity for "
-                                        "checkpoint restores, and cost it against a drain and a wait.")
-    parser.add_argument("--inventory", metavar="PATH",
-                        help="YAML inventory of nodes and workloads (schema in fixtures/sweep/inventory.yaml)")
-    parser.add_argument("--change", action="append", default=[], metavar="COMPONENT=VERSION",
-                        help="Target version of driver, cuda, engine or model; repeatable; replaces the "
-                             "inventory's change")
-    parser.add_argument("--max-parallel", metavar="N",
-                        help="Nodes upgraded at once, 0 for no limit (default: the inventory's, else 1)")
-    parser.add_argument("--max-unavailable", metavar="N|P%",
-                        help="Nodes unavailable at once, a count or a percentage rounded up "
-                             "(default: the inventory's, else 25%%)")
-    parser.add_argument("--hold-back-gpus", metavar="N",
-                        help="GPUs per old version set kept on the old versions until the end "
-                             "(default: the inventory's, else 0)")
+    parser = sub.add_parser(
+        "plan-sweep",
+        help="Plan a checkpoint-aware upgrade sweep",
+        description="Plan a wave-by-wave upgrade that keeps old-version capacity for "
+        "checkpoint restores, and cost it against a drain and a wait.",
+    )
+    parser.add_argument(
+        "--inventory",
+        metavar="PATH",
+        help="YAML inventory of nodes and workloads (schema in fixtures/sweep/inventory.yaml)",
+    )
+    parser.add_argument(
+        "--change",
+        action="append",
+        default=[],
+        metavar="COMPONENT=VERSION",
+        help="Target version of driver, cuda, engine or model; repeatable; replaces the inventory's change",
+    )
+    parser.add_argument(
+        "--max-parallel", metavar="N", help="Nodes upgraded at once, 0 for no limit (default: the inventory's, else 1)"
+    )
+    parser.add_argument(
+        "--max-unavailable",
+        metavar="N|P%",
+        help="Nodes unavailable at once, a count or a percentage rounded up (default: the inventory's, else 25%%)",
+    )
+    parser.add_argument(
+        "--hold-back-gpus",
+        metavar="N",
+        help="GPUs per old version set kept on the old versions until the end (default: the inventory's, else 0)",
+    )
     parser.add_argument("--json", action="store_true", help="Print the plan and the strategy costs as JSON")
     parser.add_argument("--html", metavar="PATH", help="Also write an offline HTML page of the plan")
     parser.set_defaults(handler=_cmd_plan_sweep)
@@ -90,15 +110,20 @@ def _add_plan_sweep(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_plan_sweep(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.sweep import report as sweep_report
-    from pytest_gpucanary.sweep.model import Infeasible, NoSweepPlanError
     from pytest_gpucanary.sweep.compare import compare_strategies
     from pytest_gpucanary.sweep.inventory import apply_overrides, load_inventory
+    from pytest_gpucanary.sweep.model import Infeasible, NoSweepPlanError
     from pytest_gpucanary.sweep.plan import plan_or_infeasible
 
     if not args.inventory:
         raise ConfigError("plan-sweep needs --inventory PATH", hint="see fixtures/sweep/inventory.yaml")
-    inventory = apply_overrides(load_inventory(args.inventory), change=args.change, max_parallel=args.max_parallel,
-                                max_unavailable=args.max_unavailable, hold_back_gpus=args.hold_back_gpus)
+    inventory = apply_overrides(
+        load_inventory(args.inventory),
+        change=args.change,
+        max_parallel=args.max_parallel,
+        max_unavailable=args.max_unavailable,
+        hold_back_gpus=args.hold_back_gpus,
+    )
     outcome = plan_or_infeasible(inventory.fleet, inventory.change, inventory.limits)
     costs = compare_strategies(inventory.fleet, inventory.change, inventory.limits, outcome=outcome)
     if args.html:
@@ -112,10 +137,12 @@ def _cmd_plan_sweep(args: argparse.Namespace) -> ExitCode:
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "run", help="Run the shipped canary gate (pytest canaries/ with the given --gpucanary-* options)",
+        "run",
+        help="Run the shipped canary gate (pytest canaries/ with the given --gpucanary-* options)",
         description="Runs pytest on the shipped gate. Every argument is passed to pytest, e.g. "
-                    f"{flag('policy')} PATH {flag('driver_version')} VERSION --junitxml report.xml; "
-                    "see `pytest --help` for all --gpucanary-* options.")
+        f"{flag('policy')} PATH {flag('driver_version')} VERSION --junitxml report.xml; "
+        "see `pytest --help` for all --gpucanary-* options.",
+    )
     parser.set_defaults(handler=_cmd_run, takes_pytest_args=True)
 
 
@@ -128,8 +155,20 @@ def gate_pytest_args(pytest_args: list[str], *, ini: Path) -> list[str]:
     from pytest_gpucanary.config import CANARIES
 
     # the plugin is imported already (this module is in its package), so pytest cannot rewrite it
-    return ["-c", str(ini), f"--rootdir={CANARIES}", f"--confcutdir={CANARIES}", "-p", "no:cacheprovider",
-            "-p", "no:locust", "-W", "ignore::pytest.PytestAssertRewriteWarning", str(CANARIES), *pytest_args]
+    return [
+        "-c",
+        str(ini),
+        f"--rootdir={CANARIES}",
+        f"--confcutdir={CANARIES}",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:locust",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+        str(CANARIES),
+        *pytest_args,
+    ]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -151,12 +190,14 @@ def add_knob_options(parser: argparse.ArgumentParser, knobs: Iterable[Knob]) -> 
 
 def _add_preflight(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "preflight", help="Check, read-only, that a canary run can happen: permissions, operator, pool, endpoints",
+        "preflight",
+        help="Check, read-only, that a canary run can happen: permissions, operator, pool, endpoints",
         description="Takes the run's --gpucanary-* options (and GPUCANARY_* environment) and checks, without "
-                    "changing anything: the inputs, every permission the run needs (SelfSubjectAccessReviews), "
-                    "the GPU Operator and its mode, the pool, the service URL and Prometheus with the series the "
-                    "metric checks need. One line per problem; exit 0 when a run can start, 6 when the cluster "
-                    "cannot run it, 4 when the input is wrong. Stdout: the findings as JSON.")
+        "changing anything: the inputs, every permission the run needs (SelfSubjectAccessReviews), "
+        "the GPU Operator and its mode, the pool, the service URL and Prometheus with the series the "
+        "metric checks need. One line per problem; exit 0 when a run can start, 6 when the cluster "
+        "cannot run it, 4 when the input is wrong. Stdout: the findings as JSON.",
+    )
     add_knob_options(parser, KNOBS)
     parser.set_defaults(handler=_cmd_preflight)
 
@@ -180,9 +221,15 @@ def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
         fleet = Fleet.from_env()
         kube = Kube.connect(fleet.kubeconfig)
         prometheus_url = prometheus_url or fleet.prometheus_url
-    report = preflight.check(kube, default_pool_provider(settings), target=settings.driver_version or "",
-                             prometheus_url=prometheus_url, service_url=settings.service_url,
-                             longest_run_s=settings.longest_run_s(), pushgateway_url=settings.pushgateway_url)
+    report = preflight.check(
+        kube,
+        default_pool_provider(settings),
+        target=settings.driver_version or "",
+        prometheus_url=prometheus_url,
+        service_url=settings.service_url,
+        longest_run_s=settings.longest_run_s(),
+        pushgateway_url=settings.pushgateway_url,
+    )
     for line in report.notes:
         _progress(f"gpucanary: note: {line}")
     for line in report.exposure:
@@ -191,9 +238,19 @@ def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
         _progress(f"gpucanary: not proven: {line}")
     for problem in report.problems:
         _progress(f"gpucanary: error: {problem.line}")
-    print(json.dumps({"ok": not report.problems, "mode": report.cluster.mode if report.cluster else None,
-                      "problems": [p.line for p in report.problems], "exposure": list(report.exposure),
-                      "notes": list(report.notes), "unproven": list(report.unproven)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "ok": not report.problems,
+                "mode": report.cluster.mode if report.cluster else None,
+                "problems": [p.line for p in report.problems],
+                "exposure": list(report.exposure),
+                "notes": list(report.notes),
+                "unproven": list(report.unproven),
+            },
+            indent=1,
+        )
+    )
     if not report.problems:
         return ExitCode.OK
     return ExitCode.USAGE if all(p.usage for p in report.problems) else ExitCode.ENVIRONMENT
@@ -201,10 +258,12 @@ def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "evaluate", help="Judge a recorded run again from its report directory and rewrite its receipt",
+        "evaluate",
+        help="Judge a recorded run again from its report directory and rewrite its receipt",
         description="Reads REPORT_DIR/evidence.json and timeline.jsonl, judges them with the run's thresholds "
-                    "(each overridable with its --gpucanary-* option) and rewrites the receipt. Offline: "
-                    "never contacts a cluster. Exit 0 when the gate passes, 1 when it does not.")
+        "(each overridable with its --gpucanary-* option) and rewrites the receipt. Offline: "
+        "never contacts a cluster. Exit 0 when the gate passes, 1 when it does not.",
+    )
     parser.add_argument("report_dir", metavar="REPORT_DIR", help="A run's directory, e.g. reports/<run-id>")
     add_knob_options(parser, (k for k in KNOBS if k.threshold))
     parser.set_defaults(handler=_cmd_evaluate)
@@ -228,8 +287,9 @@ def _change_settings(args: argparse.Namespace, what: str) -> Settings:
     """The settings of a command about one change (a policy and a target driver), both given."""
     settings = Settings.resolve(lambda knob: getattr(args, knob.name, None), env_source(os.environ))
     if settings.policy is None or not settings.driver_version:
-        raise ConfigError(what, hint=f"pass {flag('policy')} PATH and {flag('driver_version')} VERSION, as the canary "
-                                     "run had")
+        raise ConfigError(
+            what, hint=f"pass {flag('policy')} PATH and {flag('driver_version')} VERSION, as the canary run had"
+        )
     return settings
 
 
@@ -246,16 +306,23 @@ def _connect(settings: Settings) -> Kube:
 
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "verdict", help="Exit 0 only if a canary run recently passed for exactly this policy, target and release",
+        "verdict",
+        help="Exit 0 only if a canary run recently passed for exactly this policy, target and release",
         description="Read-only. Finds the verdict of the last canary run that finished for this upgrade policy "
-                    "(the digest of the policy as applied, so a Helm values file and the ClusterPolicy it renders "
-                    "are one), this target driver and the GPU Operator release the cluster runs now, in ConfigMap "
-                    "gpucanary/gpucanary-verdict-<key>. Exit 0 when that run passed the gate and finished less "
-                    "than --max-age-h ago; 1 when there is none, it failed or it is older; 4 for bad input; 6 "
-                    "when the cluster cannot be read. Stdout: the verdict as JSON (null when none).")
+        "(the digest of the policy as applied, so a Helm values file and the ClusterPolicy it renders "
+        "are one), this target driver and the GPU Operator release the cluster runs now, in ConfigMap "
+        "gpucanary/gpucanary-verdict-<key>. Exit 0 when that run passed the gate and finished less "
+        "than --max-age-h ago; 1 when there is none, it failed or it is older; 4 for bad input; 6 "
+        "when the cluster cannot be read. Stdout: the verdict as JSON (null when none).",
+    )
     add_knob_options(parser, (BY_NAME[name] for name in VERDICT_KNOBS))
-    parser.add_argument("--max-age-h", type=float, default=24.0, metavar="HOURS",
-                        help="Oldest passing verdict that counts, in hours (default 24)")
+    parser.add_argument(
+        "--max-age-h",
+        type=float,
+        default=24.0,
+        metavar="HOURS",
+        help="Oldest passing verdict that counts, in hours (default 24)",
+    )
     parser.set_defaults(handler=_cmd_verdict)
 
 
@@ -282,42 +349,85 @@ def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-WIDEN_KNOBS = (*VERDICT_KNOBS, "allowed_evictions", "prometheus_url", "reports_dir", "probe", "probe_interval_s",
-               "max_queue_delay_s", "max_start_latency_s", "min_probe_samples", "image_registry", "probe_image")
+WIDEN_KNOBS = (
+    *VERDICT_KNOBS,
+    "allowed_evictions",
+    "prometheus_url",
+    "reports_dir",
+    "probe",
+    "probe_interval_s",
+    "max_queue_delay_s",
+    "max_start_latency_s",
+    "min_probe_samples",
+    "image_registry",
+    "probe_image",
+)
 
 
 def _add_widen(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "widen", help="Roll a change the canary passed out to the rest of the fleet, in waves",
+        "widen",
+        help="Roll a change the canary passed out to the rest of the fleet, in waves",
         description="Needs the passing verdict `gpucanary verdict` would find for this policy, target and release; "
-                    "refuses before any write without one. Holds every node of the NVIDIADriver (or, in ClusterPolicy "
-                    "mode, every driver node) with the operator's skip label, writes the target version and the "
-                    "policy, then releases one wave at a time. Each wave must reach upgrade-done on the target driver "
-                    "within --wave-budget-s and stay so for --soak-s, removing no pod the allowed-evictions rule does "
-                    "not allow, while customer start probes across the fleet keep within their queue delay and start "
-                    "latency limits; a failed wave halts the sweep with every later node held on its old driver. The "
-                    "sweep's state is in ConfigMap gpucanary/gpucanary-widen-<key>. Exit 0 when every wave passed; 1 "
-                    "when a wave failed or the verdict refused; 2 interrupted (the holds stay: --resume, or "
-                    "`gpucanary cleanup --run-id` rolls it back); 4 bad input; 6 the cluster refused.")
+        "refuses before any write without one. Holds every node of the NVIDIADriver (or, in ClusterPolicy "
+        "mode, every driver node) with the operator's skip label, writes the target version and the "
+        "policy, then releases one wave at a time. Each wave must reach upgrade-done on the target driver "
+        "within --wave-budget-s and stay so for --soak-s, removing no pod the allowed-evictions rule does "
+        "not allow, while customer start probes across the fleet keep within their queue delay and start "
+        "latency limits; a failed wave halts the sweep with every later node held on its old driver. The "
+        "sweep's state is in ConfigMap gpucanary/gpucanary-widen-<key>. Exit 0 when every wave passed; 1 "
+        "when a wave failed or the verdict refused; 2 interrupted (the holds stay: --resume, or "
+        "`gpucanary cleanup --run-id` rolls it back); 4 bad input; 6 the cluster refused.",
+    )
     add_knob_options(parser, (BY_NAME[name] for name in WIDEN_KNOBS))
-    parser.add_argument("--waves", default="fixed:1", metavar="STRATEGY",
-                        help="fixed:N (N nodes a wave), linear:N (N, 2N, 3N...), exponential:N (N, 2N, 4N...), or "
-                             "plan:FILE, the waves of `gpucanary plan-sweep --json`; default fixed:1")
-    parser.add_argument("--soak-s", type=float, default=300.0, metavar="SECONDS",
-                        help="How long each wave must stay upgraded and undisturbed (default 300)")
-    parser.add_argument("--wave-budget-s", type=float, default=1800.0, metavar="SECONDS",
-                        help="Longest a wave may take to reach upgrade-done (default 1800)")
-    parser.add_argument("--max-age-h", type=float, default=24.0, metavar="HOURS",
-                        help="Oldest passing verdict that counts, in hours (default 24)")
-    parser.add_argument("--nvidiadriver", metavar="NAME",
-                        help="NVIDIADriver mode: the NVIDIADriver to widen (needed when there are several)")
-    parser.add_argument("--slo", action="append", default=[], metavar="'QUERY < N'",
-                        help="A service SLO every wave must keep, read from --gpucanary-prometheus-url: every series "
-                             "of the PromQL answer on the right side of N (<, <=, >, >=); repeatable")
+    parser.add_argument(
+        "--waves",
+        default="fixed:1",
+        metavar="STRATEGY",
+        help="fixed:N (N nodes a wave), linear:N (N, 2N, 3N...), exponential:N (N, 2N, 4N...), or "
+        "plan:FILE, the waves of `gpucanary plan-sweep --json`; default fixed:1",
+    )
+    parser.add_argument(
+        "--soak-s",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="How long each wave must stay upgraded and undisturbed (default 300)",
+    )
+    parser.add_argument(
+        "--wave-budget-s",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="Longest a wave may take to reach upgrade-done (default 1800)",
+    )
+    parser.add_argument(
+        "--max-age-h",
+        type=float,
+        default=24.0,
+        metavar="HOURS",
+        help="Oldest passing verdict that counts, in hours (default 24)",
+    )
+    parser.add_argument(
+        "--nvidiadriver",
+        metavar="NAME",
+        help="NVIDIADriver mode: the NVIDIADriver to widen (needed when there are several)",
+    )
+    parser.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="'QUERY < N'",
+        help="A service SLO every wave must keep, read from --gpucanary-prometheus-url: every series "
+        "of the PromQL answer on the right side of N (<, <=, >, >=); repeatable",
+    )
     parser.add_argument("--resume", action="store_true", help="Go on with the sweep of this change a killed widen left")
-    parser.add_argument("--rollback", action="store_true",
-                        help="When a wave fails: restore the policy object (the failed wave returns to the old "
-                             "driver under the operator's own policy) and release every hold, as cleanup does")
+    parser.add_argument(
+        "--rollback",
+        action="store_true",
+        help="When a wave fails: restore the policy object (the failed wave returns to the old "
+        "driver under the operator's own policy) and release every hold, as cleanup does",
+    )
     parser.set_defaults(handler=_cmd_widen)
 
 
@@ -331,8 +441,11 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.widen.slo import Slo
 
     settings = _change_settings(args, "a sweep rolls out one policy and one target driver")
-    for name, value, least in (("--soak-s", args.soak_s, 0), ("--wave-budget-s", args.wave_budget_s, 1),
-                               ("--max-age-h", args.max_age_h, 0.01)):
+    for name, value, least in (
+        ("--soak-s", args.soak_s, 0),
+        ("--wave-budget-s", args.wave_budget_s, 1),
+        ("--max-age-h", args.max_age_h, 0.01),
+    ):
         if not (value >= least and math.isfinite(value)):
             raise ConfigError(f"{name}={value:g} is out of range", hint=f"{least:g} or more")
     strategy = plan.Strategy.parse(args.waves)
@@ -346,19 +459,29 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
     if slos and not prometheus_url:
         raise ConfigError("--slo is read from a Prometheus", hint=f"pass {flag('prometheus_url')} URL")
     kube = _connect(settings)
-    opts = WidenOptions(policy.to_cr(), settings.driver_version, strategy, soak_s=args.soak_s,
-                        wave_budget_s=args.wave_budget_s, max_age_s=args.max_age_h * 3600,
-                        nvidiadriver=args.nvidiadriver, resume=args.resume, rollback=args.rollback, settings=settings,
-                        slos=slos, prometheus=Prometheus(prometheus_url) if slos and prometheus_url else None)
+    opts = WidenOptions(
+        policy.to_cr(),
+        settings.driver_version,
+        strategy,
+        soak_s=args.soak_s,
+        wave_budget_s=args.wave_budget_s,
+        max_age_s=args.max_age_h * 3600,
+        nvidiadriver=args.nvidiadriver,
+        resume=args.resume,
+        rollback=args.rollback,
+        settings=settings,
+        slos=slos,
+        prometheus=Prometheus(prometheus_url) if slos and prometheus_url else None,
+    )
     latest: list = []
     unwritable: list[str] = []
 
     def keep(sweep: object) -> None:
         latest[:] = [sweep]
-        where = settings.reports_dir / sweep.run_id   # type: ignore[attr-defined]
+        where = settings.reports_dir / sweep.run_id  # type: ignore[attr-defined]
         try:
-            receipt.write(where, sweep)   # type: ignore[arg-type]
-        except OSError as err:        # the sweep's record is in the cluster: a receipt it cannot write is one line
+            receipt.write(where, sweep)  # type: ignore[arg-type]
+        except OSError as err:  # the sweep's record is in the cluster: a receipt it cannot write is one line
             if not unwritable:
                 unwritable.append(str(where))
                 _progress(f"widen: cannot write the receipt in {where}: {err.strerror or err}")
@@ -374,8 +497,10 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
         return ExitCode.GATE_FAILED
     except KeyboardInterrupt:
         if latest:
-            _progress(f"widen: stopped; sweep {latest[0].run_id}'s holds stay: `gpucanary widen --resume` with the "
-                      f"same options goes on, `gpucanary cleanup --run-id {latest[0].run_id}` rolls it back")
+            _progress(
+                f"widen: stopped; sweep {latest[0].run_id}'s holds stay: `gpucanary widen --resume` with the "
+                f"same options goes on, `gpucanary cleanup --run-id {latest[0].run_id}` rolls it back"
+            )
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -387,13 +512,24 @@ def _add_cleanup(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("cleanup", help="Remove or restore everything canary runs left in a cluster")
     parser.add_argument("--kubeconfig", help="Kubeconfig of the cluster (default: the local fleet)")
     parser.add_argument("--context", help="Context in the kubeconfig")
-    parser.add_argument("--run-id", help="Only what this run left (default: every run whose Lease stopped "
-                                         "renewing; cleanup watches each Lease for one duration, 60 s, to tell)")
-    parser.add_argument("--force", action="store_true",
-                        help="With --run-id: take that run over without watching its Lease (its process is gone)")
-    parser.add_argument("--wait-s", type=float, default=1200.0, metavar="SECONDS",
-                        help="Longest wait for a carved node's original driver before it is given back (default "
-                             "1200); a wait that runs out leaves the node held and exits 6")
+    parser.add_argument(
+        "--run-id",
+        help="Only what this run left (default: every run whose Lease stopped "
+        "renewing; cleanup watches each Lease for one duration, 60 s, to tell)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="With --run-id: take that run over without watching its Lease (its process is gone)",
+    )
+    parser.add_argument(
+        "--wait-s",
+        type=float,
+        default=1200.0,
+        metavar="SECONDS",
+        help="Longest wait for a carved node's original driver before it is given back (default "
+        "1200); a wait that runs out leaves the node held and exits 6",
+    )
     parser.set_defaults(handler=_cmd_cleanup)
 
 
@@ -418,18 +554,24 @@ def _cmd_cleanup(args: argparse.Namespace) -> ExitCode:
 
 
 def _add_lint(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("lint", help="Validate an upgrade policy and predict its blast radius",
-                            description="Validate a ClusterPolicy, NVIDIADriver or gpu-operator Helm values file "
-                                        "and print one finding per line: severity code path: message. "
-                                        "Exit 1 if any finding is an error.")
+    parser = sub.add_parser(
+        "lint",
+        help="Validate an upgrade policy and predict its blast radius",
+        description="Validate a ClusterPolicy, NVIDIADriver or gpu-operator Helm values file "
+        "and print one finding per line: severity code path: message. "
+        "Exit 1 if any finding is an error.",
+    )
     parser.add_argument("policy", metavar="POLICY", help="Policy YAML: ClusterPolicy, NVIDIADriver or Helm values")
-    parser.add_argument("--against", metavar="OLD_POLICY",
-                        help="Also print the knobs changed since OLD_POLICY and the findings each change adds (+) "
-                             "or removes (-)")
+    parser.add_argument(
+        "--against",
+        metavar="OLD_POLICY",
+        help="Also print the knobs changed since OLD_POLICY and the findings each change adds (+) or removes (-)",
+    )
     parser.add_argument("--json", action="store_true", help="Print the findings (and changes) as JSON")
     for knob in (BY_NAME["helm_chart"], BY_NAME["helm_binary"]):
-        parser.add_argument(knob.flag, dest=knob.name, default=None, metavar="PATH",
-                            help=f"{knob.help} (env {knob.env})")
+        parser.add_argument(
+            knob.flag, dest=knob.name, default=None, metavar="PATH", help=f"{knob.help} (env {knob.env})"
+        )
     parser.set_defaults(handler=_cmd_lint)
 
 
@@ -443,6 +585,7 @@ def fleet_chart(settings: Settings) -> Callable[[], Path] | None:
         from pytest_gpucanary.fleet import Fleet
 
         return Fleet.from_env().helm_chart()
+
     return chart
 
 
@@ -469,19 +612,30 @@ def _cmd_lint(args: argparse.Namespace) -> ExitCode:
 
 def _add_gate(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "gate", help="Canary base and head of a policy change and gate on head passing and being no worse",
+        "gate",
+        help="Canary base and head of a policy change and gate on head passing and being no worse",
         description="Lints and diffs HEAD against BASE, runs `gpucanary run` once per policy with the same "
-                    "--gpucanary-* run options, and compares: the gate passes when head passes and no stage, "
-                    "eviction count, service phase or upgrade time is worse than on base. The runs go in "
-                    "parallel when the cluster gives each NVIDIADriver its own upgradePolicy (GPU Operator "
-                    "v26.7+) and each run makes its own pool, else one after the other. Writes "
-                    "REPORTS_DIR/gate-<id>/gate.{md,json,html}, <id> from --gpucanary-run-id (the runs are <id>-base "
-                    "and <id>-head); stdout: the Markdown receipt's path.")
-    parser.add_argument("--base", required=True, metavar="OLD",
-                        help="The policy before the change: a file or git:REF:PATH (read with git show)")
-    parser.add_argument("--head", required=True, metavar="NEW", help="The policy after the change: a file or git:REF:PATH")
-    parser.add_argument("--sequential", action="store_true", help="Run base and head one after the other even "
-                                                                   "where the cluster allows both at once")
+        "--gpucanary-* run options, and compares: the gate passes when head passes and no stage, "
+        "eviction count, service phase or upgrade time is worse than on base. The runs go in "
+        "parallel when the cluster gives each NVIDIADriver its own upgradePolicy (GPU Operator "
+        "v26.7+) and each run makes its own pool, else one after the other. Writes "
+        "REPORTS_DIR/gate-<id>/gate.{md,json,html}, <id> from --gpucanary-run-id (the runs are <id>-base "
+        "and <id>-head); stdout: the Markdown receipt's path.",
+    )
+    parser.add_argument(
+        "--base",
+        required=True,
+        metavar="OLD",
+        help="The policy before the change: a file or git:REF:PATH (read with git show)",
+    )
+    parser.add_argument(
+        "--head", required=True, metavar="NEW", help="The policy after the change: a file or git:REF:PATH"
+    )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="Run base and head one after the other even where the cluster allows both at once",
+    )
     parser.set_defaults(handler=_cmd_gate, takes_pytest_args=True)
 
 
@@ -500,9 +654,14 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.run import new_run_id
 
     settings = _gate_settings(args.pytest_args)
-    planned = gate.plan(base=args.base, head=args.head, run_args=args.pytest_args,
-                        reports_dir=Path(settings.reports_dir), gate_id=settings.run_id or new_run_id(),
-                        helm=_helm(settings))
+    planned = gate.plan(
+        base=args.base,
+        head=args.head,
+        run_args=args.pytest_args,
+        reports_dir=Path(settings.reports_dir),
+        gate_id=settings.run_id or new_run_id(),
+        helm=_helm(settings),
+    )
     env, fleet = dict(os.environ), None
     if settings.kubeconfig:
         kube = Kube.connect(settings.kubeconfig, context=settings.context)
@@ -510,7 +669,7 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
         from pytest_gpucanary.fleet import Fleet
 
         fleet = Fleet.from_env()
-        fleet.up(progress=_progress)          # once here: two runs starting it at once would race
+        fleet.up(progress=_progress)  # once here: two runs starting it at once would race
         env["GPUCANARY_FLEET_KEEP"] = "1"
         kube = Kube.connect(fleet.kubeconfig)
     try:
@@ -518,16 +677,20 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
         per_run_pool = type(default_pool_provider(settings)).__name__ == "KwokPoolProvider"
         parallel = cluster.nvidiadriver_mode and cluster.per_driver_policy and per_run_pool and not args.sequential
         if not parallel and not args.sequential:
-            _progress(f"gate: {cluster.mode} mode, per-driver upgradePolicy {cluster.per_driver_policy}, "
-                      f"pool made per run {per_run_pool}: base and head run one after the other")
+            _progress(
+                f"gate: {cluster.mode} mode, per-driver upgradePolicy {cluster.per_driver_policy}, "
+                f"pool made per run {per_run_pool}: base and head run one after the other"
+            )
         outcome = gate.gate(planned, run_args=args.pytest_args, parallel=parallel, env=env, progress=_progress)
     finally:
         if fleet is not None and not settings.fleet_keep:
             fleet.down(progress=_progress)
     if outcome.comparison is None:
         failed = {label: code for label, code in outcome.exit_codes.items() if code not in (0, 1)}
-        _progress(f"gpucanary: error: the {' and '.join(failed)} run could not happen (exit "
-                  f"{', '.join(map(str, failed.values()))}); see {outcome.gate_dir}/<side>.log")
+        _progress(
+            f"gpucanary: error: the {' and '.join(failed)} run could not happen (exit "
+            f"{', '.join(map(str, failed.values()))}); see {outcome.gate_dir}/<side>.log"
+        )
         if ExitCode.INTERRUPTED in failed.values():
             return ExitCode.INTERRUPTED
         return ExitCode.USAGE if set(failed.values()) == {ExitCode.USAGE} else ExitCode.ENVIRONMENT
@@ -538,9 +701,18 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK if outcome.comparison.gate_passed else ExitCode.GATE_FAILED
 
 
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_fleet, _add_run, _add_preflight,
-                                                                       _add_evaluate, _add_verdict, _add_cleanup,
-                                                                       _add_widen, _add_plan_sweep, _add_lint, _add_gate)
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_fleet,
+    _add_run,
+    _add_preflight,
+    _add_evaluate,
+    _add_verdict,
+    _add_cleanup,
+    _add_widen,
+    _add_plan_sweep,
+    _add_lint,
+    _add_gate,
+)
 
 
 def _progress(line: str) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from pytest_gpucanary import gpu_operator as op, workloads
+from pytest_gpucanary import gpu_operator as op
+from pytest_gpucanary import workloads
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Kube, NotFound, tolerated
@@ -26,7 +27,7 @@ from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.pool import Pool
 
 BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9]+(?:\.[0-9]+)?)", re.MULTILINE)
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"    # on every node KWOK manages ("fake")
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # on every node KWOK manages ("fake")
 PEER_OFF = "none"
 
 
@@ -48,8 +49,9 @@ def _allocatable_gpus(node: dict) -> int:
 
 
 def _ready(node: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in node.get("status", {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in node.get("status", {}).get("conditions") or []
+    )
 
 
 def _driver(node: dict) -> str:
@@ -72,13 +74,17 @@ def check_peer(kube: Kube, settings: Settings) -> None:
     if settings.peer_node in (None, PEER_OFF):
         return
     if settings.peer_node == settings.pool_node:
-        raise ConfigError(f"{flag('peer_node')}={settings.peer_node} is the pool node",
-                          hint="name a GPU node outside the pool, on the old driver")
+        raise ConfigError(
+            f"{flag('peer_node')}={settings.peer_node} is the pool node",
+            hint="name a GPU node outside the pool, on the old driver",
+        )
     try:
         kube.get("v1", "Node", settings.peer_node)
     except NotFound:
-        raise ConfigError(f"{flag('peer_node')}={settings.peer_node}: no such node",
-                          hint=f"name a GPU node outside the pool, or {PEER_OFF}") from None
+        raise ConfigError(
+            f"{flag('peer_node')}={settings.peer_node}: no such node",
+            hint=f"name a GPU node outside the pool, or {PEER_OFF}",
+        ) from None
 
 
 def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, str] | None, str]:
@@ -89,23 +95,33 @@ def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, 
         return None, f"collective probe off ({flag('peer_node')}={PEER_OFF})"
     if settings.peer_node:
         return (pool.nodes[0], settings.peer_node), ""
-    if settings.kubeconfig:        # a production node takes a GPU (and the probe's image) only when named
-        return None, (f"no peer node outside the pool on a real cluster unless named ({flag('peer_node')}=NODE): "
-                      "no collective probe")
-    probe = workloads.collective_pod(settings.collective_probe, workloads.Placement("", "", ""), when="check", rank=1,
-                                     node="", master_addr="")
+    if settings.kubeconfig:  # a production node takes a GPU (and the probe's image) only when named
+        return None, (
+            f"no peer node outside the pool on a real cluster unless named ({flag('peer_node')}=NODE): "
+            "no collective probe"
+        )
+    probe = workloads.collective_pod(
+        settings.collective_probe, workloads.Placement("", "", ""), when="check", rank=1, node="", master_addr=""
+    )
     tolerations = probe["spec"].get("tolerations") or []
     for node in sorted(kube.list("v1", "Node"), key=lambda n: n["metadata"]["name"]):
         name, labels, spec = node["metadata"]["name"], node["metadata"].get("labels") or {}, node.get("spec", {})
-        if (name in pool.nodes or OWNER_LABEL in labels or RUN_ID_LABEL in labels or spec.get("unschedulable")
-                or not _ready(node)
-                or _driver(node) != pool.driver_from
-                or not all(tolerated(t, tolerations) for t in spec.get("taints") or [])):
+        if (
+            name in pool.nodes
+            or OWNER_LABEL in labels
+            or RUN_ID_LABEL in labels
+            or spec.get("unschedulable")
+            or not _ready(node)
+            or _driver(node) != pool.driver_from
+            or not all(tolerated(t, tolerations) for t in spec.get("taints") or [])
+        ):
             continue
-        if _allocatable_gpus(node) - _gpus_in_use(kube, name) >= 1:    # one pod list per node looked at
+        if _allocatable_gpus(node) - _gpus_in_use(kube, name) >= 1:  # one pod list per node looked at
             return (pool.nodes[0], name), ""
-    return None, (f"no peer node for the collective probe: none Ready, schedulable, on driver {pool.driver_from} "
-                  f"with a free GPU and no taint the probe does not tolerate (name one with {flag('peer_node')})")
+    return None, (
+        f"no peer node for the collective probe: none Ready, schedulable, on driver {pool.driver_from} "
+        f"with a free GPU and no taint the probe does not tolerate (name one with {flag('peer_node')})"
+    )
 
 
 @dataclass
@@ -120,7 +136,7 @@ class CollectiveProbe:
     when: str = ""
     started_wall_ns: int = 0
     drivers: tuple[str, ...] = ()
-    how: str = ""                  # "ran", or "simulated" when a node is KWOK's (it runs no process)
+    how: str = ""  # "ran", or "simulated" when a node is KWOK's (it runs no process)
     _thread: threading.Thread | None = None
     _result: CollectiveRun | None = None
 
@@ -132,8 +148,9 @@ class CollectiveProbe:
         kwok = any(is_kwok_node(n) for n in nodes)
         self.how = "simulated" if kwok else "ran"
         self.kube.create(self._pod(0, ""))
-        self._thread = threading.Thread(target=self._complete, args=(start_timeout_s,), daemon=True,
-                                        name=f"collective-{when}")
+        self._thread = threading.Thread(
+            target=self._complete, args=(start_timeout_s,), daemon=True, name=f"collective-{when}"
+        )
         self._thread.start()
         return self
 
@@ -147,8 +164,15 @@ class CollectiveProbe:
         return self._result
 
     def _pod(self, rank: int, master_addr: str) -> dict:
-        return workloads.collective_pod(self.settings.collective_probe, self.placement, when=self.when, rank=rank,
-                                        node=self.nodes[rank], master_addr=master_addr, images=self.settings.images())
+        return workloads.collective_pod(
+            self.settings.collective_probe,
+            self.placement,
+            when=self.when,
+            rank=rank,
+            node=self.nodes[rank],
+            master_addr=master_addr,
+            images=self.settings.images(),
+        )
 
     def _name(self, rank: int) -> str:
         return workloads.collective_name(self.when, rank)
@@ -158,16 +182,20 @@ class CollectiveProbe:
         A rank still running at its timeout is deleted, so it holds no GPU past it."""
         try:
             output, ended = self._run(start_timeout_s)
-        except Exception as err:    # noqa: BLE001  in a thread: whatever ended the probe is its result
+        except Exception as err:  # noqa: BLE001  in a thread: whatever ended the probe is its result
             for rank in (0, 1):
                 self._delete(self._name(rank))
             why = str(err) if isinstance(err, (TimeoutError, GpucanaryError)) else f"probe error: {err!r}"
             self._result = self._outcome(None, None, why)
             return
         bw = busbw_of(output)
-        self._result = self._outcome(ended, bw, "" if bw is not None else
-                                     f"rank 0 printed no '# Avg bus bandwidth' line (its output ends "
-                                     f"{output.strip()[-160:]!r})")
+        self._result = self._outcome(
+            ended,
+            bw,
+            ""
+            if bw is not None
+            else f"rank 0 printed no '# Avg bus bandwidth' line (its output ends {output.strip()[-160:]!r})",
+        )
 
     def _outcome(self, ended: int | None, bw: float | None, detail: str) -> CollectiveRun:
         return CollectiveRun(self.when, self.nodes, self.drivers, self.started_wall_ns, ended, bw, self.how, detail)
@@ -175,15 +203,30 @@ class CollectiveProbe:
     def _run(self, pull_s: float) -> tuple[str, int]:
         """Rank 0's output and when both ranks were seen ended."""
         namespace = self.placement.namespace
-        rank0 = self._wait(lambda pods: pods.get(self._name(0)) if _pod_ip(pods.get(self._name(0))) else None,
-                           pull_s, "rank 0 given a pod IP")
+        rank0 = self._wait(
+            lambda pods: pods.get(self._name(0)) if _pod_ip(pods.get(self._name(0))) else None,
+            pull_s,
+            "rank 0 given a pod IP",
+        )
         self.kube.create(self._pod(1, _pod_ip(rank0)))
-        self._wait(lambda pods: True if all(_phase(pods.get(self._name(r))) in ("Running", "Succeeded", "Failed")
-                                            for r in (0, 1)) else None, pull_s, "both ranks started")
+        self._wait(
+            lambda pods: (
+                True
+                if all(_phase(pods.get(self._name(r))) in ("Running", "Succeeded", "Failed") for r in (0, 1))
+                else None
+            ),
+            pull_s,
+            "both ranks started",
+        )
         timeout_s = self.settings.collective_timeout_s
-        done = self._wait(lambda pods: pods if all(_phase(pods.get(self._name(r))) in ("Succeeded", "Failed")
-                                                   for r in (0, 1)) else None, timeout_s, "both ranks complete",
-                          within=f"did not complete within {timeout_s:.0f} s of starting")
+        done = self._wait(
+            lambda pods: (
+                pods if all(_phase(pods.get(self._name(r))) in ("Succeeded", "Failed") for r in (0, 1)) else None
+            ),
+            timeout_s,
+            "both ranks complete",
+            within=f"did not complete within {timeout_s:.0f} s of starting",
+        )
         ended = time.time_ns()
         for rank in (0, 1):
             pod = done[self._name(rank)]
@@ -193,8 +236,14 @@ class CollectiveProbe:
 
     def _wait(self, done, timeout_s: float, what: str, *, within: str = "") -> dict:
         try:
-            return self.kube.watch_until("v1", "Pod", done, timeout_s=timeout_s, namespace=self.placement.namespace,
-                                         label_selector=f"{workloads.COLLECTIVE_LABEL}={self.when}")
+            return self.kube.watch_until(
+                "v1",
+                "Pod",
+                done,
+                timeout_s=timeout_s,
+                namespace=self.placement.namespace,
+                label_selector=f"{workloads.COLLECTIVE_LABEL}={self.when}",
+            )
         except TimeoutError:
             raise TimeoutError(within or f"not {what} within {timeout_s:.0f} s") from None
 
@@ -208,7 +257,7 @@ class CollectiveProbe:
         try:
             self.kube.delete("v1", "Pod", name, namespace=self.placement.namespace)
         except GpucanaryError:
-            pass   # gone already, or the run's namespace goes at restore and the pod with it
+            pass  # gone already, or the run's namespace goes at restore and the pod with it
 
 
 def _phase(pod: dict | None) -> str:

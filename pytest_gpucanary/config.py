@@ -17,10 +17,11 @@ import sys
 import tempfile
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import yaml
 
@@ -84,15 +85,17 @@ def selector(value: str) -> str | None:
     return None
 
 
-RUN_ID_MAX = 40     # it names the namespace gpucanary-<id> and nodes canary-<id>-<n>, which must stay DNS-1123 labels
+RUN_ID_MAX = 40  # it names the namespace gpucanary-<id> and nodes canary-<id>-<n>, which must stay DNS-1123 labels
 _RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_VERSION = re.compile(r"^[0-9][A-Za-z0-9_.-]{0,127}$")   # an image tag that starts with a digit: 580.95.05
+_VERSION = re.compile(r"^[0-9][A-Za-z0-9_.-]{0,127}$")  # an image tag that starts with a digit: 580.95.05
 
 
 def run_id_rule(value: str) -> str | None:
     if len(value) <= RUN_ID_MAX and _RUN_ID.match(value):
         return None
-    return f"must be lower-case letters, digits and '-', at most {RUN_ID_MAX} characters, starting and ending alphanumeric"
+    return (
+        f"must be lower-case letters, digits and '-', at most {RUN_ID_MAX} characters, starting and ending alphanumeric"
+    )
 
 
 def version_rule(value: str) -> str | None:
@@ -104,7 +107,7 @@ def url_rule(value: str) -> str | None:
 
     try:
         parts = urlsplit(value)
-        parts.port   # noqa: B018  raises on a port that is not a number
+        parts.port  # noqa: B018  raises on a port that is not a number
     except ValueError as err:
         return f"is not a URL ({err})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -121,7 +124,11 @@ def image_rule(value: str) -> str | None:
 
 
 def registry_rule(value: str) -> str | None:
-    return None if _REGISTRY.match(value) and "://" not in value else "must be a registry host with an optional path, e.g. mirror.example.com:5000/gpu"
+    return (
+        None
+        if _REGISTRY.match(value) and "://" not in value
+        else "must be a registry host with an optional path, e.g. mirror.example.com:5000/gpu"
+    )
 
 
 # The default workloads' images, public and pinned; fixtures/workloads/*.yaml name the same ones and
@@ -154,111 +161,182 @@ class Settings:
     context: str | None = knob(None, "Context in the kubeconfig")
     policy: Path | None = knob(None, "Upgrade policy under test: ClusterPolicy, NVIDIADriver or Helm values YAML")
     # Helm values become the ClusterPolicy the chart renders (policy/helm.py); a CR needs neither
-    helm_chart: Path | None = knob(None, "GPU Operator chart (directory or .tgz) that renders a Helm values policy "
-                                         "(local fleet: its release's chart)")
-    helm_binary: Path | None = knob(None, "Helm binary that renders a Helm values policy (default: helm on PATH, "
-                                          "else the build of ci/build-helm.sh)")
+    helm_chart: Path | None = knob(
+        None,
+        "GPU Operator chart (directory or .tgz) that renders a Helm values policy (local fleet: its release's chart)",
+    )
+    helm_binary: Path | None = knob(
+        None,
+        "Helm binary that renders a Helm values policy (default: helm on PATH, else the build of ci/build-helm.sh)",
+    )
     driver_version: str | None = knob(None, "Driver version to upgrade the canary pool to", check=version_rule)
-    pool_provider: str | None = knob(None, "Pool provider: kubelet (the local fleet's real node, its default), kwok "
-                                           "(a fresh simulated node of the local fleet) or existing (real clusters)",
-                                     check=one_of("kubelet", "kwok", "existing"))
+    pool_provider: str | None = knob(
+        None,
+        "Pool provider: kubelet (the local fleet's real node, its default), kwok "
+        "(a fresh simulated node of the local fleet) or existing (real clusters)",
+        check=one_of("kubelet", "kwok", "existing"),
+    )
     pool_node: str | None = knob(None, "Existing GPU node to carve out as the pool (provider existing)")
-    pool_selector: str | None = knob(None, "Label selector picking existing GPU nodes for the pool (provider existing)",
-                                     check=selector)
+    pool_selector: str | None = knob(
+        None, "Label selector picking existing GPU nodes for the pool (provider existing)", check=selector
+    )
     pool_size: int = knob(1, "Number of nodes in the pool", check=at_least(1))
     allow_foreign_pods: bool = knob(False, "Accept a pool node that runs pods the canary did not put there")
-    allow_shared_policy: bool = knob(False, "NVIDIADriver mode before operator v26.7 (the upgradePolicy is the "
-                                            "ClusterPolicy's, cluster-wide): run although another NVIDIADriver's "
-                                            "nodes are mid-upgrade, which then go on under the policy under test")
-    gpu_job: Path | None = knob(None, "Manifest of the representative GPU Job (default fixtures/workloads/gpu-job.yaml)")
+    allow_shared_policy: bool = knob(
+        False,
+        "NVIDIADriver mode before operator v26.7 (the upgradePolicy is the "
+        "ClusterPolicy's, cluster-wide): run although another NVIDIADriver's "
+        "nodes are mid-upgrade, which then go on under the policy under test",
+    )
+    gpu_job: Path | None = knob(
+        None, "Manifest of the representative GPU Job (default fixtures/workloads/gpu-job.yaml)"
+    )
     service: Path | None = knob(None, "Manifest of the non-GPU service (default fixtures/workloads/service.yaml)")
     probe: Path | None = knob(None, "Manifest of a customer start probe pod (default fixtures/workloads/probe.yaml)")
-    collective_probe: Path | None = knob(None, "Manifest of the collective probe pod, run on two nodes across the "
-                                               "upgrade boundary (default fixtures/workloads/collective-probe.yaml)")
-    holder: Path | None = knob(None, "Manifest of a workload that holds the driver without a GPU request "
-                                     "(NVIDIA_VISIBLE_DEVICES or RuntimeClass nvidia), placed on the pool with the "
-                                     "others to show what the policy does with such pods (fixtures/workloads/"
-                                     "holder.yaml is one; default none; not on a kwok pool, whose driver is simulated)")
-    peer_node: str | None = knob(None, "Node outside a one-node pool for the collective probe (default on the local "
-                                       "fleet: the first Ready, schedulable GPU node on the pool's driver with a free "
-                                       "GPU, whose taints the probe tolerates and that no run holds; on a real "
-                                       "cluster: none unless named; none: no peer probe)")
-    collective_timeout_s: float = knob(300.0, "Longest the collective probe may run once both ranks started",
-                                       check=positive)
-    min_busbw_ratio: float = knob(0.8, "Lowest bus bandwidth of the collective probe after the upgrade, as a "
-                                       "fraction of its baseline (0..1)", check=fraction, threshold=True)
+    collective_probe: Path | None = knob(
+        None,
+        "Manifest of the collective probe pod, run on two nodes across the "
+        "upgrade boundary (default fixtures/workloads/collective-probe.yaml)",
+    )
+    holder: Path | None = knob(
+        None,
+        "Manifest of a workload that holds the driver without a GPU request "
+        "(NVIDIA_VISIBLE_DEVICES or RuntimeClass nvidia), placed on the pool with the "
+        "others to show what the policy does with such pods (fixtures/workloads/"
+        "holder.yaml is one; default none; not on a kwok pool, whose driver is simulated)",
+    )
+    peer_node: str | None = knob(
+        None,
+        "Node outside a one-node pool for the collective probe (default on the local "
+        "fleet: the first Ready, schedulable GPU node on the pool's driver with a free "
+        "GPU, whose taints the probe tolerates and that no run holds; on a real "
+        "cluster: none unless named; none: no peer probe)",
+    )
+    collective_timeout_s: float = knob(
+        300.0, "Longest the collective probe may run once both ranks started", check=positive
+    )
+    min_busbw_ratio: float = knob(
+        0.8,
+        "Lowest bus bandwidth of the collective probe after the upgrade, as a fraction of its baseline (0..1)",
+        check=fraction,
+        threshold=True,
+    )
     probe_interval_s: float = knob(15.0, "Seconds between customer start probes", check=positive)
-    baseline_s: float = knob(30.0, "Seconds of load and probes before the policy is applied (the before phase)",
-                             check=positive)
+    baseline_s: float = knob(
+        30.0, "Seconds of load and probes before the policy is applied (the before phase)", check=positive
+    )
     # from its creation: 30 s of baseline plus a whole upgrade (about 50 s on operator v25.3.4, about
     # 140 s on v26.x on the local fleet) plus a margin; a replacement pod after an eviction works on
     # until the same deadline, so the run waits for the job's completion at most this long plus a grace
-    job_duration_s: float = knob(210.0, "Seconds of GPU work the representative GPU job does, counted from its "
-                                        "creation (it must span the upgrade)", check=positive)
+    job_duration_s: float = knob(
+        210.0,
+        "Seconds of GPU work the representative GPU job does, counted from its creation (it must span the upgrade)",
+        check=positive,
+    )
     # validation alone may take 600 s (fixed in the operator), so the budget leaves room beyond it
-    upgrade_budget_s: float = knob(1200.0, "Time budget for the pool to reach upgrade-done", check=positive,
-                                   threshold=True)
+    upgrade_budget_s: float = knob(
+        1200.0, "Time budget for the pool to reach upgrade-done", check=positive, threshold=True
+    )
     # pull failures and crash loops are called by the kubelet's retries (ladder/stall.py), the rest by this
-    stall_s: float = knob(180.0, "How long a stuck pool node state may last before the run calls it, not waiting "
-                                 "out the budget: an operator pod unschedulable or without its sandbox, the node NotReady, an operand held "
-                                 "behind a Ready driver, a container short of its startup probe whose log has gone "
-                                 "quiet, an eviction a PodDisruptionBudget refuses with no timeoutSeconds", check=positive, threshold=True)
+    stall_s: float = knob(
+        180.0,
+        "How long a stuck pool node state may last before the run calls it, not waiting "
+        "out the budget: an operator pod unschedulable or without its sandbox, the node NotReady, an operand held "
+        "behind a Ready driver, a container short of its startup probe whose log has gone "
+        "quiet, an eviction a PodDisruptionBudget refuses with no timeoutSeconds",
+        check=positive,
+        threshold=True,
+    )
     # from the driver manager pausing the device plugin to its return with the new driver; a driver
     # built on the node (not precompiled) compiles its kernel modules in that window
-    max_gpus_gone_s: float = knob(900.0, "Longest a pool node's GPUs may be gone from allocatable during its upgrade",
-                                  check=positive, threshold=True)
+    max_gpus_gone_s: float = knob(
+        900.0,
+        "Longest a pool node's GPUs may be gone from allocatable during its upgrade",
+        check=positive,
+        threshold=True,
+    )
     # pool probes wait out the cordon: cordon to uncordon
-    max_queue_delay_s: float = knob(300.0, "Longest a pool probe may wait to be scheduled", check=positive,
-                                    threshold=True)
-    max_start_latency_s: float = knob(60.0, "Longest p99 start latency of fleet-wide probes", check=positive,
-                                      threshold=True)
-    min_probe_samples: int = knob(3, "Fewest probes of each scope a scheduler verdict needs (fewer: inconclusive)",
-                                  check=at_least(1), threshold=True)
-    allowed_evictions: str = knob("gpu", "Pods the policy may evict: gpu (pods requesting GPUs) or a label selector",
-                                  check=evictions_rule, threshold=True)
+    max_queue_delay_s: float = knob(
+        300.0, "Longest a pool probe may wait to be scheduled", check=positive, threshold=True
+    )
+    max_start_latency_s: float = knob(
+        60.0, "Longest p99 start latency of fleet-wide probes", check=positive, threshold=True
+    )
+    min_probe_samples: int = knob(
+        3,
+        "Fewest probes of each scope a scheduler verdict needs (fewer: inconclusive)",
+        check=at_least(1),
+        threshold=True,
+    )
+    allowed_evictions: str = knob(
+        "gpu",
+        "Pods the policy may evict: gpu (pods requesting GPUs) or a label selector",
+        check=evictions_rule,
+        threshold=True,
+    )
     allow_inconclusive: bool = knob(False, "Let inconclusive stages pass the gate", threshold=True)
-    service_url: str | None = knob(None, "URL of the non-GPU service under load (local fleet: its ingress)",
-                                   check=url_rule)
+    service_url: str | None = knob(
+        None, "URL of the non-GPU service under load (local fleet: its ingress)", check=url_rule
+    )
     load_users: int = knob(10, "Simulated users of the service (locust, out of process)", check=at_least(0))
     load_spawn_rate: float = knob(10.0, "Users started per second", check=positive)
-    load_workers: int = knob(0, "Locust worker processes (0: one process; N: one master and N workers)",
-                             check=at_least(0))
+    load_workers: int = knob(
+        0, "Locust worker processes (0: one process; N: one master and N workers)", check=at_least(0)
+    )
     # each default workload image, and the registry they come from; a mirror keeps each image's path
-    image_registry: str | None = knob(None, "Registry (host[:port][/path]) that replaces the registry of every "
-                                            "default workload image, for air-gapped mirrors", check=registry_rule)
-    gpu_job_image: str | None = knob(None, f"Image of the default GPU job (default {GPU_JOB_IMAGE})",
-                                     check=image_rule)
-    service_image: str | None = knob(None, f"Image of the default non-GPU service (default {SERVICE_IMAGE})",
-                                     check=image_rule)
-    probe_image: str | None = knob(None, f"Image of the default start probe (default {PROBE_IMAGE})",
-                                   check=image_rule)
-    collective_image: str | None = knob(None, f"Image of the default collective probe (default {COLLECTIVE_IMAGE})",
-                                        check=image_rule)
+    image_registry: str | None = knob(
+        None,
+        "Registry (host[:port][/path]) that replaces the registry of every "
+        "default workload image, for air-gapped mirrors",
+        check=registry_rule,
+    )
+    gpu_job_image: str | None = knob(None, f"Image of the default GPU job (default {GPU_JOB_IMAGE})", check=image_rule)
+    service_image: str | None = knob(
+        None, f"Image of the default non-GPU service (default {SERVICE_IMAGE})", check=image_rule
+    )
+    probe_image: str | None = knob(None, f"Image of the default start probe (default {PROBE_IMAGE})", check=image_rule)
+    collective_image: str | None = knob(
+        None, f"Image of the default collective probe (default {COLLECTIVE_IMAGE})", check=image_rule
+    )
     # a CUDA image is gigabytes: a cold node may take minutes to pull it
-    image_pull_timeout_s: float = knob(600.0, "Longest the pool node may take to pull each workload image",
-                                       check=positive)
+    image_pull_timeout_s: float = knob(
+        600.0, "Longest the pool node may take to pull each workload image", check=positive
+    )
     locustfile: Path | None = knob(None, "Locustfile for the service load (default fixtures/load/locustfile.py)")
-    max_error_ratio: float = knob(0.01, "Highest failed-request ratio of the service in any upgrade phase (0..1)",
-                                  check=fraction, threshold=True)
-    max_p99_s: float = knob(1.0, "Highest p99 request latency of the service in any upgrade phase", check=positive,
-                            threshold=True)
-    min_phase_requests: int = knob(50, "Fewest service requests an upgrade phase needs to be judged (fewer: "
-                                       "inconclusive)", check=at_least(1), threshold=True)
-    prometheus_url: str | None = knob(None, "Prometheus with operator and DCGM metrics (local fleet: its own)",
-                                      check=url_rule)
-    pushgateway_url: str | None = knob(None, "Prometheus Pushgateway that each finished run pushes its verdict's "
-                                              "metrics to (the receipt's verdict.prom has them too)", check=url_rule)
+    max_error_ratio: float = knob(
+        0.01, "Highest failed-request ratio of the service in any upgrade phase (0..1)", check=fraction, threshold=True
+    )
+    max_p99_s: float = knob(
+        1.0, "Highest p99 request latency of the service in any upgrade phase", check=positive, threshold=True
+    )
+    min_phase_requests: int = knob(
+        50,
+        "Fewest service requests an upgrade phase needs to be judged (fewer: inconclusive)",
+        check=at_least(1),
+        threshold=True,
+    )
+    prometheus_url: str | None = knob(
+        None, "Prometheus with operator and DCGM metrics (local fleet: its own)", check=url_rule
+    )
+    pushgateway_url: str | None = knob(
+        None,
+        "Prometheus Pushgateway that each finished run pushes its verdict's "
+        "metrics to (the receipt's verdict.prom has them too)",
+        check=url_rule,
+    )
     reports_dir: Path = knob(Path("reports"), "Directory for launch receipts (one sub-directory per run)")
-    run_id: str | None = knob(None, "Run id (default: generated); names and labels every object the canary creates",
-                              check=run_id_rule)
+    run_id: str | None = knob(
+        None, "Run id (default: generated); names and labels every object the canary creates", check=run_id_rule
+    )
     fleet_keep: bool = knob(False, "Leave the local fleet running after the session")
 
     def __post_init__(self) -> None:
         for knob_ in KNOBS:
             value = getattr(self, knob_.name)
             if knob_.check is not None and value is not None and (problem := knob_.check(value)):
-                raise ConfigError(f"{knob_.flag}={value!r} {problem}",
-                                  hint=f"also settable as ini {knob_.ini} or env {knob_.env}")
+                raise ConfigError(
+                    f"{knob_.flag}={value!r} {problem}", hint=f"also settable as ini {knob_.ini} or env {knob_.env}"
+                )
 
     @classmethod
     def resolve(cls, *sources: Callable[[Knob], Any]) -> Settings:
@@ -289,16 +367,24 @@ class Settings:
     def with_thresholds(self, values: Mapping[str, Any]) -> Settings:
         unknown = set(values) - {k.name for k in KNOBS if k.threshold}
         if unknown:
-            raise ConfigError(f"unknown threshold(s) {sorted(unknown)}",
-                              hint=f"thresholds are {', '.join(k.name for k in KNOBS if k.threshold)}")
+            raise ConfigError(
+                f"unknown threshold(s) {sorted(unknown)}",
+                hint=f"thresholds are {', '.join(k.name for k in KNOBS if k.threshold)}",
+            )
         return dataclasses.replace(self, **{name: BY_NAME[name].convert(v) for name, v in values.items()})
 
     def images(self) -> dict[str, str]:
         """Each default workload image -> the image this run uses for it (its knob, else the mirror)."""
-        chosen = {GPU_JOB_IMAGE: self.gpu_job_image, SERVICE_IMAGE: self.service_image, PROBE_IMAGE: self.probe_image,
-                  COLLECTIVE_IMAGE: self.collective_image}
-        return {default: override or (mirrored(default, self.image_registry) if self.image_registry else default)
-                for default, override in chosen.items()}
+        chosen = {
+            GPU_JOB_IMAGE: self.gpu_job_image,
+            SERVICE_IMAGE: self.service_image,
+            PROBE_IMAGE: self.probe_image,
+            COLLECTIVE_IMAGE: self.collective_image,
+        }
+        return {
+            default: override or (mirrored(default, self.image_registry) if self.image_registry else default)
+            for default, override in chosen.items()
+        }
 
     def require_gate_inputs(self) -> None:
         """What a canary run cannot start without; checked before the cluster is touched."""
@@ -345,8 +431,10 @@ class Knob:
                 raise ValueError(text)
             return self.type(text)
         except ValueError:
-            raise ConfigError(f"{self.flag}={text!r} is not a valid {self.type.__name__}",
-                              hint=f"also settable as ini {self.ini} or env {self.env}") from None
+            raise ConfigError(
+                f"{self.flag}={text!r} is not a valid {self.type.__name__}",
+                hint=f"also settable as ini {self.ini} or env {self.env}",
+            ) from None
 
 
 def _base_type(hint: Any) -> type:
@@ -358,8 +446,17 @@ def _base_type(hint: Any) -> type:
 
 def _knobs() -> tuple[Knob, ...]:
     hints = typing.get_type_hints(Settings)
-    return tuple(Knob(f.name, _base_type(hints[f.name]), f.default, f.metadata["help"], f.metadata["check"],
-                      f.metadata["threshold"]) for f in dataclasses.fields(Settings))
+    return tuple(
+        Knob(
+            f.name,
+            _base_type(hints[f.name]),
+            f.default,
+            f.metadata["help"],
+            f.metadata["check"],
+            f.metadata["threshold"],
+        )
+        for f in dataclasses.fields(Settings)
+    )
 
 
 KNOBS = _knobs()
@@ -378,8 +475,10 @@ def _writable_dir(path: Path, option: str) -> None:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".gpucanary-write-check-"):
             pass
     except OSError as err:
-        raise ConfigError(f"{option}={str(path)!r} is not a writable directory ({err.strerror or err})",
-                          hint="point it at a directory the run may write its receipts into") from None
+        raise ConfigError(
+            f"{option}={str(path)!r} is not a writable directory ({err.strerror or err})",
+            hint="point it at a directory the run may write its receipts into",
+        ) from None
 
 
 def env_source(environ: Mapping[str, str]) -> Callable[[Knob], Any]:
@@ -387,6 +486,7 @@ def env_source(environ: Mapping[str, str]) -> Callable[[Knob], Any]:
 
 
 # --- the user's YAML files -----------------------------------------------------------------------------
+
 
 def _strict(base: type) -> type:
     """Safe loading that refuses a key given twice in one mapping (plain YAML lets the last one win)."""
@@ -398,15 +498,16 @@ def _strict(base: type) -> type:
             if isinstance(key, typing.Hashable):
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+                        None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
+                    )
                 seen[key] = key_node.start_mark.line
         return base.construct_mapping(self, node, deep=deep)
 
     return type(f"Strict{base.__name__}", (base,), {"construct_mapping": construct_mapping})
 
 
-_FAST_LOADER = _strict(getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml: a 40 MB policy in 2 s, not 18
-_EXACT_LOADER = _strict(yaml.SafeLoader)                                # where an error is, line and column
+_FAST_LOADER = _strict(getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: a 40 MB policy in 2 s, not 18
+_EXACT_LOADER = _strict(yaml.SafeLoader)  # where an error is, line and column
 
 
 def yaml_documents(text: str, *, source: str) -> list[Any]:
@@ -415,14 +516,16 @@ def yaml_documents(text: str, *, source: str) -> list[Any]:
         return [doc for doc in yaml.load_all(text, Loader=_FAST_LOADER) if doc is not None]
     except yaml.YAMLError:
         pass
-    try:   # parse again with the pure-Python loader, whose marks point at the cause, not at the end of input
+    try:  # parse again with the pure-Python loader, whose marks point at the cause, not at the end of input
         return [doc for doc in yaml.load_all(text, Loader=_EXACT_LOADER) if doc is not None]
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = " ".join(str(getattr(err, "problem", None) or "unreadable").split())
-        raise ConfigError(f"{source} is not valid YAML{where}: {problem}",
-                          hint="fix the syntax (indent with spaces; quote values that contain ': ')") from None
+        raise ConfigError(
+            f"{source} is not valid YAML{where}: {problem}",
+            hint="fix the syntax (indent with spaces; quote values that contain ': ')",
+        ) from None
 
 
 def read_text(path: Path, *, what: str) -> str:
@@ -437,12 +540,15 @@ def read_text(path: Path, *, what: str) -> str:
 
 # --- label selectors (the Kubernetes string form), parsed client-side ------------------------------------
 
-_REQUIREMENT = re.compile(r"""^\s*(?:
+_REQUIREMENT = re.compile(
+    r"""^\s*(?:
     (?P<not>!)\s*(?P<nkey>[\w./-]+) |
     (?P<skey>[\w./-]+)\s*(?P<sop>in|notin)\s*\((?P<values>[^()]*)\) |
     (?P<key>[\w./-]+)\s*(?P<op>==|!=|=)\s*(?P<value>[\w./-]*) |
     (?P<ekey>[\w./-]+)
-    )\s*$""", re.X)
+    )\s*$""",
+    re.X,
+)
 
 
 @lru_cache(maxsize=64)
@@ -453,8 +559,10 @@ def parse_selector(text: str) -> tuple[Callable[[Mapping[str, str]], bool], ...]
     for part in parts:
         m = _REQUIREMENT.match(part)
         if not part.strip() or not m:
-            raise ConfigError(f"bad label selector {text!r} at {part.strip()!r}",
-                              hint="use key=value, key!=value, key in (a,b), key notin (a,b), key or !key")
+            raise ConfigError(
+                f"bad label selector {text!r} at {part.strip()!r}",
+                hint="use key=value, key!=value, key in (a,b), key notin (a,b), key or !key",
+            )
         requirements.append(_requirement(m))
     return tuple(requirements)
 
@@ -468,7 +576,7 @@ def _requirement(m: re.Match) -> Callable[[Mapping[str, str]], bool]:
         values = frozenset(v.strip() for v in m["values"].split(",") if v.strip())
         if m["sop"] == "in":
             return lambda labels, k=m["skey"]: labels.get(k) in values
-        return lambda labels, k=m["skey"]: labels.get(k) not in values   # absent key matches, as in Kubernetes
+        return lambda labels, k=m["skey"]: labels.get(k) not in values  # absent key matches, as in Kubernetes
     if m["op"] == "!=":
         return lambda labels, k=m["key"], v=m["value"]: labels.get(k) != v
     return lambda labels, k=m["key"], v=m["value"]: labels.get(k) == v

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.kube import Forbidden, Kube, NotFound
 
-GPU_DRIVER = "gpu.nvidia.com"           # NVIDIA's DRA driver for GPUs: its driver name and its DeviceClass
+GPU_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver for GPUs: its driver name and its DeviceClass
 RESOURCE_SLICE = ("resource.k8s.io/v1", "ResourceSlice")
-POD_DELETION_SEES_CLAIMS = (26, 7)      # the first release whose pod deletion counts claim-holding pods
+POD_DELETION_SEES_CLAIMS = (26, 7)  # the first release whose pod deletion counts claim-holding pods
 
 
 def gpu_nodes(kube: Kube) -> tuple[str, ...]:
@@ -32,9 +32,14 @@ def note(nodes: tuple[str, ...], release: str | None) -> str:
     """What a run on this cluster does not prove, in one line."""
     names = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
     series = op.release_series(release) if release else None
-    blind = (f"; on GPU Operator {release} pod deletion never deletes a claim-holding pod (it matches extended "
-             "resources only), so only a drain evicts one" if series is not None and series < POD_DELETION_SEES_CLAIMS
-             else "")
-    return (f"{len(nodes)} node(s) offer GPUs through DRA ({GPU_DRIVER} ResourceSlices: {names}): the canary's GPU "
-            f"job and probes request nvidia.com/gpu, so its verdict does not speak for pods holding a {GPU_DRIVER} "
-            f"ResourceClaim{blind}")
+    blind = (
+        f"; on GPU Operator {release} pod deletion never deletes a claim-holding pod (it matches extended "
+        "resources only), so only a drain evicts one"
+        if series is not None and series < POD_DELETION_SEES_CLAIMS
+        else ""
+    )
+    return (
+        f"{len(nodes)} node(s) offer GPUs through DRA ({GPU_DRIVER} ResourceSlices: {names}): the canary's GPU "
+        f"job and probes request nvidia.com/gpu, so its verdict does not speak for pods holding a {GPU_DRIVER} "
+        f"ResourceClaim{blind}"
+    )

@@ -8,7 +8,8 @@ pkg/upgrade); the file and constant are named beside it. Never talks to a cluste
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # API kinds (api/nvidia/v1/clusterpolicy_types.go, api/nvidia/v1alpha1/nvidiadriver_types.go)
 CLUSTER_POLICY = ("nvidia.com/v1", "ClusterPolicy")
@@ -19,7 +20,7 @@ NVIDIADRIVER_CRD = "nvidiadrivers.nvidia.com"
 # with the driver name "gpu"; the states are its UpgradeState* constants.
 UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
 SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
-GPU_PRESENT_LABEL = "nvidia.com/gpu.present"        # set by NFD rules / the operator (commonGPULabelKey)
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"  # set by NFD rules / the operator (commonGPULabelKey)
 GPU_PRESENT_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
 # v26.7 internal/consts/consts.go NVIDIADriverOwnerLabel: the NVIDIADriver that drives the node, set by the operator
 # (internal/nvidiadriver AssignOwners: the one non-default CR whose nodeSelector picks it, else the default CR)
@@ -33,9 +34,19 @@ POD_DELETION_REQUIRED = "pod-deletion-required"
 VALIDATION_REQUIRED = "validation-required"
 TERMINAL_STATES = (UPGRADE_DONE, UPGRADE_FAILED)
 UPGRADE_STATES = (
-    "", UPGRADE_REQUIRED, "cordon-required", "wait-for-jobs-required", POD_DELETION_REQUIRED, DRAIN_REQUIRED,
-    "node-maintenance-required", "post-maintenance-required",          # requestor mode only
-    "pod-restart-required", VALIDATION_REQUIRED, "uncordon-required", UPGRADE_DONE, UPGRADE_FAILED,
+    "",
+    UPGRADE_REQUIRED,
+    "cordon-required",
+    "wait-for-jobs-required",
+    POD_DELETION_REQUIRED,
+    DRAIN_REQUIRED,
+    "node-maintenance-required",
+    "post-maintenance-required",  # requestor mode only
+    "pod-restart-required",
+    VALIDATION_REQUIRED,
+    "uncordon-required",
+    UPGRADE_DONE,
+    UPGRADE_FAILED,
 )
 # The upgrade library's event reason (pkg/upgrade/util.go: GetEventReason, "<DRIVERNAME>DriverUpgrade").
 UPGRADE_EVENT_REASON = "GPUDriverUpgrade"
@@ -50,20 +61,44 @@ DRIVER_COMPONENT_SELECTOR = "app.kubernetes.io/component=nvidia-driver"
 VALIDATOR_APP = "nvidia-operator-validator"
 VALIDATOR_SELECTOR = f"app={VALIDATOR_APP}"
 DEVICE_PLUGIN_APP = "nvidia-device-plugin-daemonset"
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"                          # GPU Feature Discovery
-DRIVER_VERSION_LABEL = "nvidia.com/cuda.driver-version.full"      # GPU Feature Discovery: the loaded driver
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU Feature Discovery
+DRIVER_VERSION_LABEL = "nvidia.com/cuda.driver-version.full"  # GPU Feature Discovery: the loaded driver
 
 # What k8s-driver-manager does on every driver pod start (cmd/driver-manager/main.go,
 # evictAllGPUOperatorComponents / waitForPodsToTerminate / rescheduleGPUOperatorComponents): it pauses
 # these node labels, which the operand DaemonSets select on, waits until the operand pods (by `app`)
 # are gone, and restores them once the driver is swapped.
-OPERAND_DEPLOY_LABELS = tuple(f"nvidia.com/gpu.deploy.{operand}" for operand in (
-    "operator-validator", "container-toolkit", "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm",
-    "mig-manager", "nvsm", "sandbox-validator", "sandbox-device-plugin", "vgpu-device-manager", "client",
-    "dra-validator", "dcgm-dra", "dcgm-exporter-dra"))
-OPERAND_APPS = (VALIDATOR_APP, "nvidia-container-toolkit-daemonset", DEVICE_PLUGIN_APP, "gpu-feature-discovery",
-                "nvidia-dcgm-exporter", "nvidia-dcgm", "nvidia-dcgm-exporter-dra", "nvidia-dcgm-dra",
-                "nvidia-mig-manager")
+OPERAND_DEPLOY_LABELS = tuple(
+    f"nvidia.com/gpu.deploy.{operand}"
+    for operand in (
+        "operator-validator",
+        "container-toolkit",
+        "device-plugin",
+        "gpu-feature-discovery",
+        "dcgm-exporter",
+        "dcgm",
+        "mig-manager",
+        "nvsm",
+        "sandbox-validator",
+        "sandbox-device-plugin",
+        "vgpu-device-manager",
+        "client",
+        "dra-validator",
+        "dcgm-dra",
+        "dcgm-exporter-dra",
+    )
+)
+OPERAND_APPS = (
+    VALIDATOR_APP,
+    "nvidia-container-toolkit-daemonset",
+    DEVICE_PLUGIN_APP,
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-dcgm",
+    "nvidia-dcgm-exporter-dra",
+    "nvidia-dcgm-dra",
+    "nvidia-mig-manager",
+)
 PAUSED = "paused-for-driver-upgrade"
 
 
@@ -71,8 +106,8 @@ PAUSED = "paused-for-driver-upgrade"
 # (deployments/gpu-operator/templates/clusterpolicy.yaml includes "gpu-operator.labels", _helpers.tpl:
 # app.kubernetes.io/version); the operator itself writes its version on no object.
 RELEASE_LABEL = "app.kubernetes.io/version"
-PROVEN_RELEASES = ("v25.3.4", "v25.10.1", "v26.3.3", "v26.7.0")   # each run end to end on the local fleet
-OLDEST_DRIVABLE = (25, 3)     # before it: no drain/podDeletion semantics the canary's policy checks rely on
+PROVEN_RELEASES = ("v25.3.4", "v25.10.1", "v26.3.3", "v26.7.0")  # each run end to end on the local fleet
+OLDEST_DRIVABLE = (25, 3)  # before it: no drain/podDeletion semantics the canary's policy checks rely on
 
 
 def release_of(labels: Mapping[str, str]) -> str | None:
@@ -96,8 +131,9 @@ def daemonset_node(spec: Mapping[str, Any]) -> str | None:
     """The node a DaemonSet made a pod for, before the scheduler binds it there: the DaemonSet controller
     pins each pod with a required node affinity on the field metadata.name (kubernetes
     pkg/controller/daemon/util.ReplaceDaemonSetPodNodeNameNodeAffinity)."""
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     for term in required.get("nodeSelectorTerms") or []:
         for match in term.get("matchFields") or []:
             values = match.get("values") or []
@@ -108,8 +144,14 @@ def daemonset_node(spec: Mapping[str, Any]) -> str | None:
 
 def unplaced(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The PodScheduled=False condition of a pod the scheduler could not place (its reason and words), or None."""
-    return next((c for c in (pod.get("status") or {}).get("conditions") or []
-                 if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+    return next(
+        (
+            c
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("type") == "PodScheduled" and c.get("status") == "False"
+        ),
+        None,
+    )
 
 
 def is_driver_pod(labels: Mapping[str, str]) -> bool:
@@ -126,9 +168,15 @@ def is_device_plugin_pod(labels: Mapping[str, str]) -> bool:
 
 def gpus_requested(containers: list[dict]) -> int:
     """GPUs (and MIG slices) a pod's containers request or are limited to."""
-    return sum(int(value) for c in containers for key, value in
-               {**c.get("resources", {}).get("requests", {}), **c.get("resources", {}).get("limits", {})}.items()
-               if key.startswith(GPU_RESOURCE_PREFIXES))
+    return sum(
+        int(value)
+        for c in containers
+        for key, value in {
+            **c.get("resources", {}).get("requests", {}),
+            **c.get("resources", {}).get("limits", {}),
+        }.items()
+        if key.startswith(GPU_RESOURCE_PREFIXES)
+    )
 
 
 NO_DEVICES = ("", "void", "none")

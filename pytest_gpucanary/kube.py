@@ -11,12 +11,14 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
-from kubernetes import config as kube_config, watch as kube_watch
+from kubernetes import config as kube_config
+from kubernetes import watch as kube_watch
 from kubernetes.client import CoreV1Api, VersionApi
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -36,11 +38,11 @@ RUN_ID_LABEL = "gpucanary.io/run-id"
 POD_SECURITY_LABEL = "pod-security.kubernetes.io/enforce"
 # A carved node's fence: NoSchedule for every pod but the run's own (and DaemonSets that tolerate the key)
 FENCE_TAINT_KEY = "gpucanary.io/run"
-PAGE_SIZE = 100   # objects per page where the canary reads one per node (`Kube.each`)
+PAGE_SIZE = 100  # objects per page where the canary reads one per node (`Kube.each`)
 # (connect, read) seconds for every request: the client's default is no timeout at all, so one half-open
 # connection would hang a Lease renewal (and let the Lease lapse) or a restore forever
 REQUEST_TIMEOUT_S = (10, 60)
-WATCH_READ_MARGIN_S = 15   # a watch stream's read timeout: the server's own timeout plus this
+WATCH_READ_MARGIN_S = 15  # a watch stream's read timeout: the server's own timeout plus this
 
 
 class KubeError(GpucanaryError):
@@ -104,17 +106,23 @@ def _refused(exc: Exception, selected: Selected) -> GpucanaryError:
     does not trust, a server that does not answer; never a bare MaxRetryError."""
     where = f"the apiserver {selected.server} (context {selected.context!r})"
     if isinstance(exc, ApiException) and exc.status == 401:
-        return EnvError(f"{where} refused the credentials of user {selected.user_name!r} (401 Unauthorized)",
-                        hint="they are expired, revoked or for another cluster: refresh the kubeconfig")
+        return EnvError(
+            f"{where} refused the credentials of user {selected.user_name!r} (401 Unauthorized)",
+            hint="they are expired, revoked or for another cluster: refresh the kubeconfig",
+        )
     reason = getattr(exc, "reason", None) or exc
     if isinstance(reason, SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(reason):
         why = "certificate verify failed" if "CERTIFICATE_VERIFY_FAILED" in str(reason) else "handshake failed"
-        return EnvError(f"TLS with {where}: {why}",
-                        hint=f"check certificate-authority (and tls-server-name) of cluster {selected.cluster_name!r}")
+        return EnvError(
+            f"TLS with {where}: {why}",
+            hint=f"check certificate-authority (and tls-server-name) of cluster {selected.cluster_name!r}",
+        )
     if isinstance(reason, (NewConnectionError, ConnectTimeoutError, ProxyError)):
-        return EnvError(f"cannot reach {where}: {type(reason).__name__}: "
-                        + " ".join(str(getattr(reason, "reason", None) or reason).split()[-6:])[:160],
-                        hint="is the server address right, and is it reachable from here?")
+        return EnvError(
+            f"cannot reach {where}: {type(reason).__name__}: "
+            + " ".join(str(getattr(reason, "reason", None) or reason).split()[-6:])[:160],
+            hint="is the server address right, and is it reachable from here?",
+        )
     return _translate(exc, f"connecting to {where}")
 
 
@@ -148,7 +156,11 @@ def tolerated(taint: dict, tolerations: list[dict]) -> bool:
     if taint.get("effect") == "PreferNoSchedule":
         return True
     for t in tolerations:
-        key_ok = t.get("key", "") in ("", taint.get("key")) if t.get("operator") == "Exists" else t.get("key") == taint.get("key")
+        key_ok = (
+            t.get("key", "") in ("", taint.get("key"))
+            if t.get("operator") == "Exists"
+            else t.get("key") == taint.get("key")
+        )
         value_ok = t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", "")
         if key_ok and value_ok and t.get("effect", "") in ("", taint.get("effect")):
             return True
@@ -167,13 +179,21 @@ def saved_run(obj: dict, annotation: str) -> str | None:
         return f"<unreadable {str(raw)[:32]!r}>"
 
 
-AS_READ_TRIES = 3        # a 409 on a conditional write: read again and decide again, this often
+AS_READ_TRIES = 3  # a 409 on a conditional write: read again and decide again, this often
 
 
-def patch_as_read(kube: Kube, api_version: str, kind: str, name: str,
-                  decide: Callable[[dict], tuple[dict | None, T]], *, what: str,
-                  hint: str = "run `gpucanary cleanup` again", read: dict | None = None,
-                  namespace: str | None = None) -> T | None:
+def patch_as_read(
+    kube: Kube,
+    api_version: str,
+    kind: str,
+    name: str,
+    decide: Callable[[dict], tuple[dict | None, T]],
+    *,
+    what: str,
+    hint: str = "run `gpucanary cleanup` again",
+    read: dict | None = None,
+    namespace: str | None = None,
+) -> T | None:
     """Read the object (or take `read`, a copy just listed), let `decide` make the patch from what it read, and
     write it only if the object is still as read (its resourceVersion); on a 409 read and decide again.
     `decide` returns (None, result) to write nothing. None when the object is gone; EnvError when it keeps
@@ -187,11 +207,12 @@ def patch_as_read(kube: Kube, api_version: str, kind: str, name: str,
         if body is None:
             return result
         try:
-            kube.patch(api_version, kind, name, body, namespace=namespace,
-                       resource_version=obj["metadata"]["resourceVersion"])
+            kube.patch(
+                api_version, kind, name, body, namespace=namespace, resource_version=obj["metadata"]["resourceVersion"]
+            )
             return result
         except Conflict:
-            continue        # changed between the read and the write: judge it again
+            continue  # changed between the read and the write: judge it again
         except NotFound:
             return None
     raise EnvError(f"{what} kept changing between each read and write ({AS_READ_TRIES} tries)", hint=hint)
@@ -205,8 +226,11 @@ def owned_namespace(name: str, run_id: str, *, pod_security: str = "baseline") -
     """A namespace of the run's, enforcing Pod Security `pod_security` on its pods (deploy/admission.yaml lets the
     canary's ServiceAccount create only gpucanary-* namespaces that carry the run id and enforce baseline or
     restricted)."""
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": {**owned_labels(run_id), POD_SECURITY_LABEL: pod_security}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {**owned_labels(run_id), POD_SECURITY_LABEL: pod_security}},
+    }
 
 
 @dataclass
@@ -214,12 +238,18 @@ class Kube:
     """A connection to one cluster, named by kubeconfig path and context."""
 
     dynamic: DynamicClient
-    token_source: ExecToken | FileToken | None = None     # read again, once, when the apiserver says 401
-    token_expires: datetime | None = None   # a static token's end, where it says (a ServiceAccount token)
+    token_source: ExecToken | FileToken | None = None  # read again, once, when the apiserver says 401
+    token_expires: datetime | None = None  # a static token's end, where it says (a ServiceAccount token)
 
     @classmethod
-    def connect(cls, kubeconfig: Path | str | None, *, context: str | None = None,
-                option: str = flag("kubeconfig"), user_agent: str | None = None) -> Kube:
+    def connect(
+        cls,
+        kubeconfig: Path | str | None,
+        *,
+        context: str | None = None,
+        option: str = flag("kubeconfig"),
+        user_agent: str | None = None,
+    ) -> Kube:
         """`option` is how the caller's command spells the kubeconfig, for the error line; `user_agent`
         defaults to gpucanary/<version>, so the apiserver's audit log tells our requests apart. The
         kubeconfig is checked field by field first (`kubeconfig.select`): one line per mistake."""
@@ -230,8 +260,10 @@ class Kube:
             api.user_agent = user_agent or f"gpucanary/{__version__}"
         except (ConfigException, OSError, TypeError, ValueError, AttributeError, KeyError) as exc:
             why = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc).split()))[:160]
-            raise ConfigError(f"cannot load kubeconfig {selected.where}: {type(exc).__name__}: {why}",
-                              hint=f"pass {option} naming a valid kubeconfig") from None
+            raise ConfigError(
+                f"cannot load kubeconfig {selected.where}: {type(exc).__name__}: {why}",
+                hint=f"pass {option} naming a valid kubeconfig",
+            ) from None
         if selected.token_source is not None:
             source = selected.token_source
             api.configuration.refresh_api_key_hook = lambda conf: conf.api_key.update(BearerToken=source.bearer())
@@ -246,7 +278,7 @@ class Kube:
             return self.dynamic.resources.get(api_version=api_version, kind=kind)
         except ResourceNotFoundError as exc:
             raise NotFound(f"the cluster serves no {kind} in {api_version}") from exc
-        except (ApiException, HTTPError, OSError) as exc:   # discovery may go to the server
+        except (ApiException, HTTPError, OSError) as exc:  # discovery may go to the server
             raise _translate(exc, f"discover {kind} in {api_version}") from exc
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -258,7 +290,7 @@ class Kube:
                 raise _translate(exc, what) from exc
         except (HTTPError, OSError) as exc:
             raise _translate(exc, what) from exc
-        self.token_source.renew()      # revoked or rotated before its time: the next token, once
+        self.token_source.renew()  # revoked or rotated before its time: the next token, once
         try:
             return fn(*args, **kwargs)
         except (ApiException, HTTPError, OSError) as exc:
@@ -275,95 +307,181 @@ class Kube:
         resource = self._resource(api_version, kind)
         return self._call(f"get {kind} {name}", resource.get, name=name, namespace=namespace, serializer=_plain)
 
-    def list(self, api_version: str, kind: str, *, namespace: str | None = None, label_selector: str | None = None,
-             field_selector: str | None = None, limit: int | None = None) -> list[dict]:
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict]:
         """The matching objects (at most `limit`, where the answer needs one, not one per node)."""
         resource = self._resource(api_version, kind)
-        result = self._call(f"list {kind}", resource.get, namespace=namespace, label_selector=label_selector,
-                            field_selector=field_selector, limit=limit, serializer=_plain)
+        result = self._call(
+            f"list {kind}",
+            resource.get,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            limit=limit,
+            serializer=_plain,
+        )
         return result["items"]
 
-    def each(self, api_version: str, kind: str, *, label_selector: str | None = None,
-             page_size: int = PAGE_SIZE) -> Iterator[dict]:
+    def each(
+        self, api_version: str, kind: str, *, label_selector: str | None = None, page_size: int = PAGE_SIZE
+    ) -> Iterator[dict]:
         """Every matching object, read in pages (limit + continue): for reads of one object per node, so the
         client holds one page of them at a time, not the whole cluster's."""
         resource = self._resource(api_version, kind)
         token = None
         while True:
-            page = self._call(f"list {kind}", resource.get, label_selector=label_selector, limit=page_size,
-                              _continue=token, serializer=_plain)
+            page = self._call(
+                f"list {kind}",
+                resource.get,
+                label_selector=label_selector,
+                limit=page_size,
+                _continue=token,
+                serializer=_plain,
+            )
             yield from page["items"]
             token = page["metadata"].get("continue")
             if not token:
                 return
 
-    def delete(self, api_version: str, kind: str, name: str, *, namespace: str | None = None,
-               uid: str | None = None) -> None:
+    def delete(
+        self, api_version: str, kind: str, name: str, *, namespace: str | None = None, uid: str | None = None
+    ) -> None:
         """With `uid` the apiserver deletes only that object, not one made since under the same name (else 409)."""
         resource = self._resource(api_version, kind)
         body: dict = {"propagationPolicy": "Background", **({"preconditions": {"uid": uid}} if uid else {})}
         self._call(f"delete {kind} {name}", resource.delete, name=name, namespace=namespace, body=body)
 
-    def patch(self, api_version: str, kind: str, name: str, body: dict, *, namespace: str | None = None,
-              status: bool = False, resource_version: str | None = None) -> dict:
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        body: dict,
+        *,
+        namespace: str | None = None,
+        status: bool = False,
+        resource_version: str | None = None,
+    ) -> dict:
         """JSON merge patch (RFC 7386): works for built-in kinds and CRDs alike; `status` patches the
         status subresource. With `resource_version` (the one the caller read) the apiserver applies it
         only to that version of the object, else answers 409 (Conflict)."""
         body = with_resource_version(body, resource_version)
         resource = self._resource(api_version, kind)
         target = resource.subresources["status"] if status else resource
-        patched = self._call(f"patch {kind} {name}{'/status' if status else ''}", self.dynamic.patch, target,
-                             body=body, name=name, namespace=namespace,
-                             content_type="application/merge-patch+json", serializer=_plain)
+        patched = self._call(
+            f"patch {kind} {name}{'/status' if status else ''}",
+            self.dynamic.patch,
+            target,
+            body=body,
+            name=name,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+            serializer=_plain,
+        )
         return patched
 
-    def pod_log(self, name: str, *, namespace: str, tail_lines: int = 50, container: str | None = None,
-                previous: bool = False) -> str:
+    def pod_log(
+        self, name: str, *, namespace: str, tail_lines: int = 50, container: str | None = None, previous: bool = False
+    ) -> str:
         """The last lines a container wrote; `previous`: of its last run, before the restart (a crash loop's)."""
         api = CoreV1Api(self.dynamic.client)
         optional = {"container": container} if container else {}
-        return self._call(f"read the log of pod {namespace}/{name}", api.read_namespaced_pod_log, name, namespace,
-                          tail_lines=tail_lines, previous=previous, **optional)
+        return self._call(
+            f"read the log of pod {namespace}/{name}",
+            api.read_namespaced_pod_log,
+            name,
+            namespace,
+            tail_lines=tail_lines,
+            previous=previous,
+            **optional,
+        )
 
     def evict(self, name: str, *, namespace: str, grace_s: int | None = None) -> None:
         """Evict a pod through the Eviction API; raises Throttled when a PDB refuses it."""
-        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
-                                "metadata": {"name": name, "namespace": namespace}}
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
         if grace_s is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         self._call(f"evict pod {namespace}/{name}", self.dynamic.request, "post", path, body=body)
 
-    def can_i(self, verb: str, resource: str, *, group: str = "", namespace: str | None = None,
-              name: str | None = None) -> bool:
+    def can_i(
+        self, verb: str, resource: str, *, group: str = "", namespace: str | None = None, name: str | None = None
+    ) -> bool:
         """Whether the caller may `verb` the resource (plural, `pods/eviction` for a subresource), asked
         of the apiserver's authorizer with a SelfSubjectAccessReview: a read-only question."""
         plural, _, subresource = resource.partition("/")
-        attributes = {"verb": verb, "resource": plural, "group": group, "subresource": subresource,
-                      "namespace": namespace or "", "name": name or ""}
-        review = self.create({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                              "metadata": {},
-                              "spec": {"resourceAttributes": attributes}})
+        attributes = {
+            "verb": verb,
+            "resource": plural,
+            "group": group,
+            "subresource": subresource,
+            "namespace": namespace or "",
+            "name": name or "",
+        }
+        review = self.create(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "metadata": {},
+                "spec": {"resourceAttributes": attributes},
+            }
+        )
         return bool(review.get("status", {}).get("allowed"))
 
     def request_token(self, service_account: str, *, namespace: str, expiration_s: int = 3600) -> str:
         """A bound token of a ServiceAccount (TokenRequest API), e.g. for a kubeconfig that acts as it."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                "spec": {"expirationSeconds": expiration_s}}
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_s},
+        }
         path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
-        answer = self._call(f"request a token of {namespace}/{service_account}", self.dynamic.request, "post", path,
-                            body=body, serializer=_plain)
+        answer = self._call(
+            f"request a token of {namespace}/{service_account}",
+            self.dynamic.request,
+            "post",
+            path,
+            body=body,
+            serializer=_plain,
+        )
         return answer["status"]["token"]
 
-    def watch_until(self, api_version: str, kind: str, done: Callable[[dict[str, dict]], T | None], *,
-                    timeout_s: float, namespace: str | None = None, label_selector: str | None = None,
-                    field_selector: str | None = None) -> T:
+    def watch_until(
+        self,
+        api_version: str,
+        kind: str,
+        done: Callable[[dict[str, dict]], T | None],
+        *,
+        timeout_s: float,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> T:
         """Watch the matching objects until `done(latest objects by name)` returns something other than None,
         and return that. TimeoutError after `timeout_s`, naming the last state seen. Every wait is this."""
         deadline = time.monotonic() + timeout_s
         latest: dict[str, dict] = {}
-        for event in self.watch(api_version, kind, stop=threading.Event(), namespace=namespace,
-                                label_selector=label_selector, field_selector=field_selector, deadline=deadline):
+        for event in self.watch(
+            api_version,
+            kind,
+            stop=threading.Event(),
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            deadline=deadline,
+        ):
             if event.type == "RELISTED":
                 latest = {o["metadata"]["name"]: o for o in event.object["items"]}
             elif event.type == "DELETED":
@@ -373,25 +491,56 @@ class Kube:
             if (result := done(latest)) is not None:
                 return result
         last = {name: obj.get("status") for name, obj in latest.items()}
-        raise TimeoutError(f"{kind} did not reach the expected state within {timeout_s:.0f} s; "
-                           f"last seen: {json.dumps(last, default=str)[:300]}")
+        raise TimeoutError(
+            f"{kind} did not reach the expected state within {timeout_s:.0f} s; "
+            f"last seen: {json.dumps(last, default=str)[:300]}"
+        )
 
-    def wait_for(self, api_version: str, kind: str, name: str, predicate: Callable[[dict], bool], *,
-                 namespace: str | None = None, timeout_s: float = 60.0) -> dict:
+    def wait_for(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        predicate: Callable[[dict], bool],
+        *,
+        namespace: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> dict:
         """Watch one object until `predicate(obj)` holds; returns it."""
-        return self.watch_until(api_version, kind, lambda objs: objs[name] if name in objs and predicate(objs[name])
-                                else None, timeout_s=timeout_s, namespace=namespace,
-                                field_selector=f"metadata.name={name}")
+        return self.watch_until(
+            api_version,
+            kind,
+            lambda objs: objs[name] if name in objs and predicate(objs[name]) else None,
+            timeout_s=timeout_s,
+            namespace=namespace,
+            field_selector=f"metadata.name={name}",
+        )
 
-    def wait_gone(self, api_version: str, kind: str, name: str, *, namespace: str | None = None,
-                  timeout_s: float = 120.0) -> None:
+    def wait_gone(
+        self, api_version: str, kind: str, name: str, *, namespace: str | None = None, timeout_s: float = 120.0
+    ) -> None:
         """Watch until the object no longer exists (finalizers done)."""
-        self.watch_until(api_version, kind, lambda objs: True if name not in objs else None, timeout_s=timeout_s,
-                         namespace=namespace, field_selector=f"metadata.name={name}")
+        self.watch_until(
+            api_version,
+            kind,
+            lambda objs: True if name not in objs else None,
+            timeout_s=timeout_s,
+            namespace=namespace,
+            field_selector=f"metadata.name={name}",
+        )
 
-    def watch(self, api_version: str, kind: str, *, stop: threading.Event, namespace: str | None = None,
-              label_selector: str | None = None, field_selector: str | None = None,
-              server_timeout_s: int = 60, deadline: float | None = None) -> Iterator[WatchEvent]:
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        *,
+        stop: threading.Event,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        server_timeout_s: int = 60,
+        deadline: float | None = None,
+    ) -> Iterator[WatchEvent]:
         """List, then watch from the list's version; re-watch from the newest version when the server
         ends a stream, and relist (yielding a RELISTED event) when that version has expired (410).
 
@@ -399,25 +548,39 @@ class Kube:
         `server_timeout_s`), or at `deadline` (time.monotonic()). A connection lost mid-stream also
         relists, so nothing is silently skipped. Every client failure leaves as one of our errors.
         """
+
         def remaining_s() -> float:
             return math.inf if deadline is None else deadline - time.monotonic()
 
         resource = self._resource(api_version, kind)
         while not stop.is_set() and remaining_s() > 0:
-            listing = self._call(f"list {kind}", resource.get, namespace=namespace, label_selector=label_selector,
-                                 field_selector=field_selector, serializer=_plain)
+            listing = self._call(
+                f"list {kind}",
+                resource.get,
+                namespace=namespace,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                serializer=_plain,
+            )
             version = listing["metadata"]["resourceVersion"]
             yield WatchEvent("RELISTED", {"items": listing["items"]}, time.monotonic_ns(), time.time_ns())
             try:
                 while not stop.is_set() and (left := remaining_s()) > 0:
                     # the client's own stream of plain dicts: the dynamic client's watch would also wrap every
                     # object in a ResourceInstance, CPU spent before the receive time is taken
-                    stream = self._call(f"watch {kind}", kube_watch.Watch().stream, resource.get, serialize=False,
-                                        namespace=namespace, label_selector=label_selector,
-                                        field_selector=field_selector, resource_version=version,
-                                        timeout_seconds=(timeout := max(1, math.ceil(min(server_timeout_s, left)))),
-                                        allow_watch_bookmarks=True,
-                                        _request_timeout=(REQUEST_TIMEOUT_S[0], timeout + WATCH_READ_MARGIN_S))
+                    stream = self._call(
+                        f"watch {kind}",
+                        kube_watch.Watch().stream,
+                        resource.get,
+                        serialize=False,
+                        namespace=namespace,
+                        label_selector=label_selector,
+                        field_selector=field_selector,
+                        resource_version=version,
+                        timeout_seconds=(timeout := max(1, math.ceil(min(server_timeout_s, left)))),
+                        allow_watch_bookmarks=True,
+                        _request_timeout=(REQUEST_TIMEOUT_S[0], timeout + WATCH_READ_MARGIN_S),
+                    )
                     for raw in self._guard(f"watch {kind}", stream):  # an ERROR event arrives as ApiException
                         received = (time.monotonic_ns(), time.time_ns())
                         obj = raw["raw_object"]
@@ -443,8 +606,7 @@ class Kube:
 class WatchEvent:
     """One watch event, with the client's receive time on both clocks (ns)."""
 
-    type: str            # ADDED, MODIFIED, DELETED, or RELISTED (object = {"items": [...]})
+    type: str  # ADDED, MODIFIED, DELETED, or RELISTED (object = {"items": [...]})
     object: dict
     received_mono_ns: int
     received_wall_ns: int
-

@@ -26,10 +26,11 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
@@ -40,8 +41,10 @@ EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k
 EXEC_TIMEOUT_S = 60
 # auth-provider plugins the Python client still runs; kubectl removed gcp and azure in 1.26
 AUTH_PROVIDERS = ("oidc",)
-_SECRET = re.compile(r"(eyJ[\w-]{4,}\.[\w-]{4,}\.[\w-]*|(?i:bearer)\s+\S+|"
-                     r"(?i:token|password|secret)[\"']?\s*[:=]\s*[\"']?[^\s\"',}]+[\"']?)")
+_SECRET = re.compile(
+    r"(eyJ[\w-]{4,}\.[\w-]{4,}\.[\w-]*|(?i:bearer)\s+\S+|"
+    r"(?i:token|password|secret)[\"']?\s*[:=]\s*[\"']?[^\s\"',}]+[\"']?)"
+)
 
 
 def redact(text: str) -> str:
@@ -60,7 +63,7 @@ def token_expiry(token: str) -> datetime | None:
         return None
     try:
         claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-        return datetime.fromtimestamp(int(claims["exp"]), timezone.utc)
+        return datetime.fromtimestamp(int(claims["exp"]), UTC)
     except (ValueError, KeyError, TypeError, OverflowError):
         return None
 
@@ -69,13 +72,13 @@ def token_expiry(token: str) -> datetime | None:
 class Selected:
     """The context a command will use: its names, and the kubeconfig reduced to it."""
 
-    where: str                 # the file(s), as the error lines name them
+    where: str  # the file(s), as the error lines name them
     context: str
     cluster_name: str
     user_name: str
     server: str
-    config: dict               # a one-context kubeconfig: absolute paths; an exec user as its token
-    token_source: ExecToken | FileToken | None = None    # a token read again as it ages and after a 401
+    config: dict  # a one-context kubeconfig: absolute paths; an exec user as its token
+    token_source: ExecToken | FileToken | None = None  # a token read again as it ages and after a 401
 
     def static_token_expiry(self) -> datetime | None:
         """When the user's fixed token stops working, where it says (a plugin's or a file's is read again)."""
@@ -95,7 +98,7 @@ def _load(paths: list[Path], where: str, hint: str) -> list[tuple[Path, dict]]:
             text = path.read_text()
         except FileNotFoundError:
             if len(paths) > 1:
-                continue            # kubectl skips a missing entry of KUBECONFIG
+                continue  # kubectl skips a missing entry of KUBECONFIG
             raise ConfigError(f"kubeconfig {path}: no such file", hint=hint) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"kubeconfig {path}: cannot read it ({type(exc).__name__})", hint=hint) from None
@@ -118,7 +121,7 @@ def _load(paths: list[Path], where: str, hint: str) -> list[tuple[Path, dict]]:
 def _named(docs: list[tuple[Path, dict]], section: str) -> dict[str, tuple[Path, dict]]:
     """name -> (file, body) over every file; the first of a name wins, as in kubectl."""
     entries: dict[str, tuple[Path, dict]] = {}
-    key = section[:-1]          # clusters -> cluster
+    key = section[:-1]  # clusters -> cluster
     for path, doc in docs:
         for entry in doc.get(section) or []:
             if isinstance(entry, dict) and isinstance(entry.get("name"), str):
@@ -127,8 +130,9 @@ def _named(docs: list[tuple[Path, dict]], section: str) -> dict[str, tuple[Path,
     return entries
 
 
-def select(kubeconfig: Path | str | None, *, context: str | None, option: str,
-           context_option: str = "--gpucanary-context") -> Selected:
+def select(
+    kubeconfig: Path | str | None, *, context: str | None, option: str, context_option: str = "--gpucanary-context"
+) -> Selected:
     """The context `context` (else current-context) of `kubeconfig` (else $KUBECONFIG, else
     ~/.kube/config), checked; an exec plugin has answered once when this returns."""
     paths = [Path(kubeconfig).expanduser()] if kubeconfig else default_paths()
@@ -138,11 +142,15 @@ def select(kubeconfig: Path | str | None, *, context: str | None, option: str,
     contexts, clusters, users = (_named(docs, s) for s in ("contexts", "clusters", "users"))
     name = context or next((d["current-context"] for _, d in docs if d.get("current-context")), "")
     if not name:
-        raise ConfigError(f"kubeconfig {where}: no current-context is set",
-                          hint=f"pass {context_option} (contexts: {', '.join(contexts) or 'none'})")
+        raise ConfigError(
+            f"kubeconfig {where}: no current-context is set",
+            hint=f"pass {context_option} (contexts: {', '.join(contexts) or 'none'})",
+        )
     if name not in contexts:
-        raise ConfigError(f"kubeconfig {where}: context {name!r} not found",
-                          hint=f"pass {context_option} with one of: {', '.join(contexts) or '(none in the file)'}")
+        raise ConfigError(
+            f"kubeconfig {where}: context {name!r} not found",
+            hint=f"pass {context_option} with one of: {', '.join(contexts) or '(none in the file)'}",
+        )
     _, ctx = contexts[name]
     cluster_name, user_name = str(ctx.get("cluster") or ""), str(ctx.get("user") or "")
     if cluster_name not in clusters:
@@ -151,14 +159,20 @@ def select(kubeconfig: Path | str | None, *, context: str | None, option: str,
         raise ConfigError(f"kubeconfig {where}: context {name!r}: user {user_name!r} not found", hint=hint)
     cluster_file, cluster = clusters[cluster_name]
     user_file, user = users[user_name] if user_name else (cluster_file, {})
-    cluster = _checked_cluster(dict(cluster), f"kubeconfig {where}: cluster {cluster_name!r}", cluster_file.parent,
-                               hint)
-    user, token_source = _checked_user(dict(user), f"kubeconfig {where}: user {user_name!r}", user_file.parent, hint,
-                                     cluster)
-    config = {"apiVersion": "v1", "kind": "Config", "current-context": name,
-              "contexts": [{"name": name, "context": {"cluster": cluster_name, "user": user_name}}],
-              "clusters": [{"name": cluster_name, "cluster": cluster}],
-              "users": [{"name": user_name, "user": user}]}
+    cluster = _checked_cluster(
+        dict(cluster), f"kubeconfig {where}: cluster {cluster_name!r}", cluster_file.parent, hint
+    )
+    user, token_source = _checked_user(
+        dict(user), f"kubeconfig {where}: user {user_name!r}", user_file.parent, hint, cluster
+    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": name,
+        "contexts": [{"name": name, "context": {"cluster": cluster_name, "user": user_name}}],
+        "clusters": [{"name": cluster_name, "cluster": cluster}],
+        "users": [{"name": user_name, "user": user}],
+    }
     return Selected(where, name, cluster_name, user_name, cluster["server"], config, token_source)
 
 
@@ -196,13 +210,17 @@ def _checked_cluster(cluster: dict, what: str, base: Path, hint: str) -> dict:
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ConfigError(f"{what}: server {server!r} is not an https:// URL", hint=hint)
     if parts.scheme == "http" and not _loopback(parts.hostname):
-        raise ConfigError(f"{what}: server {server} is plain http to another host: credentials would cross the "
-                          "network in clear", hint="use the cluster's https:// address")
+        raise ConfigError(
+            f"{what}: server {server} is plain http to another host: credentials would cross the network in clear",
+            hint="use the cluster's https:// address",
+        )
     ca = _pem_or_data(cluster, "certificate-authority", base, what, hint)
     if ca is not None:
         if cluster.get("insecure-skip-tls-verify"):
-            raise ConfigError(f"{what}: certificate-authority together with insecure-skip-tls-verify (kubectl "
-                              "refuses it too)", hint="drop one of them")
+            raise ConfigError(
+                f"{what}: certificate-authority together with insecure-skip-tls-verify (kubectl refuses it too)",
+                hint="drop one of them",
+            )
         try:
             ssl.create_default_context(cadata=ca.decode("ascii", "replace"))
         except (ssl.SSLError, ValueError):
@@ -235,15 +253,19 @@ def _checked_user(user: dict, what: str, base: Path, hint: str, cluster: dict) -
         return {**user, "token": source.read()}, source
     provider = (user.get("auth-provider") or {}).get("name") if isinstance(user.get("auth-provider"), dict) else None
     if user.get("auth-provider") and provider not in AUTH_PROVIDERS:
-        raise ConfigError(f"{what}: auth-provider {provider!r} is not supported (kubectl removed it in 1.26)",
-                          hint="use the provider's exec credential plugin (gke-gcloud-auth-plugin, kubelogin)")
+        raise ConfigError(
+            f"{what}: auth-provider {provider!r} is not supported (kubectl removed it in 1.26)",
+            hint="use the provider's exec credential plugin (gke-gcloud-auth-plugin, kubelogin)",
+        )
     if "exec" not in user:
         return user, None
     token = ExecToken(_checked_exec(user["exec"], what, base, hint), what, cluster)
     answer = token.answer()
-    if answer.cert is not None:     # a plugin that answers with a client certificate: used as it answered
-        user = {"client-certificate-data": base64.b64encode(answer.cert).decode(),
-                "client-key-data": base64.b64encode(answer.key or b"").decode()}
+    if answer.cert is not None:  # a plugin that answers with a client certificate: used as it answered
+        user = {
+            "client-certificate-data": base64.b64encode(answer.cert).decode(),
+            "client-key-data": base64.b64encode(answer.key or b"").decode(),
+        }
         return user, None
     return {"token": answer.token}, token
 
@@ -275,24 +297,34 @@ def _checked_exec(spec: Any, what: str, base: Path, hint: str) -> ExecSpec:
         raise ConfigError(f"{what}: exec.command is missing", hint=hint)
     api_version = str(spec.get("apiVersion") or "")
     if api_version not in EXEC_API_VERSIONS:
-        raise ConfigError(f"{what}: exec.apiVersion {api_version!r} is not one of {', '.join(EXEC_API_VERSIONS)}",
-                          hint=hint)
+        raise ConfigError(
+            f"{what}: exec.apiVersion {api_version!r} is not one of {', '.join(EXEC_API_VERSIONS)}", hint=hint
+        )
     if spec.get("interactiveMode") == "Always":
-        raise ConfigError(f"{what}: exec.interactiveMode Always needs a terminal, and CI has none",
-                          hint="use a non-interactive login for CI (a service principal or workload identity)")
+        raise ConfigError(
+            f"{what}: exec.interactiveMode Always needs a terminal, and CI has none",
+            hint="use a non-interactive login for CI (a service principal or workload identity)",
+        )
     command = str(spec["command"])
-    if "/" in command:          # kubectl: a relative path is relative to the kubeconfig's folder
+    if "/" in command:  # kubectl: a relative path is relative to the kubeconfig's folder
         found = str(base / command) if not Path(command).is_absolute() else command
         found = found if os.access(found, os.X_OK) else None
     else:
         found = shutil.which(command)
     if not found:
         install = " ".join(str(spec.get("installHint") or "").split())[:200]
-        raise EnvError(f"{what}: exec plugin {command!r} is not installed here (not on PATH)",
-                       hint=install or "install it on the machine that runs the canary")
+        raise EnvError(
+            f"{what}: exec plugin {command!r} is not installed here (not on PATH)",
+            hint=install or "install it on the machine that runs the canary",
+        )
     env = {str(e.get("name")): str(e.get("value", "")) for e in spec.get("env") or [] if isinstance(e, dict)}
-    return ExecSpec(Path(found), tuple(str(a) for a in spec.get("args") or []), env, api_version,
-                    bool(spec.get("provideClusterInfo")))
+    return ExecSpec(
+        Path(found),
+        tuple(str(a) for a in spec.get("args") or []),
+        env,
+        api_version,
+        bool(spec.get("provideClusterInfo")),
+    )
 
 
 @dataclass(frozen=True)
@@ -301,7 +333,7 @@ class Answer:
     cert: bytes | None = None
     key: bytes | None = None
     expires: datetime | None = None
-    issued: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    issued: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def stale(self, now: datetime) -> bool:
         """Three quarters of its life gone: a 15-minute EKS token is asked for again after 11 min 15 s."""
@@ -311,15 +343,16 @@ class Answer:
 class ExecToken:
     """An exec plugin's token, asked for again when it is getting old or the apiserver refused it."""
 
-    def __init__(self, spec: ExecSpec, what: str, cluster: dict,
-                 run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> None:
+    def __init__(
+        self, spec: ExecSpec, what: str, cluster: dict, run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+    ) -> None:
         self.spec, self.what, self.cluster, self._run = spec, what, cluster, run
         self._answer: Answer | None = None
         self._lock = threading.Lock()
 
     def answer(self, *, force: bool = False) -> Answer:
         with self._lock:
-            if force or self._answer is None or self._answer.stale(datetime.now(timezone.utc)):
+            if force or self._answer is None or self._answer.stale(datetime.now(UTC)):
                 self._answer = self._ask()
             return self._answer
 
@@ -332,28 +365,48 @@ class ExecToken:
     def _ask(self) -> Answer:
         info: dict[str, Any] = {"interactive": False}
         if self.spec.provide_cluster_info:
-            info["cluster"] = {k: v for k, v in self.cluster.items() if k in (
-                "server", "certificate-authority-data", "tls-server-name", "insecure-skip-tls-verify", "proxy-url")}
-        env = {**os.environ, **self.spec.env, "KUBERNETES_EXEC_INFO": json.dumps(
-            {"apiVersion": self.spec.api_version, "kind": "ExecCredential", "spec": info})}
+            info["cluster"] = {
+                k: v
+                for k, v in self.cluster.items()
+                if k
+                in ("server", "certificate-authority-data", "tls-server-name", "insecure-skip-tls-verify", "proxy-url")
+            }
+        env = {
+            **os.environ,
+            **self.spec.env,
+            "KUBERNETES_EXEC_INFO": json.dumps(
+                {"apiVersion": self.spec.api_version, "kind": "ExecCredential", "spec": info}
+            ),
+        }
         name = self.spec.command.name
         try:
-            done = self._run([str(self.spec.command), *self.spec.args], env=env, stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=EXEC_TIMEOUT_S)
+            done = self._run(
+                [str(self.spec.command), *self.spec.args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=EXEC_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
-            raise EnvError(f"{self.what}: exec plugin {name} gave no answer within {EXEC_TIMEOUT_S} s",
-                           hint="run it by hand to see what it waits for") from None
+            raise EnvError(
+                f"{self.what}: exec plugin {name} gave no answer within {EXEC_TIMEOUT_S} s",
+                hint="run it by hand to see what it waits for",
+            ) from None
         except OSError as exc:
             raise EnvError(f"{self.what}: exec plugin {name} could not start ({exc.strerror})") from None
         if done.returncode != 0:
             said = _one_line((done.stderr or "").strip().splitlines()[-1] if (done.stderr or "").strip() else "")
-            raise EnvError(f"{self.what}: exec plugin {name} exited {done.returncode}"
-                           + (f": {said}" if said else " and said nothing on stderr"))
+            raise EnvError(
+                f"{self.what}: exec plugin {name} exited {done.returncode}"
+                + (f": {said}" if said else " and said nothing on stderr")
+            )
         return self._parse(done.stdout, name)
 
     def _parse(self, out: str, name: str) -> Answer:
         def bad(why: str) -> EnvError:
             return EnvError(f"{self.what}: exec plugin {name} answered no valid ExecCredential: {why}")
+
         try:
             doc = json.loads(out)
         except ValueError:
@@ -400,7 +453,7 @@ class FileToken:
     def bearer(self, *, force: bool = False) -> str:
         with self._lock:
             if force or time.monotonic() - self._read_at >= self.REREAD_S:
-                self._token = self.read() or self._token      # a file caught mid-rotation keeps the last one
+                self._token = self.read() or self._token  # a file caught mid-rotation keeps the last one
                 self._read_at = time.monotonic()
             return f"Bearer {self._token}"
 

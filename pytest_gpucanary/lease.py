@@ -20,16 +20,16 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import UTC, datetime
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, owned_labels, owned_namespace
 
 LEASE = ("coordination.k8s.io/v1", "Lease")
 LEASE_NAME = "gpucanary-run"
-DURATION_S = 60          # a run that has not renewed for this long is gone
+DURATION_S = 60  # a run that has not renewed for this long is gone
 
 
 def namespace_of(run_id: str) -> str:
@@ -37,7 +37,7 @@ def namespace_of(run_id: str) -> str:
 
 
 def _micro_time() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def identity() -> str:
@@ -62,12 +62,17 @@ def read(kube: Kube, run_id: str) -> LeaseSeen | None:
         duration_s = int(spec.get("leaseDurationSeconds", DURATION_S))
     except (TypeError, ValueError):
         duration_s = DURATION_S
-    return LeaseSeen(run_id, str(spec.get("holderIdentity", "?")), obj["metadata"].get("resourceVersion", ""),
-                     max(1, min(duration_s, 3600)))
+    return LeaseSeen(
+        run_id,
+        str(spec.get("holderIdentity", "?")),
+        obj["metadata"].get("resourceVersion", ""),
+        max(1, min(duration_s, 3600)),
+    )
 
 
-def observe(kube: Kube, run_ids: set[str], *, sleep: Callable[[float], None] = time.sleep,
-            report: Callable[[str], None] = print) -> tuple[dict[str, LeaseSeen | None], dict[str, LeaseSeen]]:
+def observe(
+    kube: Kube, run_ids: set[str], *, sleep: Callable[[float], None] = time.sleep, report: Callable[[str], None] = print
+) -> tuple[dict[str, LeaseSeen | None], dict[str, LeaseSeen]]:
     """(dead runs with their Lease as last seen, None where they have none; live runs). One Lease duration
     is waited out on this host's monotonic clock, once for all runs, and only when some run has a Lease."""
     first = {run: read(kube, run) for run in sorted(run_ids)}
@@ -81,7 +86,7 @@ def observe(kube: Kube, run_ids: set[str], *, sleep: Callable[[float], None] = t
     for run, seen in leased.items():
         now = read(kube, run)
         if now is None:
-            continue            # released meanwhile: the run finished and restored what it changed
+            continue  # released meanwhile: the run finished and restored what it changed
         if now.resource_version == seen.resource_version:
             dead[run] = now
         else:
@@ -94,8 +99,13 @@ def take_over(kube: Kube, run_id: str, seen: LeaseSeen | None, holder: str) -> b
     a run that has none, by creating one). False when someone else got there first: leave the run alone."""
     try:
         if seen is not None:
-            kube.patch(*LEASE, LEASE_NAME, {"spec": {"holderIdentity": holder, "renewTime": _micro_time()}},
-                       namespace=namespace_of(run_id), resource_version=seen.resource_version)
+            kube.patch(
+                *LEASE,
+                LEASE_NAME,
+                {"spec": {"holderIdentity": holder, "renewTime": _micro_time()}},
+                namespace=namespace_of(run_id),
+                resource_version=seen.resource_version,
+            )
             return True
         _create_lease(kube, run_id, holder, DURATION_S)
         return True
@@ -107,13 +117,21 @@ def _create_lease(kube: Kube, run_id: str, holder: str, duration_s: int) -> dict
     try:
         kube.create(owned_namespace(namespace_of(run_id), run_id))
     except Conflict:
-        pass         # a run killed right after its first write left the namespace without its Lease
+        pass  # a run killed right after its first write left the namespace without its Lease
     now = _micro_time()
-    return kube.create({"apiVersion": LEASE[0], "kind": LEASE[1],
-                        "metadata": {"name": LEASE_NAME, "namespace": namespace_of(run_id),
-                                     "labels": owned_labels(run_id)},
-                        "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration_s,
-                                 "acquireTime": now, "renewTime": now}})
+    return kube.create(
+        {
+            "apiVersion": LEASE[0],
+            "kind": LEASE[1],
+            "metadata": {"name": LEASE_NAME, "namespace": namespace_of(run_id), "labels": owned_labels(run_id)},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": duration_s,
+                "acquireTime": now,
+                "renewTime": now,
+            },
+        }
+    )
 
 
 # Runs that write a cluster-wide object (the ClusterPolicy; its upgradePolicy before operator v26.7) exclude each
@@ -135,15 +153,17 @@ def take_cluster_lock(kube: Kube, run_id: str) -> None:
             try:
                 found = kube.get("v1", "Namespace", CLUSTER_LOCK_NAMESPACE)["metadata"]
             except NotFound:
-                continue      # released just now
+                continue  # released just now
             holder = (found.get("labels") or {}).get(RUN_ID_LABEL, "?")
             if not found.get("deletionTimestamp"):
                 break
             if attempt == 0:
                 kube.wait_gone("v1", "Namespace", CLUSTER_LOCK_NAMESPACE, timeout_s=60)
-    raise EnvError(f"run {holder} holds the ClusterPolicy (namespace {CLUSTER_LOCK_NAMESPACE}): two runs that "
-                   "write it cannot overlap",
-                   hint=f"wait for it, or run `gpucanary cleanup --run-id {holder}` if it was killed")
+    raise EnvError(
+        f"run {holder} holds the ClusterPolicy (namespace {CLUSTER_LOCK_NAMESPACE}): two runs that "
+        "write it cannot overlap",
+        hint=f"wait for it, or run `gpucanary cleanup --run-id {holder}` if it was killed",
+    )
 
 
 def release_cluster_lock(kube: Kube, run_id: str) -> None:
@@ -172,17 +192,21 @@ class RunLease:
         self.kube, self.run_id, self.say = kube, run_id, say
         self.holder = identity()
         self.duration_s = DURATION_S
-        self.renew_every_s = self.duration_s / 4   # four chances to renew within one duration, even with a slow apiserver
-        self.lost = ""            # why the run no longer owns its changes, once it does not
+        self.renew_every_s = (
+            self.duration_s / 4
+        )  # four chances to renew within one duration, even with a slow apiserver
+        self.lost = ""  # why the run no longer owns its changes, once it does not
         self._version = ""
-        self._renewed = 0.0       # time.monotonic() of the last renewal
+        self._renewed = 0.0  # time.monotonic() of the last renewal
         self._stop = threading.Event()
-        self._stopping = threading.Lock()     # a release and a stop never interleave
+        self._stopping = threading.Lock()  # a release and a stop never interleave
         self._interrupt = threading.current_thread() is threading.main_thread()
         self._thread = threading.Thread(target=self._renew_loop, name="gpucanary-lease", daemon=True)
 
     def acquire(self) -> RunLease:
-        self._version = _create_lease(self.kube, self.run_id, self.holder, self.duration_s)["metadata"]["resourceVersion"]
+        self._version = _create_lease(self.kube, self.run_id, self.holder, self.duration_s)["metadata"][
+            "resourceVersion"
+        ]
         self._renewed = time.monotonic()
         self._thread.start()
         return self
@@ -191,8 +215,10 @@ class RunLease:
         """Own the Lease of this run, judged dead (`observe`), by compare-and-swap on it as seen, and renew it from
         now on: a sweep resumed by another process. EnvError when someone else took it first."""
         if not take_over(self.kube, self.run_id, seen, self.holder) or (now := read(self.kube, self.run_id)) is None:
-            raise EnvError(f"run {self.run_id}'s Lease was taken by someone else first",
-                           hint="another resume or a cleanup is at work on it")
+            raise EnvError(
+                f"run {self.run_id}'s Lease was taken by someone else first",
+                hint="another resume or a cleanup is at work on it",
+            )
         self._version, self._renewed = now.resource_version, time.monotonic()
         self._thread.start()
         return self
@@ -210,14 +236,19 @@ class RunLease:
 
     def _renew(self) -> None:
         try:
-            patched = self.kube.patch(*LEASE, LEASE_NAME, {"spec": {"renewTime": _micro_time()}},
-                                      namespace=namespace_of(self.run_id), resource_version=self._version)
+            patched = self.kube.patch(
+                *LEASE,
+                LEASE_NAME,
+                {"spec": {"renewTime": _micro_time()}},
+                namespace=namespace_of(self.run_id),
+                resource_version=self._version,
+            )
         except (Conflict, NotFound):
             seen = read(self.kube, self.run_id)
             if seen is None or seen.holder != self.holder:
                 self._stop_run(f"its Lease was taken over by {seen.holder if seen else 'nobody (deleted)'}")
             else:
-                self._version = seen.resource_version     # renew from the newest version next tick
+                self._version = seen.resource_version  # renew from the newest version next tick
             return
         self._version = patched["metadata"]["resourceVersion"]
         self._renewed = time.monotonic()
@@ -225,10 +256,10 @@ class RunLease:
     def _stop_run(self, why: str) -> None:
         with self._stopping:
             if self._stop.is_set():
-                return          # released meanwhile: the run is over, there is nothing to interrupt
+                return  # released meanwhile: the run is over, there is nothing to interrupt
             self.lost = why
             self.say(f"run {self.run_id} stops: {why}; it restores only what still holds what it wrote")
-            if self._interrupt:     # the run unwinds as on Ctrl-C: its restores are conditional writes
+            if self._interrupt:  # the run unwinds as on Ctrl-C: its restores are conditional writes
                 _thread.interrupt_main()
 
     def stop(self) -> None:
@@ -242,5 +273,5 @@ class RunLease:
         """Stop renewing and delete the Lease's namespace: the run has put everything back."""
         self.stop()
         if self.lost:
-            return      # a cleanup owns what is left now
+            return  # a cleanup owns what is left now
         release(self.kube, self.run_id)

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.config import FIXTURES, read_text
+from pytest_gpucanary.errors import ConfigError
 
 DEFAULT_LOCUSTFILE = FIXTURES / "load" / "locustfile.py"
 
@@ -35,20 +35,22 @@ def check_locustfile(path: Path | None) -> None:
         compile(source, str(path), "exec")
     except (SyntaxError, ValueError) as err:
         raise ConfigError(f"locustfile {str(path)!r} is not valid Python: {err}", hint="check the file") from None
+
+
 LOG_ENV = "GPUCANARY_LOAD_LOG"
 SAMPLES_NAME = "samples.jsonl"
-WORKERS_WAIT_S = 30        # the master gives up when its workers have not connected by then
-STOP_GRACE_S = 10.0        # after SIGINT, locust prints its summary and exits; then SIGKILL
+WORKERS_WAIT_S = 30  # the master gives up when its workers have not connected by then
+STOP_GRACE_S = 10.0  # after SIGINT, locust prints its summary and exits; then SIGKILL
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One request, as the load generator saw it."""
 
-    t_ns: int              # wall clock at request start, Unix ns
-    latency_s: float       # request start to response (or error)
-    ok: bool               # locust's verdict: a 2xx/3xx response, no connection error
-    status: int            # HTTP status; 0 when no response arrived
+    t_ns: int  # wall clock at request start, Unix ns
+    latency_s: float  # request start to response (or error)
+    ok: bool  # locust's verdict: a 2xx/3xx response, no connection error
+    status: int  # HTTP status; 0 when no response arrived
 
 
 def parse_samples(text: str) -> list[Sample]:
@@ -79,7 +81,7 @@ class SampleLog:
                 with open(path, "rb") as f:
                     f.seek(self._offsets.get(path, 0))
                     chunk = f.read()
-                complete = chunk[:chunk.rfind(b"\n") + 1]
+                complete = chunk[: chunk.rfind(b"\n") + 1]
                 self._offsets[path] = self._offsets.get(path, 0) + len(complete)
                 self._samples.extend(parse_samples(complete.decode(errors="replace")))
             return sorted(self._samples, key=lambda s: s.t_ns)
@@ -100,20 +102,32 @@ def sigint_default() -> None:
 class LoadRun:
     """One bounded locust run against `host` (a URL; requests go to host + path)."""
 
-    def __init__(self, host: str, *, users: int = 10, spawn_rate: float = 10.0, run_time_s: float = 60.0,
-                 workers: int = 0, locustfile: Path | str | None = None, path: str = "/", wait_s: float = 0.05,
-                 log_dir: Path | str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        *,
+        users: int = 10,
+        spawn_rate: float = 10.0,
+        run_time_s: float = 60.0,
+        workers: int = 0,
+        locustfile: Path | str | None = None,
+        path: str = "/",
+        wait_s: float = 0.05,
+        log_dir: Path | str | None = None,
+    ) -> None:
         if users < 1 or spawn_rate <= 0 or run_time_s <= 0 or workers < 0 or wait_s < 0:
-            raise ConfigError(f"load options out of range (users={users}, spawn_rate={spawn_rate}, "
-                              f"run_time_s={run_time_s}, workers={workers}, wait_s={wait_s})",
-                              hint="use users >= 1, spawn_rate > 0, run_time_s > 0, workers >= 0, wait_s >= 0")
+            raise ConfigError(
+                f"load options out of range (users={users}, spawn_rate={spawn_rate}, "
+                f"run_time_s={run_time_s}, workers={workers}, wait_s={wait_s})",
+                hint="use users >= 1, spawn_rate > 0, run_time_s > 0, workers >= 0, wait_s >= 0",
+            )
         self.host, self.path = host.rstrip("/"), path if path.startswith("/") else "/" + path
         self.users, self.spawn_rate, self.run_time_s, self.workers = users, spawn_rate, run_time_s, workers
         self.locustfile = Path(locustfile or DEFAULT_LOCUSTFILE).resolve()
         self.wait_s = wait_s
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="gpucanary-load-")).resolve()
         self._log = SampleLog(self.log_dir)
-        self._procs: list[subprocess.Popen] = []     # the master (or the only process) first
+        self._procs: list[subprocess.Popen] = []  # the master (or the only process) first
         self.started_wall_ns: int | None = None
 
     @property
@@ -125,21 +139,42 @@ class LoadRun:
         return [sys.executable, "-m", "locust", "--headless", "-f", str(self.locustfile), "--host", self.host, *role]
 
     def _commands(self) -> list[list[str]]:
-        load = ["-u", str(self.users), "-r", f"{self.spawn_rate:g}", "--run-time", f"{math.ceil(self.run_time_s)}s",
-                "--only-summary"]
+        load = [
+            "-u",
+            str(self.users),
+            "-r",
+            f"{self.spawn_rate:g}",
+            "--run-time",
+            f"{math.ceil(self.run_time_s)}s",
+            "--only-summary",
+        ]
         if not self.workers:
             return [self._argv(*load)]
         port = str(_free_port())
-        master = self._argv(*load, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port,
-                            "--expect-workers", str(self.workers), "--expect-workers-max-wait", str(WORKERS_WAIT_S))
+        master = self._argv(
+            *load,
+            "--master",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            port,
+            "--expect-workers",
+            str(self.workers),
+            "--expect-workers-max-wait",
+            str(WORKERS_WAIT_S),
+        )
         worker = self._argv("--worker", "--master-host", "127.0.0.1", "--master-port", port)
         return [master] + [worker] * self.workers
 
     def _env(self) -> dict[str, str]:
         # LOCUST_* variables would silently change the run (they are locust's own config source)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
-        return {**env, LOG_ENV: str(self.log_dir / SAMPLES_NAME), "GPUCANARY_LOAD_PATH": self.path,
-                "GPUCANARY_LOAD_WAIT_S": f"{self.wait_s:g}"}
+        return {
+            **env,
+            LOG_ENV: str(self.log_dir / SAMPLES_NAME),
+            "GPUCANARY_LOAD_PATH": self.path,
+            "GPUCANARY_LOAD_WAIT_S": f"{self.wait_s:g}",
+        }
 
     def start(self) -> LoadRun:
         if self._procs:
@@ -149,8 +184,17 @@ class LoadRun:
         with open(self.output_path, "ab") as out:
             for argv in self._commands():
                 # cwd: locust reads locust.conf and pyproject.toml from its working directory
-                self._procs.append(subprocess.Popen(argv, cwd=self.log_dir, env=self._env(), stdin=subprocess.DEVNULL,
-                                                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=sigint_default))
+                self._procs.append(
+                    subprocess.Popen(
+                        argv,
+                        cwd=self.log_dir,
+                        env=self._env(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=sigint_default,
+                    )
+                )
         return self
 
     def running(self) -> bool:

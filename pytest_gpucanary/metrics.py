@@ -13,20 +13,20 @@ import ast
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
 from pytest_gpucanary.errors import GpucanaryError
-from pytest_gpucanary.safe_text import redact_url
 from pytest_gpucanary.ladder import MetricCheck, Outcome, Stage
+from pytest_gpucanary.safe_text import redact_url
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 5.0
-NODE_LABEL = "Hostname"            # dcgm-exporter's node label; relabelled setups may use another
+NODE_LABEL = "Hostname"  # dcgm-exporter's node label; relabelled setups may use another
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 # timestamp() drops metric names, so one metric must carry the driver label; GPU_UTIL is in
 # dcgm-exporter's default counter set
@@ -40,7 +40,7 @@ class MetricsError(GpucanaryError):
 @dataclass(frozen=True)
 class Series:
     labels: Mapping[str, str] = field(hash=False)
-    t_s: float                     # sample time, Prometheus clock (Unix s)
+    t_s: float  # sample time, Prometheus clock (Unix s)
     value: float
 
 
@@ -61,10 +61,11 @@ def _error_line(exc: PrometheusApiClientException) -> str:
 class Prometheus:
     """One Prometheus endpoint; `query` raises MetricsError with a one-line message."""
 
-    def __init__(self, url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S, read_timeout_s: float = READ_TIMEOUT_S
+    ) -> None:
         self.url = url.rstrip("/")
-        self.shown = redact_url(self.url)    # what messages say: never a password or token in the URL
+        self.shown = redact_url(self.url)  # what messages say: never a password or token in the URL
         self.timeout = (connect_timeout_s, read_timeout_s)
         # read=False: a read timeout surfaces as itself (not wrapped as a connection error) and is not retried
         retry = Retry(total=1, read=False, backoff_factor=0.5, status_forcelist=(502, 503, 504))
@@ -80,8 +81,10 @@ class Prometheus:
         except (requests.exceptions.JSONDecodeError, KeyError, TypeError) as exc:  # something else on that port
             raise MetricsError(f"{self.shown} did not answer like Prometheus (no JSON data.result)") from exc
         except requests.Timeout as exc:
-            raise MetricsError(f"Prometheus at {self.shown} timed out ({self.timeout[0]:g} s to connect, "
-                               f"{self.timeout[1]:g} s to answer)") from exc
+            raise MetricsError(
+                f"Prometheus at {self.shown} timed out ({self.timeout[0]:g} s to connect, "
+                f"{self.timeout[1]:g} s to answer)"
+            ) from exc
         except requests.exceptions.RetryError as exc:
             raise MetricsError(f"Prometheus at {self.shown} answered 5xx twice") from exc
         except requests.RequestException as exc:
@@ -101,7 +104,7 @@ class Prometheus:
 
 
 def _vector(result: object) -> list[Series]:
-    if not isinstance(result, list):   # a scalar or string result: [ts, "v"]
+    if not isinstance(result, list):  # a scalar or string result: [ts, "v"]
         raise MetricsError("query did not return an instant vector; wrap it so it returns series")
     series = []
     for item in result:
@@ -114,8 +117,14 @@ def _vector(result: object) -> list[Series]:
     return series
 
 
-def query(promql: str, *, url: str, at_wall_ns: int | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-          read_timeout_s: float = READ_TIMEOUT_S) -> list[Series]:
+def query(
+    promql: str,
+    *,
+    url: str,
+    at_wall_ns: int | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    read_timeout_s: float = READ_TIMEOUT_S,
+) -> list[Series]:
     """One instant query for canaries; raises MetricsError (one line) when Prometheus cannot answer."""
     with Prometheus(url, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s) as prom:
         return prom.query(promql, at_wall_ns=at_wall_ns)
@@ -133,18 +142,25 @@ def node_regex(nodes: Sequence[str]) -> str:
 
 # --- pure judges -------------------------------------------------------------------------------------
 
+
 def judge_upgrade_failed(series: Sequence[Series], *, span: str) -> MetricCheck:
     name, what = "no-upgrade-failed", "max(gpu_operator_nodes_upgrades_failed)"
     if not series:
-        return MetricCheck(name, Stage.ROLLOUT, Outcome.INCONCLUSIVE, None,
-                           f"no {what} samples over the last {span} (is the GPU Operator scraped?)")
+        return MetricCheck(
+            name,
+            Stage.ROLLOUT,
+            Outcome.INCONCLUSIVE,
+            None,
+            f"no {what} samples over the last {span} (is the GPU Operator scraped?)",
+        )
     worst = max(s.value for s in series)
     outcome = Outcome.PASS if worst == 0 else Outcome.FAIL
     return MetricCheck(name, Stage.ROLLOUT, outcome, worst, f"{what} over the run ({span}) = {worst:g}, expected 0")
 
 
-def judge_xid(series: Sequence[Series], *, nodes: Sequence[str], span: str,
-              node_label: str = NODE_LABEL) -> MetricCheck:
+def judge_xid(
+    series: Sequence[Series], *, nodes: Sequence[str], span: str, node_label: str = NODE_LABEL
+) -> MetricCheck:
     name = "no-xid-errors"
     if not nodes:
         return MetricCheck(name, Stage.DEVICE, Outcome.INCONCLUSIVE, None, "no pool nodes given")
@@ -152,14 +168,29 @@ def judge_xid(series: Sequence[Series], *, nodes: Sequence[str], span: str,
     bad = sorted((s for s in series if s.value != 0), key=lambda s: -s.value)
     if bad:
         s = bad[0]
-        return MetricCheck(name, Stage.DEVICE, Outcome.FAIL, s.value,
-                           f"{s.labels.get(node_label, '?')} GPU {s.labels.get('gpu', '?')} reported XID {s.value:g} "
-                           f"within {span} ({len(bad)} GPU(s) with XIDs), expected none")
+        return MetricCheck(
+            name,
+            Stage.DEVICE,
+            Outcome.FAIL,
+            s.value,
+            f"{s.labels.get(node_label, '?')} GPU {s.labels.get('gpu', '?')} reported XID {s.value:g} "
+            f"within {span} ({len(bad)} GPU(s) with XIDs), expected none",
+        )
     if missing:
-        return MetricCheck(name, Stage.DEVICE, Outcome.INCONCLUSIVE, None,
-                           f"no DCGM_FI_DEV_XID_ERRORS samples within {span} for {', '.join(missing)}")
-    return MetricCheck(name, Stage.DEVICE, Outcome.PASS, 0.0,
-                       f"max DCGM_FI_DEV_XID_ERRORS over {span} = 0 on {len(nodes)} node(s), {len(series)} GPU(s)")
+        return MetricCheck(
+            name,
+            Stage.DEVICE,
+            Outcome.INCONCLUSIVE,
+            None,
+            f"no DCGM_FI_DEV_XID_ERRORS samples within {span} for {', '.join(missing)}",
+        )
+    return MetricCheck(
+        name,
+        Stage.DEVICE,
+        Outcome.PASS,
+        0.0,
+        f"max DCGM_FI_DEV_XID_ERRORS over {span} = 0 on {len(nodes)} node(s), {len(series)} GPU(s)",
+    )
 
 
 def latest_versions(series: Sequence[Series], *, node_label: str = NODE_LABEL) -> dict[str, str]:
@@ -172,8 +203,9 @@ def latest_versions(series: Sequence[Series], *, node_label: str = NODE_LABEL) -
     return {node: s.labels.get(DRIVER_LABEL, "") for node, s in newest.items()}
 
 
-def judge_driver_version(series: Sequence[Series], *, nodes: Sequence[str], target: str,
-                         node_label: str = NODE_LABEL) -> MetricCheck:
+def judge_driver_version(
+    series: Sequence[Series], *, nodes: Sequence[str], target: str, node_label: str = NODE_LABEL
+) -> MetricCheck:
     name = "dcgm-driver-version"
     if not nodes:
         return MetricCheck(name, Stage.DEVICE, Outcome.INCONCLUSIVE, None, "no pool nodes given")
@@ -181,17 +213,29 @@ def judge_driver_version(series: Sequence[Series], *, nodes: Sequence[str], targ
     wrong = sorted(f"{n} reports {versions[n]}" for n in nodes if versions.get(n) and versions[n] != target)
     at_target = sum(versions.get(n) == target for n in nodes)
     if wrong:
-        return MetricCheck(name, Stage.DEVICE, Outcome.FAIL, float(at_target),
-                           f"{'; '.join(wrong)}; expected {DRIVER_LABEL}={target}")
+        return MetricCheck(
+            name, Stage.DEVICE, Outcome.FAIL, float(at_target), f"{'; '.join(wrong)}; expected {DRIVER_LABEL}={target}"
+        )
     unknown = sorted(n for n in nodes if not versions.get(n))
     if unknown:
-        return MetricCheck(name, Stage.DEVICE, Outcome.INCONCLUSIVE, None,
-                           f"no DCGM series with a {DRIVER_LABEL} label for {', '.join(unknown)}")
-    return MetricCheck(name, Stage.DEVICE, Outcome.PASS, float(at_target),
-                       f"{at_target}/{len(nodes)} node(s) report {DRIVER_LABEL}={target}")
+        return MetricCheck(
+            name,
+            Stage.DEVICE,
+            Outcome.INCONCLUSIVE,
+            None,
+            f"no DCGM series with a {DRIVER_LABEL} label for {', '.join(unknown)}",
+        )
+    return MetricCheck(
+        name,
+        Stage.DEVICE,
+        Outcome.PASS,
+        float(at_target),
+        f"{at_target}/{len(nodes)} node(s) report {DRIVER_LABEL}={target}",
+    )
 
 
 # --- checks: query, then judge; a query that cannot be answered is inconclusive ----------------------
+
 
 def _unanswered(name: str, stage: Stage, err: MetricsError) -> MetricCheck:
     return MetricCheck(name, stage, Outcome.INCONCLUSIVE, None, str(err))
@@ -206,11 +250,14 @@ def check_no_upgrade_failed(prom: Prometheus, *, start_wall_ns: int, end_wall_ns
     return judge_upgrade_failed(series, span=span)
 
 
-def check_no_xid_errors(prom: Prometheus, *, nodes: Sequence[str], start_wall_ns: int, end_wall_ns: int,
-                        node_label: str = NODE_LABEL) -> MetricCheck:
+def check_no_xid_errors(
+    prom: Prometheus, *, nodes: Sequence[str], start_wall_ns: int, end_wall_ns: int, node_label: str = NODE_LABEL
+) -> MetricCheck:
     span = window(start_wall_ns, end_wall_ns)
-    promql = (f'max by ({node_label}, gpu) (max_over_time(DCGM_FI_DEV_XID_ERRORS{{{node_label}=~"{node_regex(nodes)}"}}'
-              f"[{span}]))")
+    promql = (
+        f'max by ({node_label}, gpu) (max_over_time(DCGM_FI_DEV_XID_ERRORS{{{node_label}=~"{node_regex(nodes)}"}}'
+        f"[{span}]))"
+    )
     try:
         series = prom.query(promql, at_wall_ns=end_wall_ns)
     except MetricsError as err:
@@ -218,8 +265,9 @@ def check_no_xid_errors(prom: Prometheus, *, nodes: Sequence[str], start_wall_ns
     return judge_xid(series, nodes=nodes, span=span, node_label=node_label)
 
 
-def check_dcgm_driver_version(prom: Prometheus, *, nodes: Sequence[str], target: str, at_wall_ns: int | None = None,
-                              node_label: str = NODE_LABEL) -> MetricCheck:
+def check_dcgm_driver_version(
+    prom: Prometheus, *, nodes: Sequence[str], target: str, at_wall_ns: int | None = None, node_label: str = NODE_LABEL
+) -> MetricCheck:
     """The driver version label on each node's newest DCGM series equals `target` (exact match)."""
     selector = f'{DRIVER_CARRIER}{{{node_label}=~"{node_regex(nodes)}"}}'
     try:
@@ -231,16 +279,25 @@ def check_dcgm_driver_version(prom: Prometheus, *, nodes: Sequence[str], target:
 
 # what the shipped checks read, each as a query that returns a series only when the data is there
 NEEDED_SERIES = (
-    ("count(gpu_operator_nodes_upgrades_failed)", "gpu_operator_nodes_upgrades_failed", "the rollout check",
-     "scrape the GPU Operator's metrics endpoint"),
+    (
+        "count(gpu_operator_nodes_upgrades_failed)",
+        "gpu_operator_nodes_upgrades_failed",
+        "the rollout check",
+        "scrape the GPU Operator's metrics endpoint",
+    ),
     ("count(DCGM_FI_DEV_XID_ERRORS)", "DCGM_FI_DEV_XID_ERRORS", "the XID check", "scrape dcgm-exporter"),
-    (f'count({DRIVER_CARRIER}{{{DRIVER_LABEL}!=""}})', f"{DRIVER_CARRIER} with a {DRIVER_LABEL} label",
-     "the driver-version check", "scrape dcgm-exporter with its default counters"),
+    (
+        f'count({DRIVER_CARRIER}{{{DRIVER_LABEL}!=""}})',
+        f"{DRIVER_CARRIER} with a {DRIVER_LABEL} label",
+        "the driver-version check",
+        "scrape dcgm-exporter with its default counters",
+    ),
 )
 
 
-def missing_series(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                   read_timeout_s: float = READ_TIMEOUT_S) -> list[str]:
+def missing_series(
+    url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S, read_timeout_s: float = READ_TIMEOUT_S
+) -> list[str]:
     """One line per series the shipped checks need that Prometheus at `url` does not have (or one line
     saying it does not answer); empty when every check can be judged."""
     lines = []
@@ -255,13 +312,25 @@ def missing_series(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
     return lines
 
 
-def default_checks(url: str, *, nodes: Sequence[str], target_driver: str, start_wall_ns: int, end_wall_ns: int,
-                   connect_timeout_s: float = CONNECT_TIMEOUT_S, read_timeout_s: float = READ_TIMEOUT_S,
-                   node_label: str = NODE_LABEL) -> tuple[MetricCheck, ...]:
+def default_checks(
+    url: str,
+    *,
+    nodes: Sequence[str],
+    target_driver: str,
+    start_wall_ns: int,
+    end_wall_ns: int,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    read_timeout_s: float = READ_TIMEOUT_S,
+    node_label: str = NODE_LABEL,
+) -> tuple[MetricCheck, ...]:
     """The shipped checks over the run window [start, end]: operator failures, XIDs, driver version at the end."""
     with Prometheus(url, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s) as prom:
-        return (check_no_upgrade_failed(prom, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns),
-                check_no_xid_errors(prom, nodes=nodes, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns,
-                                    node_label=node_label),
-                check_dcgm_driver_version(prom, nodes=nodes, target=target_driver, at_wall_ns=end_wall_ns,
-                                          node_label=node_label))
+        return (
+            check_no_upgrade_failed(prom, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns),
+            check_no_xid_errors(
+                prom, nodes=nodes, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns, node_label=node_label
+            ),
+            check_dcgm_driver_version(
+                prom, nodes=nodes, target=target_driver, at_wall_ns=end_wall_ns, node_label=node_label
+            ),
+        )

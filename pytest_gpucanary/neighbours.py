@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pytest_gpucanary.kube import Forbidden, Kube, NotFound
 
 NVSENTINEL_LABEL = "k8saas.nvidia.com/ManagedByNVSentinel"
-NVSENTINEL_NAMESPACE = "nvsentinel"        # its Helm chart's
+NVSENTINEL_NAMESPACE = "nvsentinel"  # its Helm chart's
 SKYHOOK = ("skyhook.nvidia.com/v1alpha1", "Skyhook")
 NODE_MAINTENANCE = ("maintenance.nvidia.com/v1alpha1", "NodeMaintenance")
 
@@ -30,22 +30,30 @@ class Neighbours:
         """One line for each system found, saying what it may do to the pool."""
         notes = []
         if self.nvsentinel:
-            notes.append(f"NVSentinel manages GPU nodes here: the run labels its pool {NVSENTINEL_LABEL}=false for "
-                         "its duration (NVSentinel's runbook for driver upgrades), so the DCGM gap of the swap "
-                         "quarantines nothing, and puts the label back as it was")
+            notes.append(
+                f"NVSentinel manages GPU nodes here: the run labels its pool {NVSENTINEL_LABEL}=false for "
+                "its duration (NVSentinel's runbook for driver upgrades), so the DCGM gap of the swap "
+                "quarantines nothing, and puts the label back as it was"
+            )
         if self.skyhook:
-            notes.append("Skyhook is installed: a Skyhook whose selector takes the pool may cordon and drain it "
-                         "during the run; pause it there (its pause annotation) while the canary runs")
+            notes.append(
+                "Skyhook is installed: a Skyhook whose selector takes the pool may cordon and drain it "
+                "during the run; pause it there (its pause annotation) while the canary runs"
+            )
         if self.node_maintenance:
-            notes.append("the maintenance operator is installed: a NodeMaintenance on the pool (the Network "
-                         "Operator's driver upgrades) cordons and drains it outside the policy under test")
+            notes.append(
+                "the maintenance operator is installed: a NodeMaintenance on the pool (the Network "
+                "Operator's driver upgrades) cordons and drains it outside the policy under test"
+            )
         return notes
 
 
 def nvsentinel_present(kube: Kube) -> bool:
     """NVSentinel's namespace is there, or some node already carries its opt-out label."""
-    return bool(kube.list("v1", "Namespace", field_selector=f"metadata.name={NVSENTINEL_NAMESPACE}", limit=1)
-                or kube.list("v1", "Node", label_selector=NVSENTINEL_LABEL, limit=1))
+    return bool(
+        kube.list("v1", "Namespace", field_selector=f"metadata.name={NVSENTINEL_NAMESPACE}", limit=1)
+        or kube.list("v1", "Node", label_selector=NVSENTINEL_LABEL, limit=1)
+    )
 
 
 def node_maintenance_served(kube: Kube) -> bool:

@@ -8,9 +8,10 @@ Never touches a cluster.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pytest_gpucanary import ladder
 from pytest_gpucanary.config import DEFAULTS, Settings
@@ -33,8 +34,9 @@ class RunOutcome:
         return self.result.verdict(stage)
 
     def fails_gate(self, verdict: StageVerdict) -> bool:
-        return verdict.outcome is Outcome.FAIL or (verdict.outcome is Outcome.INCONCLUSIVE
-                                                   and self.settings.inconclusive_fails)
+        return verdict.outcome is Outcome.FAIL or (
+            verdict.outcome is Outcome.INCONCLUSIVE and self.settings.inconclusive_fails
+        )
 
 
 def judge(evidence: RunEvidence, settings: Settings, report_dir: Path) -> RunOutcome:
@@ -50,10 +52,12 @@ def replay(report_dir: Path, overrides: Mapping[str, Any]) -> RunOutcome:
     try:
         evidence = RunEvidence.read(report_dir)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{report_dir} holds no readable recorded run ({type(err).__name__}: {str(err)[:120]})",
-                          hint="give a reports/<run-id> directory that a canary run wrote") from None
+        raise ConfigError(
+            f"{report_dir} holds no readable recorded run ({type(err).__name__}: {str(err)[:120]})",
+            hint="give a reports/<run-id> directory that a canary run wrote",
+        ) from None
     try:
         recorded = json.loads((report_dir / FILES["json"]).read_text(encoding="utf-8"))["thresholds"]
     except (OSError, ValueError, KeyError):
-        recorded = {}     # the run ended before its receipt: judge with the defaults
+        recorded = {}  # the run ended before its receipt: judge with the defaults
     return judge(evidence, DEFAULTS.with_thresholds({**recorded, **overrides}), report_dir)

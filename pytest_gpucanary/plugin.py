@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -20,13 +21,13 @@ from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 if TYPE_CHECKING:
     from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
     from pytest_gpucanary.kube import Kube
-    from pytest_gpucanary.pool import PoolProvider
     from pytest_gpucanary.outcome import RunOutcome
+    from pytest_gpucanary.pool import PoolProvider
 
 pytest_plugins = ["pytest_gpucanary.sweep.fixtures"]
 
 SESSION_KEY = pytest.StashKey["GpucanarySession"]()
-ENVIRONMENT_EXIT_STATUS = 6   # cli.ExitCode.ENVIRONMENT: the cluster or the fleet could not run the gate
+ENVIRONMENT_EXIT_STATUS = 6  # cli.ExitCode.ENVIRONMENT: the cluster or the fleet could not run the gate
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -58,6 +59,7 @@ def _ini(config: pytest.Config) -> Callable[[Knob], Any]:
     def source(knob: Knob) -> Any:
         value = config.getini(knob.ini)
         return value if value not in ("", None, []) else None
+
     return source
 
 
@@ -104,8 +106,9 @@ class GpucanarySession:
         provider = self.config.hook.pytest_gpucanary_make_pool(config=self.config, settings=settings)
         fleet = None if settings.kubeconfig else request.getfixturevalue("gpucanary_fleet").fleet
         try:
-            self.outcome = CanaryRun(settings, kube, provider, fleet=fleet,
-                                     progress=ProgressLine(self.progress_writer())).execute()
+            self.outcome = CanaryRun(
+                settings, kube, provider, fleet=fleet, progress=ProgressLine(self.progress_writer())
+            ).execute()
         except GpucanaryError as err:
             self.fail(err)
         return self.outcome
@@ -122,14 +125,16 @@ class GpucanarySession:
                 with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
                     reporter.write_line(line)
                     reporter.flush()
+
         return write
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """A bad --gpucanary-* value (or its ini key or environment variable) stops the session: exit 4, one line."""
         _ = self.settings
 
-    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
-                                      items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
         """Refuse bad gate input before any test runs or the cluster is touched: exit 4, one line."""
         if not any("gpucanary_run" in getattr(item, "fixturenames", ()) for item in items):
             return
@@ -150,8 +155,9 @@ class GpucanarySession:
             terminalreporter.write_line(f"{verdict.outcome.value:>12}  {verdict.summary}")
         failed = result.first_failed.value if result.first_failed else "none"
         where = self.outcome.receipt.get("html", str(self.outcome.report_dir))
-        terminalreporter.write_line(f"gate {'PASSED' if result.gate_passed else 'FAILED'}; "
-                                    f"first failed stage: {failed}; receipt: {where}")
+        terminalreporter.write_line(
+            f"gate {'PASSED' if result.gate_passed else 'FAILED'}; first failed stage: {failed}; receipt: {where}"
+        )
 
 
 def _session(request: pytest.FixtureRequest) -> GpucanarySession:
@@ -211,7 +217,7 @@ def default_pool_provider(settings: Settings) -> PoolProvider:
 
         provider = "kubelet" if Fleet.from_env().has_kubelet_pool() else "kwok"
     if provider == "kwok":
-        from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider   # the local fleet's own pools
+        from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider  # the local fleet's own pools
 
         return KwokPoolProvider(size=settings.pool_size)
     if provider == "kubelet":
@@ -247,9 +253,12 @@ def _gpucanary_junit_properties(request: pytest.FixtureRequest) -> None:
     session = _session(request)
     if not session.run_properties_recorded:
         session.run_properties_recorded = True
-        for key, value in (("gpucanary_run_id", evidence.run_id), ("gpucanary_pool", ",".join(evidence.pool_nodes)),
-                           ("gpucanary_driver_from", evidence.driver_from),
-                           ("gpucanary_driver_to", evidence.driver_to)):
+        for key, value in (
+            ("gpucanary_run_id", evidence.run_id),
+            ("gpucanary_pool", ",".join(evidence.pool_nodes)),
+            ("gpucanary_driver_from", evidence.driver_from),
+            ("gpucanary_driver_to", evidence.driver_to),
+        ):
             record(key, value)
     record(f"gpucanary_stage:{request.node.nodeid}", marker.args[0] if marker.args else "")
 
@@ -260,7 +269,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     JUnit failure message starts with `<stage>: <measured> <op> <threshold>`, not `Failed: `."""
     report = yield
     excinfo = call.excinfo
-    if (report.failed and excinfo is not None and isinstance(excinfo.value, pytest.fail.Exception)
-            and not excinfo.value.pytrace and item.get_closest_marker("gpucanary") is not None):
+    if (
+        report.failed
+        and excinfo is not None
+        and isinstance(excinfo.value, pytest.fail.Exception)
+        and not excinfo.value.pytrace
+        and item.get_closest_marker("gpucanary") is not None
+    ):
         report.longrepr = excinfo.value.msg
     return report

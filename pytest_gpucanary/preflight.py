@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary import dra, metrics, neighbours
+from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Forbidden, Kube, NotFound
 from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE, LEASE_NAME
@@ -31,9 +32,16 @@ if TYPE_CHECKING:
 RBAC_FILE = "deploy/rbac.yaml"
 RBAC_CLUSTER_POLICY_FILE = "deploy/rbac-clusterpolicy-mode.yaml"
 # deploy/admission.yaml's policies, each bound under its own name
-ADMISSION_POLICIES = ("gpucanary-namespaces", "gpucanary-namespaced-writes", "gpucanary-pods", "gpucanary-services",
-                      "gpucanary-nodes", "gpucanary-driver-policy", "gpucanary-driver-handover")
-CHART_CLUSTER_POLICY = "cluster-policy"     # the ClusterPolicy's name as the operator's chart creates it
+ADMISSION_POLICIES = (
+    "gpucanary-namespaces",
+    "gpucanary-namespaced-writes",
+    "gpucanary-pods",
+    "gpucanary-services",
+    "gpucanary-nodes",
+    "gpucanary-driver-policy",
+    "gpucanary-driver-handover",
+)
+CHART_CLUSTER_POLICY = "cluster-policy"  # the ClusterPolicy's name as the operator's chart creates it
 
 
 @dataclass(frozen=True)
@@ -45,11 +53,11 @@ class Permission:
     `writes_cluster_policy`: only runs that write the ClusterPolicy need it (deploy/rbac-clusterpolicy-mode.yaml)."""
 
     verb: str
-    resource: str                 # plural; `kind/sub` for a subresource
+    resource: str  # plural; `kind/sub` for a subresource
     group: str = ""
     why: str = ""
     scope: str = "cluster"
-    name: str = ""                # a resourceName the rule is limited to
+    name: str = ""  # a resourceName the rule is limited to
     writes_cluster_policy: bool = False
 
     @property
@@ -58,7 +66,8 @@ class Permission:
 
     def text(self) -> str:
         where = {"operator": " in the operator's namespace", "verdicts": f" in namespace {VERDICT_NAMESPACE}"}.get(
-            self.scope, "")
+            self.scope, ""
+        )
         named = f" {self.name}" if self.name else ""
         return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''}{named}{where}"
 
@@ -69,21 +78,49 @@ def _perms(verbs: str, resource: str, group: str = "", *, why: str, **kw: str | 
 
 PERMISSIONS: tuple[Permission, ...] = (
     *_perms("get list", "clusterpolicies", "nvidia.com", why="read the operator's mode"),
-    *_perms("patch", "clusterpolicies", "nvidia.com", name=CHART_CLUSTER_POLICY, writes_cluster_policy=True,
-            why="apply and restore the policy (ClusterPolicy mode; NVIDIADriver mode before operator v26.7)"),
+    *_perms(
+        "patch",
+        "clusterpolicies",
+        "nvidia.com",
+        name=CHART_CLUSTER_POLICY,
+        writes_cluster_policy=True,
+        why="apply and restore the policy (ClusterPolicy mode; NVIDIADriver mode before operator v26.7)",
+    ),
     *_perms("get list patch", "nvidiadrivers", "nvidia.com", why="find the pool's NVIDIADriver; set its version"),
-    *_perms("create delete", "nvidiadrivers", "nvidia.com",
-            why="hand a node of the default NVIDIADriver to the run's own and back"),
-    *_perms("get", "customresourcedefinitions", "apiextensions.k8s.io", name=op.NVIDIADRIVER_CRD,
-            why="tell whether NVIDIADrivers carry their own upgradePolicy"),
-    *_perms("get", "priorityclasses", "scheduling.k8s.io", name=PRIORITY_CLASS,
-            why="check that the canary pods' PriorityClass is installed"),
+    *_perms(
+        "create delete",
+        "nvidiadrivers",
+        "nvidia.com",
+        why="hand a node of the default NVIDIADriver to the run's own and back",
+    ),
+    *_perms(
+        "get",
+        "customresourcedefinitions",
+        "apiextensions.k8s.io",
+        name=op.NVIDIADRIVER_CRD,
+        why="tell whether NVIDIADrivers carry their own upgradePolicy",
+    ),
+    *_perms(
+        "get",
+        "priorityclasses",
+        "scheduling.k8s.io",
+        name=PRIORITY_CLASS,
+        why="check that the canary pods' PriorityClass is installed",
+    ),
     *_perms("get list watch patch", "nodes", why="carve out, record, hold back and restore GPU nodes"),
     *_perms("list watch", "pods", why="find the operator's pods; record every pod on the pool"),
-    *_perms("create delete", "pods", why="pull each workload image on the pool node; the collective probe's ranks; "
-                                         "a pool node's driver pod the scheduler could not place"),
-    *_perms("get", "pods/log", why="the collective probe's rank 0 output, when it left no termination message; "
-                                   "a crash-looping operand's last words"),
+    *_perms(
+        "create delete",
+        "pods",
+        why="pull each workload image on the pool node; the collective probe's ranks; "
+        "a pool node's driver pod the scheduler could not place",
+    ),
+    *_perms(
+        "get",
+        "pods/log",
+        why="the collective probe's rank 0 output, when it left no termination message; "
+        "a crash-looping operand's last words",
+    ),
     *_perms("list watch", "events", why="record the upgrade's events"),
     *_perms("create delete list watch", "namespaces", why="the run's own namespaces, found again by cleanup"),
     *_perms("get", "namespaces", name=CLUSTER_LOCK_NAMESPACE, why="the ClusterPolicy lock's holder"),
@@ -95,15 +132,38 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("create", "services", why="the non-GPU service"),
     *_perms("create", "poddisruptionbudgets", "policy", why="the non-GPU service's budget"),
     *_perms("list watch", "poddisruptionbudgets", "policy", why="name the budget that refuses an eviction on the pool"),
-    *_perms("list", "resourceslices", "resource.k8s.io",
-            why="say which nodes offer GPUs through DRA, which the canary's workloads do not claim (where served)"),
-    *_perms("list watch", "nodemaintenances", "maintenance.nvidia.com",
-            why="record a NodeMaintenance that another system puts on the pool (where the kind is served)"),
-    *(perm for name in ADMISSION_POLICIES for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
-      for perm in _perms("get", kind, "admissionregistration.k8s.io", name=name,
-                         why="say whether the apiserver enforces deploy/admission.yaml")),
-    *_perms("list watch", "daemonsets", "apps", scope="operator", writes_cluster_policy=True,
-            why="wait for the driver DaemonSets on restore"),
+    *_perms(
+        "list",
+        "resourceslices",
+        "resource.k8s.io",
+        why="say which nodes offer GPUs through DRA, which the canary's workloads do not claim (where served)",
+    ),
+    *_perms(
+        "list watch",
+        "nodemaintenances",
+        "maintenance.nvidia.com",
+        why="record a NodeMaintenance that another system puts on the pool (where the kind is served)",
+    ),
+    *(
+        perm
+        for name in ADMISSION_POLICIES
+        for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+        for perm in _perms(
+            "get",
+            kind,
+            "admissionregistration.k8s.io",
+            name=name,
+            why="say whether the apiserver enforces deploy/admission.yaml",
+        )
+    ),
+    *_perms(
+        "list watch",
+        "daemonsets",
+        "apps",
+        scope="operator",
+        writes_cluster_policy=True,
+        why="wait for the driver DaemonSets on restore",
+    ),
     *_perms("get create patch", "configmaps", scope="verdicts", why="record the run's verdict"),
 )
 
@@ -111,7 +171,7 @@ PERMISSIONS: tuple[Permission, ...] = (
 @dataclass(frozen=True)
 class Problem:
     line: str
-    usage: bool = False          # the user's input (exit 4), not the environment (exit 6)
+    usage: bool = False  # the user's input (exit 4), not the environment (exit 6)
 
 
 @dataclass(frozen=True)
@@ -123,24 +183,26 @@ class PreflightReport:
     notes: tuple[str, ...] = ()
     exposure: tuple[str, ...] = ()
     checked: tuple[str, ...] = field(default=())
-    unproven: tuple[str, ...] = ()    # what a passing run here does not speak for, one line each
+    unproven: tuple[str, ...] = ()  # what a passing run here does not speak for, one line each
 
     def raise_first(self) -> None:
         """The first problem as the run's error (all of them are in `problems`)."""
         if not self.problems:
             return
         first = self.problems[0]
-        more = f" (and {len(self.problems) - 1} more: `gpucanary preflight` lists them)" if len(self.problems) > 1 else ""
+        more = (
+            f" (and {len(self.problems) - 1} more: `gpucanary preflight` lists them)" if len(self.problems) > 1 else ""
+        )
         raise (ConfigError if first.usage else EnvError)(first.line + more)
 
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    cluster_policy: str                 # name of the ClusterPolicy
-    nvidiadriver_mode: bool             # spec.driver.useNvidiaDriverCRD
-    per_driver_policy: bool             # NVIDIADriver has spec.upgradePolicy (operator v26.7+)
+    cluster_policy: str  # name of the ClusterPolicy
+    nvidiadriver_mode: bool  # spec.driver.useNvidiaDriverCRD
+    per_driver_policy: bool  # NVIDIADriver has spec.upgradePolicy (operator v26.7+)
     operator_namespace: str
-    gpu_nodes: tuple[str, ...]          # nodes labelled nvidia.com/gpu.present=true
+    gpu_nodes: tuple[str, ...]  # nodes labelled nvidia.com/gpu.present=true
     operator_release: str | None = None  # from the ClusterPolicy's Helm labels; None when it carries none
 
     @property
@@ -160,7 +222,9 @@ def _cluster_policy(kube: Kube) -> dict:
     except NotFound as err:
         raise EnvError("the cluster has no ClusterPolicy API", hint="install the NVIDIA GPU Operator first") from err
     if len(policies) != 1:
-        raise EnvError(f"expected one ClusterPolicy, found {len(policies)}", hint="the GPU Operator manages exactly one")
+        raise EnvError(
+            f"expected one ClusterPolicy, found {len(policies)}", hint="the GPU Operator manages exactly one"
+        )
     return policies[0]
 
 
@@ -172,11 +236,14 @@ def operator_release(kube: Kube) -> str | None:
 def discover(kube: Kube) -> ClusterInfo:
     policy = _cluster_policy(kube)
     # one operand pod names the operator's namespace: a request of constant size on any cluster
-    operand = (kube.list("v1", "Pod", label_selector=op.DRIVER_COMPONENT_SELECTOR, limit=1)
-               or kube.list("v1", "Pod", label_selector=op.VALIDATOR_SELECTOR, limit=1))
+    operand = kube.list("v1", "Pod", label_selector=op.DRIVER_COMPONENT_SELECTOR, limit=1) or kube.list(
+        "v1", "Pod", label_selector=op.VALIDATOR_SELECTOR, limit=1
+    )
     if not operand:
-        raise EnvError("cannot tell the GPU Operator's namespace (no driver or validator pod)",
-                       hint="is the GPU Operator running and ready?")
+        raise EnvError(
+            "cannot tell the GPU Operator's namespace (no driver or validator pod)",
+            hint="is the GPU Operator running and ready?",
+        )
     nvidiadriver_mode = bool(policy.get("spec", {}).get("driver", {}).get("useNvidiaDriverCRD"))
     # only ClusterPolicy mode holds the other GPU nodes back, so only it needs them all
     nodes = [] if nvidiadriver_mode else kube.each("v1", "Node", label_selector=op.GPU_PRESENT_SELECTOR)
@@ -194,8 +261,10 @@ def _drivable(release: str | None) -> str | None:
     """The release, unless it is one the canary cannot drive: then one line, before anything is touched."""
     series = op.release_series(release) if release else None
     if series is not None and series < op.OLDEST_DRIVABLE:
-        raise EnvError(f"GPU Operator {release} is older than the releases the canary knows how to drive",
-                       hint=f"upgrade the operator to v25.3 or later (proven: {', '.join(op.PROVEN_RELEASES)})")
+        raise EnvError(
+            f"GPU Operator {release} is older than the releases the canary knows how to drive",
+            hint=f"upgrade the operator to v25.3 or later (proven: {', '.join(op.PROVEN_RELEASES)})",
+        )
     return release
 
 
@@ -205,43 +274,53 @@ def _nvidiadriver_has_upgrade_policy(kube: Kube) -> bool:
     except NotFound:
         return False
     versions = crd["spec"]["versions"]
-    return any("upgradePolicy" in v.get("schema", {}).get("openAPIV3Schema", {}).get("properties", {})
-               .get("spec", {}).get("properties", {}) for v in versions)
+    return any(
+        "upgradePolicy"
+        in v.get("schema", {}).get("openAPIV3Schema", {}).get("properties", {}).get("spec", {}).get("properties", {})
+        for v in versions
+    )
 
 
 def missing_permissions(kube: Kube, permissions: Iterable[Permission], cluster: ClusterInfo) -> list[Problem]:
     problems = []
     for perm in permissions:
         if (perm.scope == "operator" and cluster.nvidiadriver_mode) or (
-                perm.writes_cluster_policy and not cluster.writes_cluster_policy):
+            perm.writes_cluster_policy and not cluster.writes_cluster_policy
+        ):
             continue
         namespace = {"operator": cluster.operator_namespace, "verdicts": VERDICT_NAMESPACE}.get(perm.scope)
         name = cluster.cluster_policy if perm.name == CHART_CLUSTER_POLICY else perm.name
         if not kube.can_i(perm.verb, perm.resource, group=perm.group, namespace=namespace, name=name or None):
-            problems.append(Problem(f"missing permission: {perm.text()} (to {perm.why}); grant the rules of "
-                                    f"{perm.file}"))
+            problems.append(
+                Problem(f"missing permission: {perm.text()} (to {perm.why}); grant the rules of {perm.file}")
+            )
     return problems
 
 
-def exposure(cluster: ClusterInfo, *, pool_nodes: Iterable[str] = (), target: str = "",
-             held: Iterable[str] | None = None) -> tuple[str, ...]:
+def exposure(
+    cluster: ClusterInfo, *, pool_nodes: Iterable[str] = (), target: str = "", held: Iterable[str] | None = None
+) -> tuple[str, ...]:
     """What the run changes beyond its pool, one line each; nothing in NVIDIADriver mode with a per-driver
     upgradePolicy (operator v26.7+), where only the pool's own NVIDIADriver changes."""
     if cluster.nvidiadriver_mode and cluster.per_driver_policy:
         return ()
     if cluster.nvidiadriver_mode:
-        return (f"NVIDIADriver mode without a per-driver upgradePolicy (operator before v26.7): for the run's "
-                f"duration the policy under test is ClusterPolicy {cluster.cluster_policy}'s upgradePolicy, read for "
-                "every NVIDIADriver's nodes; the version changes on the pool's NVIDIADriver only",)
+        return (
+            f"NVIDIADriver mode without a per-driver upgradePolicy (operator before v26.7): for the run's "
+            f"duration the policy under test is ClusterPolicy {cluster.cluster_policy}'s upgradePolicy, read for "
+            "every NVIDIADriver's nodes; the version changes on the pool's NVIDIADriver only",
+        )
     pool = set(pool_nodes)
     others = sorted(held) if held is not None else [n for n in cluster.gpu_nodes if n not in pool]
     names = ", ".join(others[:10]) + (f" and {len(others) - 10} more" if len(others) > 10 else "")
-    return (f"ClusterPolicy mode: for the run's duration the cluster-wide driver version in ClusterPolicy "
-            f"{cluster.cluster_policy} is {target or 'the target'}, and its upgradePolicy the policy under test",
-            f"held back by the skip label {op.SKIP_LABEL}=true for the run's duration: {len(others)} GPU node(s)"
-            + (f": {names}" if others else ""),
-            "recommended: NVIDIADriver mode (spec.driver.useNvidiaDriverCRD: true) with an NVIDIADriver for the "
-            "canary pool alone, so a run touches nothing beyond its pool")
+    return (
+        f"ClusterPolicy mode: for the run's duration the cluster-wide driver version in ClusterPolicy "
+        f"{cluster.cluster_policy} is {target or 'the target'}, and its upgradePolicy the policy under test",
+        f"held back by the skip label {op.SKIP_LABEL}=true for the run's duration: {len(others)} GPU node(s)"
+        + (f": {names}" if others else ""),
+        "recommended: NVIDIADriver mode (spec.driver.useNvidiaDriverCRD: true) with an NVIDIADriver for the "
+        "canary pool alone, so a run touches nothing beyond its pool",
+    )
 
 
 def admission_note(kube: Kube) -> str:
@@ -256,9 +335,11 @@ def admission_note(kube: Kube) -> str:
                 missing.append(f"{kind} {name}")
     if not missing:
         return f"the apiserver enforces deploy/admission.yaml ({len(ADMISSION_POLICIES)} policies, bound)"
-    return (f"the apiserver does not enforce deploy/admission.yaml ({len(missing)} of {2 * len(ADMISSION_POLICIES)} "
-            f"objects missing, e.g. {missing[0]}): "
-            "apply it, so that a stolen token can do no more than a run does")
+    return (
+        f"the apiserver does not enforce deploy/admission.yaml ({len(missing)} of {2 * len(ADMISSION_POLICIES)} "
+        f"objects missing, e.g. {missing[0]}): "
+        "apply it, so that a stolen token can do no more than a run does"
+    )
 
 
 def answers_http(url: str, *, timeout_s: float = 5.0) -> str | None:
@@ -278,8 +359,10 @@ def priority_class_problem(kube: Kube) -> str | None:
         kube.get("scheduling.k8s.io/v1", "PriorityClass", PRIORITY_CLASS)
         return None
     except NotFound:
-        return (f"PriorityClass {PRIORITY_CLASS} is not installed: every canary pod runs at it, below tenants and "
-                "never preempting them; kubectl apply -f deploy/priorityclass.yaml")
+        return (
+            f"PriorityClass {PRIORITY_CLASS} is not installed: every canary pod runs at it, below tenants and "
+            "never preempting them; kubectl apply -f deploy/priorityclass.yaml"
+        )
     except GpucanaryError as err:
         return f"cannot read PriorityClass {PRIORITY_CLASS} ({err})"
 
@@ -288,17 +371,26 @@ def token_life_problem(kube: Kube, longest_run_s: float) -> str:
     """A static token that expires before a run's worst case ends; exec-plugin tokens are asked for again."""
     if kube.token_expires is None:
         return ""
-    left_s = (kube.token_expires - datetime.now(timezone.utc)).total_seconds()
+    left_s = (kube.token_expires - datetime.now(UTC)).total_seconds()
     if left_s >= longest_run_s:
         return ""
-    return (f"the kubeconfig's token expires in {max(left_s, 0) // 60:.0f} min, before a run with these options may "
-            f"end (up to {math.ceil(longest_run_s / 60)} min): mint one that lives longer, or use an exec credential "
-            "plugin")
+    return (
+        f"the kubeconfig's token expires in {max(left_s, 0) // 60:.0f} min, before a run with these options may "
+        f"end (up to {math.ceil(longest_run_s / 60)} min): mint one that lives longer, or use an exec credential "
+        "plugin"
+    )
 
 
-def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: str | None,
-          service_url: str | None, longest_run_s: float | None = None,
-          pushgateway_url: str | None = None) -> PreflightReport:
+def check(
+    kube: Kube,
+    provider: PoolProvider,
+    *,
+    target: str,
+    prometheus_url: str | None,
+    service_url: str | None,
+    longest_run_s: float | None = None,
+    pushgateway_url: str | None = None,
+) -> PreflightReport:
     """Every read-only check, each problem one line; nothing is written. With `longest_run_s`, a static
     token that ends before a run could is a problem (a restore cut off by its own credentials)."""
     try:
@@ -324,8 +416,10 @@ def check(kube: Kube, provider: PoolProvider, *, target: str, prometheus_url: st
     else:
         notes.append("no Prometheus URL: the metric checks will not run")
     if longest_run_s:
-        notes.append(f"a run with these options can take up to {math.ceil(longest_run_s / 60)} min (image pulls, baseline, "
-                     "the upgrade budget for the rollout and again for the restore)")
+        notes.append(
+            f"a run with these options can take up to {math.ceil(longest_run_s / 60)} min (image pulls, baseline, "
+            "the upgrade budget for the rollout and again for the restore)"
+        )
         if problem := token_life_problem(kube, longest_run_s):
             problems.append(Problem(problem))
     return PreflightReport(cluster, tuple(problems), tuple(notes), exposure(cluster, target=target), unproven=unproven)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.gpu_operator import daemonset_node, gpus_requested, holds_driver
@@ -32,7 +33,7 @@ class StreamSpec:
     namespace: str | None = None
     label_selector: str | None = None
     field_selector: str | None = None
-    recorded_as: str = ""       # the kind its records carry, when readers of the API kind must not see them
+    recorded_as: str = ""  # the kind its records carry, when readers of the API kind must not see them
 
 
 def spec_writers(managed_fields: list[dict]) -> dict[str, str]:
@@ -59,11 +60,11 @@ def trim(kind: str, obj: dict) -> dict:
             "gpus": gpus_requested(spec.get("containers", [])),
             "emptyDirs": [v["name"] for v in spec.get("volumes", []) or [] if "emptyDir" in v],
         }
-        if why := holds_driver(spec):        # gets the GPUs without asking for one: the driver cannot unload
+        if why := holds_driver(spec):  # gets the GPUs without asking for one: the driver cannot unload
             trimmed["spec"]["holdsDriver"] = why
         if not spec.get("nodeName") and (node := daemonset_node(spec)):
             trimmed["spec"]["daemonSetNode"] = node
-    if kind == "Job":   # its completion is in status; the pod template is the manifest the run wrote
+    if kind == "Job":  # its completion is in status; the pod template is the manifest the run wrote
         spec = obj.get("spec", {})
         trimmed["spec"] = {k: spec.get(k) for k in ("completions", "parallelism", "backoffLimit")}
     if kind == "Node":
@@ -127,19 +128,36 @@ class Recorder:
         failures = 0
         while not self._stop.is_set():
             try:
-                for event in self.kube.watch(spec.api_version, spec.kind, stop=self._stop, namespace=spec.namespace,
-                                             label_selector=spec.label_selector, field_selector=spec.field_selector):
+                for event in self.kube.watch(
+                    spec.api_version,
+                    spec.kind,
+                    stop=self._stop,
+                    namespace=spec.namespace,
+                    label_selector=spec.label_selector,
+                    field_selector=spec.field_selector,
+                ):
                     failures = 0
                     for record in _records(spec, event):
                         self._append(record)
             except GpucanaryError as err:
-                self._append(Record(spec.name, "WATCH_ERROR", spec.recorded_as or spec.kind, spec.namespace, None,
-                                    time.monotonic_ns(), time.time_ns(), {"message": str(err)}))
+                self._append(
+                    Record(
+                        spec.name,
+                        "WATCH_ERROR",
+                        spec.recorded_as or spec.kind,
+                        spec.namespace,
+                        None,
+                        time.monotonic_ns(),
+                        time.time_ns(),
+                        {"message": str(err)},
+                    )
+                )
                 self._stop.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
                 failures += 1
 
-    def wait_for(self, predicate: Callable[[list[Record]], T | None], *, timeout_s: float,
-                 what: str = "condition") -> T:
+    def wait_for(
+        self, predicate: Callable[[list[Record]], T | None], *, timeout_s: float, what: str = "condition"
+    ) -> T:
         """Block until `predicate(records)` returns something other than None; wakes on every record."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
@@ -156,12 +174,28 @@ def _records(spec: StreamSpec, event: WatchEvent) -> list[Record]:
 
     def record(kind_type: str, obj: dict) -> Record:
         meta = obj.get("metadata", {})
-        return Record(spec.name, kind_type, kind, meta.get("namespace"), meta.get("name"),
-                      event.received_mono_ns, event.received_wall_ns, trim(spec.kind, obj))
+        return Record(
+            spec.name,
+            kind_type,
+            kind,
+            meta.get("namespace"),
+            meta.get("name"),
+            event.received_mono_ns,
+            event.received_wall_ns,
+            trim(spec.kind, obj),
+        )
 
     if event.type == "RELISTED":
         items = event.object["items"]
-        marker = Record(spec.name, "RELISTED", kind, spec.namespace, None, event.received_mono_ns,
-                        event.received_wall_ns, {"count": len(items)})
+        marker = Record(
+            spec.name,
+            "RELISTED",
+            kind,
+            spec.namespace,
+            None,
+            event.received_mono_ns,
+            event.received_wall_ns,
+            {"count": len(items)},
+        )
         return [marker] + [record("LISTED", item) for item in items]
     return [record(event.type, event.object)]

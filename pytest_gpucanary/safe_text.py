@@ -18,7 +18,7 @@ SECRET_QUERY_KEYS = re.compile(r"token|key|secret|passw|auth|sig|credential", re
 REDACTED = "***"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
-_MARKDOWN = re.compile(r"([\\`*\[\]<|~])")   # code, emphasis, links and images, HTML, table cells
+_MARKDOWN = re.compile(r"([\\`*\[\]<|~])")  # code, emphasis, links and images, HTML, table cells
 
 
 def redact_url(url: str) -> str:
@@ -37,8 +37,10 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-_SECRET_IN_TEXT = re.compile(r"(?i)(bearer\s+|(?:token|secret|passw(?:or)?d|api[_-]?key)[\"']?\s*[:=]\s*[\"']?)"
-                             r"[^\s\"',;]+")
+_SECRET_IN_TEXT = re.compile(
+    r"(?i)(bearer\s+|(?:token|secret|passw(?:or)?d|api[_-]?key)[\"']?\s*[:=]\s*[\"']?)"
+    r"[^\s\"',;]+"
+)
 _URL_USER = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Mapping
 
 from pytest_gpucanary.config import FIXTURES, Settings, read_text, yaml_documents
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
@@ -31,15 +31,15 @@ WORKLOADS = FIXTURES / "workloads"
 # How long a pod runs on the local fleet's KWOK nodes (fixtures/fleet/stage-pod-complete.yaml): a Go
 # duration from the pod's start, or an RFC 3339 time to run until (kwok's durationFrom takes both)
 RUN_DURATION_ANNOTATION = "gpucanary.io/run-duration"
-WORK_UNTIL_ENV = "GPUCANARY_WORK_UNTIL_EPOCH_S"   # the GPU job's deadline, Unix seconds (gpu-job.yaml)
+WORK_UNTIL_ENV = "GPUCANARY_WORK_UNTIL_EPOCH_S"  # the GPU job's deadline, Unix seconds (gpu-job.yaml)
 PROBE_SCOPE_LABEL = "gpucanary.io/probe-scope"
 ROLE_LABEL = "gpucanary.io/role"
 IMAGE_PULL_ROLE = "image-pull"
 HOLDER_ROLE = "holder"
 COLLECTIVE_ROLE = "collective-probe"
-COLLECTIVE_LABEL = "gpucanary.io/collective"      # baseline or after: the two ranks of one probe run
+COLLECTIVE_LABEL = "gpucanary.io/collective"  # baseline or after: the two ranks of one probe run
 RANK_LABEL = "gpucanary.io/rank"
-COLLECTIVE_PORT = "29500"     # GPUCANARY_MASTER_PORT unless the manifest sets it
+COLLECTIVE_PORT = "29500"  # GPUCANARY_MASTER_PORT unless the manifest sets it
 POD_KINDS = ("Pod", "Job", "Deployment", "DaemonSet", "StatefulSet")
 SERVICE_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
 
@@ -79,9 +79,11 @@ def pod_security(manifests: list[dict]) -> str:
     for obj in manifests:
         if obj.get("kind") in POD_KINDS:
             _, spec = _pod_spec(obj)
-            if (any(spec.get(key) for key in ("hostNetwork", "hostPID", "hostIPC"))
-                    or any("hostPath" in (v or {}) for v in spec.get("volumes") or [])
-                    or any((c.get("securityContext") or {}).get("privileged") for c in _containers(spec))):
+            if (
+                any(spec.get(key) for key in ("hostNetwork", "hostPID", "hostIPC"))
+                or any("hostPath" in (v or {}) for v in spec.get("volumes") or [])
+                or any((c.get("securityContext") or {}).get("privileged") for c in _containers(spec))
+            ):
                 return "privileged"
     return "baseline"
 
@@ -101,9 +103,12 @@ def images_of(manifests: list[dict]) -> list[str]:
 # deploy/priorityclass.yaml is this object; the local fleet creates it; preflight checks that it exists.
 PRIORITY_CLASS = "gpucanary-low"
 PRIORITY_CLASS_MANIFEST = {
-    "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+    "apiVersion": "scheduling.k8s.io/v1",
+    "kind": "PriorityClass",
     "metadata": {"name": PRIORITY_CLASS, "labels": {OWNER_LABEL: OWNER}},
-    "value": -10, "preemptionPolicy": "Never", "globalDefault": False,
+    "value": -10,
+    "preemptionPolicy": "Never",
+    "globalDefault": False,
     "description": "gpucanary's probes, jobs and services: below tenants, never preempting them",
 }
 
@@ -123,7 +128,7 @@ def _stamp(obj: dict, placement: Placement, role: str) -> dict:
 
 def _yield_to_tenants(spec: dict) -> None:
     spec["priorityClassName"] = PRIORITY_CLASS
-    spec.pop("priority", None)            # the admission plugin fills both in from the class
+    spec.pop("priority", None)  # the admission plugin fills both in from the class
     spec.pop("preemptionPolicy", None)
 
 
@@ -137,8 +142,10 @@ def _pod_spec(obj: dict) -> tuple[dict, dict]:
             raise TypeError
         return template["metadata"], template["spec"]
     except (KeyError, TypeError, AttributeError):
-        raise ConfigError(f"{obj.get('kind')} {obj.get('metadata', {}).get('name', '')!r} has no pod template "
-                          "with containers", hint="give spec.template.spec.containers (see fixtures/workloads/)") from None
+        raise ConfigError(
+            f"{obj.get('kind')} {obj.get('metadata', {}).get('name', '')!r} has no pod template with containers",
+            hint="give spec.template.spec.containers (see fixtures/workloads/)",
+        ) from None
 
 
 def _pin(obj: dict, placement: Placement, role: str) -> dict:
@@ -159,8 +166,14 @@ def work_until_wall_s(job: dict) -> float | None:
     return None
 
 
-def gpu_job(path: Path | None, placement: Placement, *, duration_s: float, images: Mapping[str, str] | None = None,
-            now_wall_s: float | None = None) -> dict:
+def gpu_job(
+    path: Path | None,
+    placement: Placement,
+    *,
+    duration_s: float,
+    images: Mapping[str, str] | None = None,
+    now_wall_s: float | None = None,
+) -> dict:
     """The GPU Job, working until now + `duration_s`: the deadline goes into every container's
     environment and, for KWOK, into the pod template's run-duration annotation as an RFC 3339 time,
     so every pod of the Job (a replacement after an eviction too) ends at the same moment."""
@@ -170,8 +183,9 @@ def gpu_job(path: Path | None, placement: Placement, *, duration_s: float, image
     job = _with_images(_pin(job, placement, "gpu-job"), images or {})
     until_s = int((time.time() if now_wall_s is None else now_wall_s) + duration_s)
     meta, spec = _pod_spec(job)
-    meta.setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
-        datetime.fromtimestamp(until_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    meta.setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = datetime.fromtimestamp(until_s, UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
     for container in spec["containers"]:
         env = [e for e in container.get("env") or [] if e.get("name") != WORK_UNTIL_ENV]
         container["env"] = [*env, {"name": WORK_UNTIL_ENV, "value": str(until_s)}]
@@ -183,11 +197,17 @@ def service(path: Path | None, placement: Placement, *, images: Mapping[str, str
     if not any(d["kind"] == "Deployment" for d in docs):
         raise ConfigError(f"{path} holds no Deployment", hint="the service must be a Deployment (+ Service, PDB)")
     if other := [d["kind"] for d in docs if d["kind"] not in SERVICE_KINDS]:
-        raise ConfigError(f"service manifest {path} holds a {other[0]}: the canary creates only "
-                          f"{', '.join(SERVICE_KINDS)} for its service (what deploy/rbac.yaml grants)",
-                          hint="leave the rest out of the manifest")
-    return [_with_images(_pin(d, placement, "service"), images or {}) if d["kind"] == "Deployment"
-            else _stamp(d, placement, "service") for d in docs]
+        raise ConfigError(
+            f"service manifest {path} holds a {other[0]}: the canary creates only "
+            f"{', '.join(SERVICE_KINDS)} for its service (what deploy/rbac.yaml grants)",
+            hint="leave the rest out of the manifest",
+        )
+    return [
+        _with_images(_pin(d, placement, "service"), images or {})
+        if d["kind"] == "Deployment"
+        else _stamp(d, placement, "service")
+        for d in docs
+    ]
 
 
 def holder(path: Path, placement: Placement, *, images: Mapping[str, str] | None = None) -> list[dict]:
@@ -195,17 +215,28 @@ def holder(path: Path, placement: Placement, *, images: Mapping[str, str] | None
     runtime without asking for one (`gpu_operator.holds_driver`)."""
     docs = [d for d in load_manifests(path) if d["kind"] in POD_KINDS and d["kind"] != "Job"]
     if not docs:
-        raise ConfigError(f"holder manifest {path} has no Pod, Deployment, DaemonSet or StatefulSet",
-                          hint="a holder runs as long as the run: see fixtures/workloads/holder.yaml")
+        raise ConfigError(
+            f"holder manifest {path} has no Pod, Deployment, DaemonSet or StatefulSet",
+            hint="a holder runs as long as the run: see fixtures/workloads/holder.yaml",
+        )
     if not all(holds_driver(_pod_spec(d)[1]) for d in docs):
-        raise ConfigError(f"holder manifest {path} has a workload whose pods do not hold the driver",
-                          hint="set NVIDIA_VISIBLE_DEVICES (or runtimeClassName: nvidia) and request no GPU, "
-                               "as fixtures/workloads/holder.yaml does")
+        raise ConfigError(
+            f"holder manifest {path} has a workload whose pods do not hold the driver",
+            hint="set NVIDIA_VISIBLE_DEVICES (or runtimeClassName: nvidia) and request no GPU, "
+            "as fixtures/workloads/holder.yaml does",
+        )
     return [_with_images(_pin(d, placement, HOLDER_ROLE), images or {}) for d in docs]
 
 
-def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool_nodes: tuple[str, ...],
-          images: Mapping[str, str] | None = None) -> dict:
+def probe(
+    path: Path | None,
+    placement: Placement,
+    *,
+    scope: str,
+    seq: int,
+    pool_nodes: tuple[str, ...],
+    images: Mapping[str, str] | None = None,
+) -> dict:
     [job] = [d for d in load_manifests(path or WORKLOADS / "probe.yaml") if d["kind"] == "Job"] or [None]
     if job is None:
         raise ConfigError(f"{path} holds no Job", hint="a probe is a short batch/v1 Job")
@@ -219,14 +250,23 @@ def probe(path: Path | None, placement: Placement, *, scope: str, seq: int, pool
         # off every canary pool, not only this run's: a gate runs base and head at once, and the other
         # run's drain would evict a probe that landed on its pool just before the cordon. A pool the
         # canary made is its own from birth; an existing node carved out carries the run's id
-        off_pools = [{"key": OWNER_LABEL, "operator": "NotIn", "values": [OWNER]},
-                     {"key": RUN_ID_LABEL, "operator": "DoesNotExist"}]
-        if pool_nodes:          # (widen has none: an empty NotIn is invalid)
+        off_pools = [
+            {"key": OWNER_LABEL, "operator": "NotIn", "values": [OWNER]},
+            {"key": RUN_ID_LABEL, "operator": "DoesNotExist"},
+        ]
+        if pool_nodes:  # (widen has none: an empty NotIn is invalid)
             off_pools.insert(0, {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(pool_nodes)})
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": off_pools}]}}}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": off_pools}]
+                }
+            }
+        }
     meta, _ = _pod_spec(job)
-    meta.setdefault("labels", {}).update({**owned_labels(placement.run_id), ROLE_LABEL: "probe", PROBE_SCOPE_LABEL: scope})
+    meta.setdefault("labels", {}).update(
+        {**owned_labels(placement.run_id), ROLE_LABEL: "probe", PROBE_SCOPE_LABEL: scope}
+    )
     job["metadata"]["name"] = f"probe-{scope}-{seq:04d}"
     job["metadata"]["labels"][PROBE_SCOPE_LABEL] = scope
     return job
@@ -236,8 +276,16 @@ def collective_name(when: str, rank: int) -> str:
     return f"collective-{when}-{rank}"
 
 
-def collective_pod(path: Path | None, placement: Placement, *, when: str, rank: int, node: str, master_addr: str,
-                   images: Mapping[str, str] | None = None) -> dict:
+def collective_pod(
+    path: Path | None,
+    placement: Placement,
+    *,
+    when: str,
+    rank: int,
+    node: str,
+    master_addr: str,
+    images: Mapping[str, str] | None = None,
+) -> dict:
     """One rank of the collective probe, on `node`. Rank 0's master address is its own pod IP (the
     downward API) unless the manifest gives one; rank 1 gets `master_addr`, rank 0's IP."""
     [pod] = [d for d in load_manifests(path or WORKLOADS / "collective-probe.yaml") if d["kind"] == "Pod"] or [None]
@@ -249,13 +297,23 @@ def collective_pod(path: Path | None, placement: Placement, *, when: str, rank: 
     meta["labels"].update({COLLECTIVE_LABEL: when, RANK_LABEL: str(rank)})
     spec.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
     spec["restartPolicy"] = "Never"
-    address = ({"name": "GPUCANARY_MASTER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} if rank == 0
-               else {"name": "GPUCANARY_MASTER_ADDR", "value": master_addr})
+    address = (
+        {"name": "GPUCANARY_MASTER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        if rank == 0
+        else {"name": "GPUCANARY_MASTER_ADDR", "value": master_addr}
+    )
     for container in spec["containers"]:
         own = [e for e in container.get("env") or [] if e.get("name") != "GPUCANARY_RANK"]
         names = {e.get("name") for e in own}
-        added = [e for e in (address, {"name": "GPUCANARY_WORLD_SIZE", "value": "2"},
-                             {"name": "GPUCANARY_MASTER_PORT", "value": COLLECTIVE_PORT}) if e["name"] not in names]
+        added = [
+            e
+            for e in (
+                address,
+                {"name": "GPUCANARY_WORLD_SIZE", "value": "2"},
+                {"name": "GPUCANARY_MASTER_PORT", "value": COLLECTIVE_PORT},
+            )
+            if e["name"] not in names
+        ]
         container["env"] = [*own, *added, {"name": "GPUCANARY_RANK", "value": str(rank)}]
     return pod
 
@@ -264,33 +322,58 @@ def rendered(settings: Settings, placement: Placement, *, service_path: Path | N
     """Every workload the run places, rendered (the GPU job, the service's objects, one probe); the service from
     `service_path` where the pool brings its own."""
     images = settings.images()
-    return [gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s, images=images),
-            *service(settings.service or service_path, placement, images=images),
-            *(holder(settings.holder, placement, images=images) if settings.holder else ()),
-            probe(settings.probe, placement, scope="fleet", seq=0, pool_nodes=(placement.node,), images=images)]
+    return [
+        gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s, images=images),
+        *service(settings.service or service_path, placement, images=images),
+        *(holder(settings.holder, placement, images=images) if settings.holder else ()),
+        probe(settings.probe, placement, scope="fleet", seq=0, pool_nodes=(placement.node,), images=images),
+    ]
 
 
 def check(settings: Settings) -> None:
     """Render every workload once, before the cluster is touched: a missing or malformed manifest is one line."""
     placement = Placement("gpucanary-check", "check", "check-node")
     rendered(settings, placement)
-    collective_pod(settings.collective_probe, placement, when="check", rank=0, node="check-node", master_addr="",
-                   images=settings.images())
+    collective_pod(
+        settings.collective_probe,
+        placement,
+        when="check",
+        rank=0,
+        node="check-node",
+        master_addr="",
+        images=settings.images(),
+    )
 
 
 def image_pull_pod(image: str, placement: Placement, *, index: int) -> dict:
     """A pod on the pool node that only makes the node pull `image`: pulled once its container ran or
     ended (with any exit code, so an image without a shell is fine too); never a GPU."""
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"image-pull-{index}", "namespace": placement.namespace,
-                         "labels": {**owned_labels(placement.run_id), ROLE_LABEL: IMAGE_PULL_ROLE},
-                         "annotations": {RUN_DURATION_ANNOTATION: "1s"}},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "priorityClassName": PRIORITY_CLASS,
-                     "nodeSelector": {"kubernetes.io/hostname": placement.node},
-                     "tolerations": [{"operator": "Exists"}],
-                     "containers": [{"name": "pull", "image": image, "imagePullPolicy": "IfNotPresent",
-                                     "command": ["/bin/sh", "-c", "exit 0"],
-                                     "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"image-pull-{index}",
+            "namespace": placement.namespace,
+            "labels": {**owned_labels(placement.run_id), ROLE_LABEL: IMAGE_PULL_ROLE},
+            "annotations": {RUN_DURATION_ANNOTATION: "1s"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "priorityClassName": PRIORITY_CLASS,
+            "nodeSelector": {"kubernetes.io/hostname": placement.node},
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "pull",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/bin/sh", "-c", "exit 0"],
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                }
+            ],
+        },
+    }
 
 
 def pull_state(pod: dict) -> tuple[bool | None, str]:
@@ -308,13 +391,22 @@ def pull_state(pod: dict) -> tuple[bool | None, str]:
 
 
 class ProbeLoop:
-    def __init__(self, kube: Kube, placement: Placement, *, manifest: Path | None, interval_s: float,
-                 pool_nodes: tuple[str, ...], scopes: tuple[str, ...] = ("pool", "fleet"),
-                 images: Mapping[str, str] | None = None, first_seq: int = 0) -> None:
-        self.images, self.first_seq = dict(images or {}), first_seq      # names go on from first_seq
+    def __init__(
+        self,
+        kube: Kube,
+        placement: Placement,
+        *,
+        manifest: Path | None,
+        interval_s: float,
+        pool_nodes: tuple[str, ...],
+        scopes: tuple[str, ...] = ("pool", "fleet"),
+        images: Mapping[str, str] | None = None,
+        first_seq: int = 0,
+    ) -> None:
+        self.images, self.first_seq = dict(images or {}), first_seq  # names go on from first_seq
         self.kube, self.placement, self.manifest, self.pool_nodes = kube, placement, manifest, pool_nodes
         self.interval_s, self.scopes = interval_s, scopes
-        self.created: dict[str, tuple[str, int]] = {}   # name -> (scope, created_wall_ns)
+        self.created: dict[str, tuple[str, int]] = {}  # name -> (scope, created_wall_ns)
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpucanary-probes", daemon=True)
@@ -331,8 +423,9 @@ class ProbeLoop:
         seq = self.first_seq
         while not self._stop.is_set():
             for scope in self.scopes:
-                job = probe(self.manifest, self.placement, scope=scope, seq=seq, pool_nodes=self.pool_nodes,
-                            images=self.images)
+                job = probe(
+                    self.manifest, self.placement, scope=scope, seq=seq, pool_nodes=self.pool_nodes, images=self.images
+                )
                 created_wall_ns = time.time_ns()  # before the call, so no watch event can precede it
                 try:
                     self.kube.create(job)
@@ -343,4 +436,6 @@ class ProbeLoop:
             self._stop.wait(self.interval_s)
 
     def results(self, records: list[Record]) -> list[ProbeSeen]:
-        return timeline.probes_seen(records, dict(self.created), namespace=self.placement.namespace)  # dict(): the loop adds
+        return timeline.probes_seen(
+            records, dict(self.created), namespace=self.placement.namespace
+        )  # dict(): the loop adds

@@ -1,7 +1,8 @@
 """The fleet apiserver's audit log as typed records: who asked what, when, as the server saw it.
 
 Pure reading and filtering of the JSON lines the apiserver writes (policy: level Metadata, stage
-RequestReceived omitted, request bodies of Node patches; see manifests.audit_policy). Never calls the API. Timestamps are the
+RequestReceived omitted, request bodies of Node patches; see manifests.audit_policy). Never calls the
+API. Timestamps are the
 apiserver's clock at microsecond resolution; the fleet runs on this machine, so they compare with
 the local wall clock (time.time()).
 
@@ -12,11 +13,11 @@ One request may log two events (a watch: ResponseStarted, then ResponseComplete 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE
 from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
@@ -26,29 +27,36 @@ WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollectio
 LONG_RUNNING_VERBS = frozenset({"watch"})
 # "created" but never stored: the apiserver answers the question and keeps nothing (the preflight's
 # SelfSubjectAccessReviews), so they change no state and are not writes
-REVIEW_RESOURCES = frozenset({"selfsubjectaccessreviews", "selfsubjectrulesreviews", "subjectaccessreviews",
-                              "tokenreviews", "selfsubjectreviews"})
+REVIEW_RESOURCES = frozenset(
+    {
+        "selfsubjectaccessreviews",
+        "selfsubjectrulesreviews",
+        "subjectaccessreviews",
+        "tokenreviews",
+        "selfsubjectreviews",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
     audit_id: str
-    stage: str                 # ResponseStarted (a watch still open) or ResponseComplete
-    verb: str                  # get, list, watch, create, update, patch, delete, deletecollection
+    stage: str  # ResponseStarted (a watch still open) or ResponseComplete
+    verb: str  # get, list, watch, create, update, patch, delete, deletecollection
     user_agent: str
     request_uri: str
-    api_group: str             # "" for the core group
-    resource: str              # "" for non-resource URLs such as /api or /openapi/v3
+    api_group: str  # "" for the core group
+    resource: str  # "" for non-resource URLs such as /api or /openapi/v3
     subresource: str
     namespace: str
     name: str
-    code: int                  # HTTP status; 0 while a watch is still open
-    received_s: float          # requestReceivedTimestamp, Unix seconds (apiserver clock, 1 µs)
-    stage_s: float             # stageTimestamp, same clock
-    sets_phase: str = ""       # a pod status write: the status.phase its body sets ("" when none or not logged)
-    request_object: object = None   # the request body, logged only for Node and pod status writes
-    user: str = ""             # the authenticated user, e.g. system:serviceaccount:gpucanary:gpucanary
-    authorization: str = ""    # RBAC's decision: allow, or forbid (a 403 with allow: an admission policy refused)
+    code: int  # HTTP status; 0 while a watch is still open
+    received_s: float  # requestReceivedTimestamp, Unix seconds (apiserver clock, 1 µs)
+    stage_s: float  # stageTimestamp, same clock
+    sets_phase: str = ""  # a pod status write: the status.phase its body sets ("" when none or not logged)
+    request_object: object = None  # the request body, logged only for Node and pod status writes
+    user: str = ""  # the authenticated user, e.g. system:serviceaccount:gpucanary:gpucanary
+    authorization: str = ""  # RBAC's decision: allow, or forbid (a 403 with allow: an admission policy refused)
 
     @property
     def is_write(self) -> bool:
@@ -60,7 +68,7 @@ class AuditRecord:
 
     @property
     def kind_key(self) -> str:
-        """`resource[/subresource]` qualified by its group, e.g. `nodes`, `pods/eviction`, `nvidiadrivers.nvidia.com`."""
+        """`resource[/subresource]` qualified by its group: `nodes`, `pods/eviction`, `nvidiadrivers.nvidia.com`."""
         if not self.resource:
             return "(non-resource)"
         key = self.resource if not self.api_group else f"{self.resource}.{self.api_group}"
@@ -69,7 +77,7 @@ class AuditRecord:
 
 def _unix_s(stamp: str) -> float:
     # "2026-11-30T12:34:56.123456Z"; fromisoformat reads the Z from Python 3.11 on
-    return datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).timestamp() if stamp else 0.0
+    return datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp() if stamp else 0.0
 
 
 def _phase_set(body: object) -> str:
@@ -81,16 +89,24 @@ def _phase_set(body: object) -> str:
 def parse_event(event: dict) -> AuditRecord:
     ref = event.get("objectRef") or {}
     return AuditRecord(
-        audit_id=event.get("auditID", ""), stage=event.get("stage", ""), verb=event.get("verb", ""),
-        user_agent=event.get("userAgent", ""), request_uri=event.get("requestURI", ""),
-        api_group=ref.get("apiGroup", ""), resource=ref.get("resource", ""), subresource=ref.get("subresource", ""),
-        namespace=ref.get("namespace", ""), name=ref.get("name", ""),
+        audit_id=event.get("auditID", ""),
+        stage=event.get("stage", ""),
+        verb=event.get("verb", ""),
+        user_agent=event.get("userAgent", ""),
+        request_uri=event.get("requestURI", ""),
+        api_group=ref.get("apiGroup", ""),
+        resource=ref.get("resource", ""),
+        subresource=ref.get("subresource", ""),
+        namespace=ref.get("namespace", ""),
+        name=ref.get("name", ""),
         code=int((event.get("responseStatus") or {}).get("code") or 0),
         received_s=_unix_s(event.get("requestReceivedTimestamp", "")),
-        stage_s=_unix_s(event.get("stageTimestamp", "")), request_object=event.get("requestObject"),
+        stage_s=_unix_s(event.get("stageTimestamp", "")),
+        request_object=event.get("requestObject"),
         sets_phase=_phase_set(event.get("requestObject")),
         user=str((event.get("user") or {}).get("username") or ""),
-        authorization=str((event.get("annotations") or {}).get("authorization.k8s.io/decision") or ""))
+        authorization=str((event.get("annotations") or {}).get("authorization.k8s.io/decision") or ""),
+    )
 
 
 def log_files(path: Path) -> list[Path]:
@@ -105,8 +121,9 @@ def _lines(paths: Iterable[Path]) -> Iterator[str]:
             yield from handle
 
 
-def read_log(path: Path, *, user_agent_prefix: str | None = None, since_s: float | None = None,
-             until_s: float | None = None) -> list[AuditRecord]:
+def read_log(
+    path: Path, *, user_agent_prefix: str | None = None, since_s: float | None = None, until_s: float | None = None
+) -> list[AuditRecord]:
     """One record per request, in order of receipt, optionally only those matching the filters.
 
     `user_agent_prefix` also skips non-matching lines before decoding them, which keeps reading a
@@ -122,16 +139,27 @@ def read_log(path: Path, *, user_agent_prefix: str | None = None, since_s: float
         except ValueError:
             continue  # a line cut short by a crash mid-write
         by_id[record.audit_id] = record  # a later stage of the same request replaces the earlier one
-    return sorted(select(by_id.values(), user_agent_prefix=user_agent_prefix, since_s=since_s, until_s=until_s),
-                  key=lambda r: r.received_s)
+    return sorted(
+        select(by_id.values(), user_agent_prefix=user_agent_prefix, since_s=since_s, until_s=until_s),
+        key=lambda r: r.received_s,
+    )
 
 
-def select(records: Iterable[AuditRecord], *, user_agent_prefix: str | None = None, since_s: float | None = None,
-           until_s: float | None = None) -> list[AuditRecord]:
+def select(
+    records: Iterable[AuditRecord],
+    *,
+    user_agent_prefix: str | None = None,
+    since_s: float | None = None,
+    until_s: float | None = None,
+) -> list[AuditRecord]:
     """Records whose user agent starts with the prefix and that were received in [since_s, until_s]."""
-    return [r for r in records
-            if (user_agent_prefix is None or r.user_agent.startswith(user_agent_prefix))
-            and (since_s is None or r.received_s >= since_s) and (until_s is None or r.received_s <= until_s)]
+    return [
+        r
+        for r in records
+        if (user_agent_prefix is None or r.user_agent.startswith(user_agent_prefix))
+        and (since_s is None or r.received_s >= since_s)
+        and (until_s is None or r.received_s <= until_s)
+    ]
 
 
 POLICY_RESOURCES = frozenset({"clusterpolicies", "nvidiadrivers"})
@@ -140,13 +168,13 @@ POLICY_RESOURCES = frozenset({"clusterpolicies", "nvidiadrivers"})
 class Scope(StrEnum):
     """Where one canary request went, relative to what that run owns; values are the report strings."""
 
-    OWN_NAMESPACE = "own-namespace"      # gpucanary-<run-id>, its Lease's gpucanary-<run-id>-owner, their contents
-    POOL_NODE = "pool-node"              # the nodes of its pool
-    OWN_OBJECT = "own-object"            # a cluster-scoped object the run created itself (its NVIDIADriver)
-    POLICY = "policy"                    # ClusterPolicy / NVIDIADriver it patches and restores
-    VERDICT = "verdict"                  # a verdict ConfigMap in the canary's own namespace (publish.record)
-    OTHER_NODE = "other-node"            # a node outside the pool (ClusterPolicy mode's skip labels)
-    CLUSTER = "cluster"                  # anything else (discovery, cluster-wide lists, foreign objects)
+    OWN_NAMESPACE = "own-namespace"  # gpucanary-<run-id>, its Lease's gpucanary-<run-id>-owner, their contents
+    POOL_NODE = "pool-node"  # the nodes of its pool
+    OWN_OBJECT = "own-object"  # a cluster-scoped object the run created itself (its NVIDIADriver)
+    POLICY = "policy"  # ClusterPolicy / NVIDIADriver it patches and restores
+    VERDICT = "verdict"  # a verdict ConfigMap in the canary's own namespace (publish.record)
+    OTHER_NODE = "other-node"  # a node outside the pool (ClusterPolicy mode's skip labels)
+    CLUSTER = "cluster"  # anything else (discovery, cluster-wide lists, foreign objects)
 
 
 @dataclass(frozen=True)
@@ -155,15 +183,18 @@ class RunScope:
 
     run_id: str
     pool_nodes: frozenset[str]
-    created: frozenset[tuple[str, str, str]] = frozenset()   # (resource.group, namespace, name)
+    created: frozenset[tuple[str, str, str]] = frozenset()  # (resource.group, namespace, name)
 
     @property
     def namespace(self) -> str:
         return f"gpucanary-{self.run_id}"
 
     def with_creates(self, records: Iterable[AuditRecord]) -> RunScope:
-        made = {(_base(r), r.namespace, r.name) for r in records
-                if r.verb == "create" and not r.subresource and r.name and 200 <= r.code < 300}
+        made = {
+            (_base(r), r.namespace, r.name)
+            for r in records
+            if r.verb == "create" and not r.subresource and r.name and 200 <= r.code < 300
+        }
         return RunScope(self.run_id, self.pool_nodes, frozenset(made) | self.created)
 
     @property
@@ -184,8 +215,12 @@ class RunScope:
             return Scope.OWN_OBJECT
         if record.api_group == "nvidia.com" and record.resource in POLICY_RESOURCES and record.name:
             return Scope.POLICY
-        if (record.resource == "configmaps" and record.api_group == "" and record.namespace == VERDICT_NAMESPACE
-                and record.name.startswith(VERDICT_PREFIX)):
+        if (
+            record.resource == "configmaps"
+            and record.api_group == ""
+            and record.namespace == VERDICT_NAMESPACE
+            and record.name.startswith(VERDICT_PREFIX)
+        ):
             return Scope.VERDICT
         return Scope.CLUSTER
 

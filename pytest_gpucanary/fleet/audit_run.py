@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from pytest_gpucanary import __version__
 from pytest_gpucanary.fleet.audit import AuditRecord, RunScope, read_log
@@ -34,11 +34,11 @@ class CanaryResult:
     run_id: str
     argv: list[str]
     returncode: int
-    output: str                       # stdout and stderr, interleaved
-    since_s: float                    # client wall clock, Unix s
+    output: str  # stdout and stderr, interleaved
+    since_s: float  # client wall clock, Unix s
     until_s: float
     reports: Path
-    records: list[AuditRecord] = field(default_factory=list)   # the canary's requests in the window
+    records: list[AuditRecord] = field(default_factory=list)  # the canary's requests in the window
 
     @property
     def duration_s(self) -> float:
@@ -73,18 +73,37 @@ def fence(fleet: Fleet) -> None:
     raise TimeoutError(f"the fence request never reached {fleet.layout.audit_log} within {FENCE_WAIT_S:.0f} s")
 
 
-def run_canary(fleet: Fleet, args: list[str], *, reports: Path, run_id: str | None = None, timeout_s: float = 1200,
-               on_start: Callable[[subprocess.Popen], None] | None = None) -> CanaryResult:
+def run_canary(
+    fleet: Fleet,
+    args: list[str],
+    *,
+    reports: Path,
+    run_id: str | None = None,
+    timeout_s: float = 1200,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+) -> CanaryResult:
     """`gpucanary run ARGS` with its own run id and reports dir; returns its audit window's canary requests.
 
     `on_start` gets the process right after it starts (a sampler measuring its footprint).
     """
     run_id = run_id or new_run_id()
-    argv = [sys.executable, "-m", "pytest_gpucanary.cli", "run", *args, f"--gpucanary-run-id={run_id}",
-            f"--gpucanary-reports-dir={reports}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1",
-           "GPUCANARY_FLEET_DIR": str(fleet.layout.root), "GPUCANARY_FLEET_PORT_BASE": str(fleet.layout.port_base),
-           "GPUCANARY_FLEET_GPU_NODES": str(fleet.layout.gpu_nodes)}
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest_gpucanary.cli",
+        "run",
+        *args,
+        f"--gpucanary-run-id={run_id}",
+        f"--gpucanary-reports-dir={reports}",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "GPUCANARY_FLEET_KEEP": "1",
+        "GPUCANARY_FLEET_DIR": str(fleet.layout.root),
+        "GPUCANARY_FLEET_PORT_BASE": str(fleet.layout.port_base),
+        "GPUCANARY_FLEET_GPU_NODES": str(fleet.layout.gpu_nodes),
+    }
     since_s = time.time()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if on_start is not None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import EnvError
@@ -23,16 +23,20 @@ class Build:
     required: tuple[str, ...]
 
 
-CONTROL_PLANE = Build("GPUCANARY_BIN_DIR", "build.sh",
-                      ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"))
+CONTROL_PLANE = Build(
+    "GPUCANARY_BIN_DIR",
+    "build.sh",
+    ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"),
+)
 GPU_OPERATOR = Build("GPUCANARY_OPERATOR_BIN_DIR", "build-operator.sh", ("gpu-operator", "paths.env"))
 # the kubelet node's libnvidia-ml stand-in, and the client that asks it through NVIDIA's Go bindings
 NVML_SHIM = Build("GPUCANARY_NVML_SHIM_DIR", "build-nvml-shim.sh", ("libnvidia-ml.so.1", "nvml-check"))
 # NVIDIA's k8s-device-plugin and GFD, unmodified, which a kubelet pool node runs over that stand-in
 # NFD's nfd-master, which labels a kubelet pool node from GFD's NodeFeature
 NFD_MASTER = Build("GPUCANARY_NFD_MASTER_DIR", "build-nfd-master.sh", ("nfd-master", "nfd-api-crds.yaml"))
-DEVICE_PLUGIN = Build("GPUCANARY_DEVICE_PLUGIN_DIR", "build-device-plugin.sh",
-                      ("nvidia-device-plugin", "gpu-feature-discovery"))
+DEVICE_PLUGIN = Build(
+    "GPUCANARY_DEVICE_PLUGIN_DIR", "build-device-plugin.sh", ("nvidia-device-plugin", "gpu-feature-discovery")
+)
 
 
 def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> Path:
@@ -44,12 +48,15 @@ def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> P
     elif script.exists():
         bin_dir = _build(script, progress, args)
     else:
-        raise EnvError(f"no {build.required[0]} binaries found",
-                       hint=f"set {build.env_var} to a directory with " + ", ".join(build.required))
+        raise EnvError(
+            f"no {build.required[0]} binaries found",
+            hint=f"set {build.env_var} to a directory with " + ", ".join(build.required),
+        )
     missing = [name for name in build.required if not (bin_dir / name).exists()]
     if missing:
-        raise EnvError(f"missing binary {bin_dir / missing[0]}",
-                       hint=f"run {script} or point {build.env_var} at a complete build")
+        raise EnvError(
+            f"missing binary {bin_dir / missing[0]}", hint=f"run {script} or point {build.env_var} at a complete build"
+        )
     return bin_dir
 
 
@@ -58,9 +65,11 @@ def find_operator_bin_dir(release: str, progress: Callable[[str], None]) -> Path
     bin_dir = find_bin_dir(GPU_OPERATOR, progress, release)
     built = operator_release(bin_dir)
     if built != release:
-        raise EnvError(f"the GPU Operator in {bin_dir} is {built}, not {release}",
-                       hint=f"set GPUCANARY_OPERATOR_RELEASE={built} or point {GPU_OPERATOR.env_var} at a "
-                            f"{release} build (bash ci/build-operator.sh {release})")
+        raise EnvError(
+            f"the GPU Operator in {bin_dir} is {built}, not {release}",
+            hint=f"set GPUCANARY_OPERATOR_RELEASE={built} or point {GPU_OPERATOR.env_var} at a "
+            f"{release} build (bash ci/build-operator.sh {release})",
+        )
     return bin_dir
 
 
@@ -69,8 +78,10 @@ def operator_chart(release: str, progress: Callable[[str], None]) -> Path:
     bin_dir = find_operator_bin_dir(release, progress)
     chart = Path(read_paths_env(bin_dir).get("GPU_OPERATOR_MODULE_DIR", "")) / "deployments" / "gpu-operator"
     if not (chart / "Chart.yaml").is_file():
-        raise EnvError(f"the GPU Operator {release} tree of {bin_dir} has no chart at {chart}",
-                       hint=f"rebuild it (bash ci/build-operator.sh {release}) or pass {flag('helm_chart')}=PATH")
+        raise EnvError(
+            f"the GPU Operator {release} tree of {bin_dir} has no chart at {chart}",
+            hint=f"rebuild it (bash ci/build-operator.sh {release}) or pass {flag('helm_chart')}=PATH",
+        )
     return chart
 
 
@@ -86,8 +97,10 @@ def read_paths_env(bin_dir: Path) -> dict[str, str]:
 
 def _build(script: Path, progress: Callable[[str], None], args: tuple[str, ...]) -> Path:
     if shutil.which("go") is None:
-        raise EnvError("Go is not installed, so the fleet cannot be built",
-                       hint="install Go >= 1.26 or set GPUCANARY_BIN_DIR and GPUCANARY_OPERATOR_BIN_DIR")
+        raise EnvError(
+            "Go is not installed, so the fleet cannot be built",
+            hint="install Go >= 1.26 or set GPUCANARY_BIN_DIR and GPUCANARY_OPERATOR_BIN_DIR",
+        )
     progress(f"fleet: ensuring binaries ({' '.join((script.name, *args))}; a cold build takes minutes)")
     proc = subprocess.Popen(["bash", str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None and proc.stdout is not None
@@ -98,6 +111,8 @@ def _build(script: Path, progress: Callable[[str], None], args: tuple[str, ...])
             progress(f"fleet: {line.rstrip()}")
     out = proc.stdout.read().strip()
     if proc.wait() != 0 or not out:
-        raise EnvError(f"{script.name} failed: {tail[-1] if tail else 'no output'}",
-                       hint=f"run bash {' '.join((str(script), *args))} to see the whole log")
+        raise EnvError(
+            f"{script.name} failed: {tail[-1] if tail else 'no output'}",
+            hint=f"run bash {' '.join((str(script), *args))} to see the whole log",
+        )
     return Path(out.splitlines()[-1])

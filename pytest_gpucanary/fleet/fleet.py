@@ -12,28 +12,35 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
+from pytest_gpucanary import metrics
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, operator, processes, waits
-from pytest_gpucanary.fleet.binaries import (CONTROL_PLANE, NFD_MASTER, find_bin_dir, find_operator_bin_dir,
-                                             operator_chart, operator_release, read_paths_env)
+from pytest_gpucanary.fleet.binaries import (
+    CONTROL_PLANE,
+    NFD_MASTER,
+    find_bin_dir,
+    find_operator_bin_dir,
+    operator_chart,
+    operator_release,
+    read_paths_env,
+)
 from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
-from pytest_gpucanary import metrics
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.workloads import PRIORITY_CLASS_MANIFEST
 
 Progress = Callable[[str], None]
-USER_AGENT = "gpucanary-fleet"   # not gpucanary/<version>: the audit log tells the canary apart by it
-FLEET_NODE_SELECTOR = "gpucanary.io/fleet=local"   # the fleet's own node templates carry it
+USER_AGENT = "gpucanary-fleet"  # not gpucanary/<version>: the audit log tells the canary apart by it
+FLEET_NODE_SELECTOR = "gpucanary.io/fleet=local"  # the fleet's own node templates carry it
 APPLY_CHUNK = 50
 APPLY_PARALLELISM = 4
 START_TIMEOUT_S = {"etcd": 30, "kube-apiserver": 120, "prometheus": 60}
@@ -47,16 +54,17 @@ def _quiet(line: str) -> None:
 
 
 def _node_ready(node: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in node.get("status", {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in node.get("status", {}).get("conditions") or []
+    )
 
 
 @dataclass(frozen=True)
 class Binaries:
     control_plane: Path
     operator: Path
-    kubelet_node: Path | None = None   # None: the fleet has no real kubelet nodes
-    nfd_master: Path | None = None     # None: no kubelet pool, so no GFD for nfd-master to serve
+    kubelet_node: Path | None = None  # None: the fleet has no real kubelet nodes
+    nfd_master: Path | None = None  # None: no kubelet pool, so no GFD for nfd-master to serve
 
 
 @dataclass(frozen=True)
@@ -98,11 +106,16 @@ class Fleet:
         prometheus = shutil.which("prometheus") or "prometheus"
         control_plane = components.control_plane(self.layout, binaries.control_plane)
         if binaries.kubelet_node is not None:
-            control_plane = [kubelet_nodes.with_node_hosts(self.layout, c) if c.name == "kube-apiserver" else c
-                             for c in control_plane]
-        return (control_plane
-                + [components.prometheus(self.layout, prometheus), self._operator(binaries),
-                   components.node_agent(self.layout), self._ingress()])
+            control_plane = [
+                kubelet_nodes.with_node_hosts(self.layout, c) if c.name == "kube-apiserver" else c
+                for c in control_plane
+            ]
+        return control_plane + [
+            components.prometheus(self.layout, prometheus),
+            self._operator(binaries),
+            components.node_agent(self.layout),
+            self._ingress(),
+        ]
 
     def _all_components(self, binaries: Binaries) -> list[components.Component]:
         """Everything above plus the processes of the real kubelet nodes."""
@@ -118,10 +131,18 @@ class Fleet:
 
     def _ingress(self) -> components.Component:
         port = self.layout.port("ingress")
-        return components.Component("ingress", (
-            sys.executable, "-m", "pytest_gpucanary.fleet.ingress", f"--kubeconfig={self.layout.kubeconfig}",
-            f"--port={port}",
-        ), f"http://{HOST}:{port}/healthz", port)
+        return components.Component(
+            "ingress",
+            (
+                sys.executable,
+                "-m",
+                "pytest_gpucanary.fleet.ingress",
+                f"--kubeconfig={self.layout.kubeconfig}",
+                f"--port={port}",
+            ),
+            f"http://{HOST}:{port}/healthz",
+            port,
+        )
 
     def _operator(self, binaries: Binaries) -> components.Component:
         return components.gpu_operator(self.layout, binaries.operator)
@@ -131,8 +152,12 @@ class Fleet:
         try:
             state = json.loads(self.layout.state_file.read_text())
             kubelet_node, nfd_master = state.get("kubelet_node_bin_dir"), state.get("nfd_master_bin_dir")
-            return Binaries(Path(state["bin_dir"]), Path(state["operator_bin_dir"]),
-                            Path(kubelet_node) if kubelet_node else None, Path(nfd_master) if nfd_master else None)
+            return Binaries(
+                Path(state["bin_dir"]),
+                Path(state["operator_bin_dir"]),
+                Path(kubelet_node) if kubelet_node else None,
+                Path(nfd_master) if nfd_master else None,
+            )
         except (OSError, ValueError, KeyError):
             return None
 
@@ -152,7 +177,8 @@ class Fleet:
         binaries = self.binaries()
         return binaries is not None and all(
             processes.pid_of(self.layout, c.name) and processes.healthy(self.layout, c)
-            for c in self._all_components(binaries))
+            for c in self._all_components(binaries)
+        )
 
     def operator_release(self) -> str | None:
         """The GPU Operator release the running (or last started) fleet runs."""
@@ -176,10 +202,12 @@ class Fleet:
             return
         self._refuse_leftovers()
         release = self.layout.operator_release
-        binaries = Binaries(find_bin_dir(CONTROL_PLANE, progress), find_operator_bin_dir(release, progress),
-                            kubelet_nodes.find_kubelet_bin_dir(progress) if self.layout.kubelet_nodes else None,
-                            find_bin_dir(NFD_MASTER, progress) if self.layout.kubelet_nodes
-                            and self.layout.kubelet_pool else None)
+        binaries = Binaries(
+            find_bin_dir(CONTROL_PLANE, progress),
+            find_operator_bin_dir(release, progress),
+            kubelet_nodes.find_kubelet_bin_dir(progress) if self.layout.kubelet_nodes else None,
+            find_bin_dir(NFD_MASTER, progress) if self.layout.kubelet_nodes and self.layout.kubelet_pool else None,
+        )
         self._check_host(binaries)
         self._prepare(binaries)
         try:
@@ -195,8 +223,10 @@ class Fleet:
     def _refuse_other_release(self) -> None:
         running, wanted = self.operator_release(), self.layout.operator_release
         if running != wanted:
-            raise EnvError(f"the fleet in {self.layout.root} runs GPU Operator {running}, not {wanted}",
-                           hint=f"run `gpucanary fleet down` first, or set GPUCANARY_OPERATOR_RELEASE={running}")
+            raise EnvError(
+                f"the fleet in {self.layout.root} runs GPU Operator {running}, not {wanted}",
+                hint=f"run `gpucanary fleet down` first, or set GPUCANARY_OPERATOR_RELEASE={running}",
+            )
 
     def _start_ingress_only(self, progress: Progress) -> bool:
         """A fleet started before the ingress existed gets just the ingress, not a refusal to start."""
@@ -205,7 +235,8 @@ class Fleet:
             return False
         *others, ingress = self._components(binaries)
         if processes.pid_of(self.layout, ingress.name) or not all(
-                processes.pid_of(self.layout, c.name) and processes.healthy(self.layout, c) for c in others):
+            processes.pid_of(self.layout, c.name) and processes.healthy(self.layout, c) for c in others
+        ):
             return False
         self._start(ingress, progress)
         return True
@@ -214,14 +245,19 @@ class Fleet:
         if shutil.which("prometheus") is None:
             raise EnvError("prometheus is not installed", hint="apt-get install prometheus")
         if os.geteuid() != 0 or shutil.which("unshare") is None:
-            raise EnvError("the GPU Operator needs /opt/gpu-operator and /host-etc, which the fleet mounts in a "
-                           "private mount namespace", hint="run the fleet as root with util-linux's unshare")
+            raise EnvError(
+                "the GPU Operator needs /opt/gpu-operator and /host-etc, which the fleet mounts in a "
+                "private mount namespace",
+                hint="run the fleet as root with util-linux's unshare",
+            )
         if binaries.kubelet_node is not None:
             kubelet_nodes.check_host()
         for part in self._all_components(binaries):
             if part.port and processes.port_in_use(part.port):
-                raise EnvError(f"port 127.0.0.1:{part.port} for {part.name} is already in use",
-                               hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
+                raise EnvError(
+                    f"port 127.0.0.1:{part.port} for {part.name} is already in use",
+                    hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base",
+                )
 
     def _start_all(self, binaries: Binaries, progress: Progress) -> None:
         *others, operator_part, agent, ingress = self._components(binaries)
@@ -230,29 +266,41 @@ class Fleet:
         self._ensure_nodes(progress, binaries.control_plane)
         if binaries.kubelet_node is not None:
             KubeletNodes.planned(self.layout, binaries.kubelet_node).start(
-                self._kubectl_for(binaries.control_plane), progress, operator_bin_dir=binaries.operator)
+                self._kubectl_for(binaries.control_plane), progress, operator_bin_dir=binaries.operator
+            )
         paths = read_paths_env(binaries.operator)
         progress(f"fleet: installing the GPU Operator {paths['GPU_OPERATOR_VERSION']} CRDs")
         operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
-        for part in self._nfd_master(binaries):      # GFD on a kubelet pool node writes NodeFeatures for it
+        for part in self._nfd_master(binaries):  # GFD on a kubelet pool node writes NodeFeatures for it
             progress("fleet: installing NFD's CRDs")
-            self._kubectl_for(binaries.control_plane)("apply", "--server-side", "--field-manager=gpucanary-fleet",
-                                                      "-f", str(binaries.nfd_master / "nfd-api-crds.yaml"))
+            self._kubectl_for(binaries.control_plane)(
+                "apply",
+                "--server-side",
+                "--field-manager=gpucanary-fleet",
+                "-f",
+                str(binaries.nfd_master / "nfd-api-crds.yaml"),
+            )
             self._start(part, progress)
         self._start(operator_part, progress)
         self._start(agent, progress)
         self._start(ingress, progress)
         self._ensure_canary_prerequisites(self._kubectl_for(binaries.control_plane))
-        operator.apply_policies(self._kubectl_for(binaries.control_plane), driver_mode=self.layout.driver_mode,
-                                release=paths["GPU_OPERATOR_VERSION"], rdma=self.layout.gpu_rdma,
-                                pool_nodes=self._kubelet_pool_nodes(binaries), apiserver_url=self.layout.apiserver_url,
-                                default_driver=self.layout.default_driver)
+        operator.apply_policies(
+            self._kubectl_for(binaries.control_plane),
+            driver_mode=self.layout.driver_mode,
+            release=paths["GPU_OPERATOR_VERSION"],
+            rdma=self.layout.gpu_rdma,
+            pool_nodes=self._kubelet_pool_nodes(binaries),
+            apiserver_url=self.layout.apiserver_url,
+            default_driver=self.layout.default_driver,
+        )
         progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
         operator.wait_ready(self._kube(), self.gpu_node_names(), progress)
         self._wait_series(progress)
         if binaries.kubelet_node is not None:
             KubeletNodes.planned(self.layout, binaries.kubelet_node).wait_operator_gpus(
-                self._kubectl_for(binaries.control_plane), progress)
+                self._kubectl_for(binaries.control_plane), progress
+            )
 
     def _kubelet_pool_nodes(self, binaries: Binaries) -> tuple[str, ...]:
         if binaries.kubelet_node is None or not self.layout.kubelet_pool:
@@ -265,8 +313,10 @@ class Fleet:
         deadline = time.monotonic() + SERIES_TIMEOUT_S
         while missing := metrics.missing_series(self.prometheus_url):
             if time.monotonic() > deadline:
-                raise EnvError(f"the fleet's Prometheus still lacks a series after {SERIES_TIMEOUT_S:.0f} s: "
-                               f"{missing[0]}", hint=f"see {self.layout.logs / 'prometheus.log'}")
+                raise EnvError(
+                    f"the fleet's Prometheus still lacks a series after {SERIES_TIMEOUT_S:.0f} s: {missing[0]}",
+                    hint=f"see {self.layout.logs / 'prometheus.log'}",
+                )
             time.sleep(1.0)
 
     def _start(self, part: components.Component, progress: Progress) -> None:
@@ -281,8 +331,9 @@ class Fleet:
         try:
             return next(c for c in self._components(binaries) if c.name == name)
         except StopIteration:
-            raise EnvError(f"the fleet has no component {name!r}",
-                           hint=f"one of {', '.join(processes.STOP_ORDER)}") from None
+            raise EnvError(
+                f"the fleet has no component {name!r}", hint=f"one of {', '.join(processes.STOP_ORDER)}"
+            ) from None
 
     def stop_component(self, name: str) -> None:
         """Stop one process of a running fleet (a fault for tests; `start_component` brings it back)."""
@@ -307,8 +358,11 @@ class Fleet:
     def _refuse_leftovers(self) -> None:
         leftovers = processes.owned_pids(self.layout)
         if leftovers:
-            raise EnvError(f"a previous fleet in {self.layout.root} is half-started ({len(leftovers)} processes "
-                           "still running, not all healthy)", hint="run `gpucanary fleet down` first")
+            raise EnvError(
+                f"a previous fleet in {self.layout.root} is half-started ({len(leftovers)} processes "
+                "still running, not all healthy)",
+                hint="run `gpucanary fleet down` first",
+            )
 
     def _prepare(self, binaries: Binaries) -> None:
         layout = self.layout
@@ -319,7 +373,9 @@ class Fleet:
         if binaries.kubelet_node is not None:
             kubelet_nodes.write_hosts(layout)
         write_kubeconfig(layout.kubeconfig, server=layout.apiserver_url, pki=layout.pki)
-        (layout.root / "kwok.yaml").write_text(manifests.kwok_config(binaries.control_plane, gpu_nodes=layout.gpu_nodes))
+        (layout.root / "kwok.yaml").write_text(
+            manifests.kwok_config(binaries.control_plane, gpu_nodes=layout.gpu_nodes)
+        )
         (layout.root / "prometheus.yml").write_text(manifests.prometheus_config(layout))
         layout.audit_policy.write_text(manifests.audit_policy())
         self._prepare_operator_files(read_paths_env(binaries.operator))
@@ -337,13 +393,19 @@ class Fleet:
         HOST_ETC_MOUNTPOINT.mkdir(exist_ok=True)  # an empty mount point; the fleet's copy is mounted on it
 
     def _save_state(self, binaries: Binaries, *, startup_s: float | None) -> None:
-        state = {"bin_dir": str(binaries.control_plane), "operator_bin_dir": str(binaries.operator),
-                 "operator_release": operator_release(binaries.operator), "driver_mode": self.layout.driver_mode,
-                 "gpu_nodes": self.layout.gpu_nodes, "startup_s": startup_s, "kubeconfig": str(self.kubeconfig),
-                 "prometheus_url": self.prometheus_url,
-                 "kubelet_pool": bool(self._kubelet_pool_nodes(binaries)),
-                 "kubelet_node_bin_dir": str(binaries.kubelet_node) if binaries.kubelet_node else None,
-                 "nfd_master_bin_dir": str(binaries.nfd_master) if binaries.nfd_master else None}
+        state = {
+            "bin_dir": str(binaries.control_plane),
+            "operator_bin_dir": str(binaries.operator),
+            "operator_release": operator_release(binaries.operator),
+            "driver_mode": self.layout.driver_mode,
+            "gpu_nodes": self.layout.gpu_nodes,
+            "startup_s": startup_s,
+            "kubeconfig": str(self.kubeconfig),
+            "prometheus_url": self.prometheus_url,
+            "kubelet_pool": bool(self._kubelet_pool_nodes(binaries)),
+            "kubelet_node_bin_dir": str(binaries.kubelet_node) if binaries.kubelet_node else None,
+            "nfd_master_bin_dir": str(binaries.nfd_master) if binaries.nfd_master else None,
+        }
         self.layout.state_file.write_text(json.dumps(state, indent=2) + "\n")
 
     @staticmethod
@@ -351,17 +413,25 @@ class Fleet:
         """The PriorityClass every canary pod names and the namespace that keeps verdicts
         (deploy/priorityclass.yaml and deploy/rbac.yaml on a real cluster)."""
         verdicts = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": VERDICT_NAMESPACE}}
-        kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                      "items": [PRIORITY_CLASS_MANIFEST, verdicts]}))
+        kubectl(
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [PRIORITY_CLASS_MANIFEST, verdicts]}),
+        )
 
     def _kubectl_for(self, bin_dir: Path) -> Callable[..., str]:
         return lambda *args, **kwargs: self.kubectl(*args, bin_dir=bin_dir, **kwargs)
 
-    def kubectl(self, *args: str, stdin: str | None = None, timeout_s: float = 60,
-                bin_dir: Path | None = None) -> str:
+    def kubectl(self, *args: str, stdin: str | None = None, timeout_s: float = 60, bin_dir: Path | None = None) -> str:
         binary = (bin_dir or self.bin_dir() or Path("/nonexistent")) / "kubectl"
-        result = subprocess.run([str(binary), f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
-                                capture_output=True, text=True, timeout=timeout_s)
+        result = subprocess.run(
+            [str(binary), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         if result.returncode != 0:
             raise EnvError(f"kubectl {' '.join(args[:2])} failed: {result.stderr.strip()[:300]}")
         return result.stdout
@@ -383,17 +453,38 @@ class Fleet:
         existing = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=FLEET_NODE_SELECTOR)}
         missing = [n for n in nodes if n["metadata"]["name"] not in existing]
         progress(f"fleet: ensuring {self.layout.gpu_nodes} GPU nodes and 1 CPU node ({len(missing)} to create)")
-        chunks = [missing[i:i + APPLY_CHUNK] for i in range(0, len(missing), APPLY_CHUNK)]
+        chunks = [missing[i : i + APPLY_CHUNK] for i in range(0, len(missing), APPLY_CHUNK)]
         with ThreadPoolExecutor(max_workers=APPLY_PARALLELISM) as pool:
-            list(pool.map(lambda chunk: self.kubectl(
-                "apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f", "-",
-                stdin=yaml.safe_dump_all(chunk), timeout_s=120, bin_dir=bin_dir), chunks))
+            list(
+                pool.map(
+                    lambda chunk: self.kubectl(
+                        "apply",
+                        "--server-side",
+                        "--force-conflicts",
+                        "--field-manager=gpucanary-fleet",
+                        "-f",
+                        "-",
+                        stdin=yaml.safe_dump_all(chunk),
+                        timeout_s=120,
+                        bin_dir=bin_dir,
+                    ),
+                    chunks,
+                )
+            )
         names = {n["metadata"]["name"] for n in nodes}
         timeout_s = NODES_READY_TIMEOUT_S + 0.1 * len(names)
         try:
-            waits.wait_all(kube, "v1", "Node", label_selector=FLEET_NODE_SELECTOR, wanted=set(names),
-                           satisfies=lambda node: [node["metadata"]["name"]] if _node_ready(node) else [],
-                           timeout_s=timeout_s, progress=progress, what="Ready nodes")
+            waits.wait_all(
+                kube,
+                "v1",
+                "Node",
+                label_selector=FLEET_NODE_SELECTOR,
+                wanted=set(names),
+                satisfies=lambda node: [node["metadata"]["name"]] if _node_ready(node) else [],
+                timeout_s=timeout_s,
+                progress=progress,
+                what="Ready nodes",
+            )
         except TimeoutError as exc:
             raise EnvError(str(exc)[:300], hint=f"see {self.layout.logs / 'kwok.log'}") from None
         self._wait_default_service_account(bin_dir)
@@ -406,8 +497,10 @@ class Fleet:
                 return
             except EnvError:
                 if time.monotonic() > deadline:
-                    raise EnvError("the default ServiceAccount never appeared",
-                                   hint=f"see {self.layout.logs / 'kube-controller-manager.log'}") from None
+                    raise EnvError(
+                        "the default ServiceAccount never appeared",
+                        hint=f"see {self.layout.logs / 'kube-controller-manager.log'}",
+                    ) from None
                 time.sleep(0.5)
 
     def status(self) -> dict[str, str]:
@@ -415,11 +508,17 @@ class Fleet:
         if binaries is None:
             return {"fleet": "stopped"}
         paths = read_paths_env(binaries.operator) if (binaries.operator / "paths.env").exists() else {}
-        states = {"gpu-operator release": "{} (commit {}, from {}; {} mode)".format(
-            paths.get("GPU_OPERATOR_VERSION", "unknown"), paths.get("GPU_OPERATOR_COMMIT", "unknown"),
-            paths.get("GPU_OPERATOR_SOURCE", "unknown"), self._driver_mode()),
-            "default canary pool": "kubelet: the real kubelet pool nodes" if self.has_kubelet_pool()
-            else "kwok: a fresh KWOK GPU node per run"}
+        states = {
+            "gpu-operator release": "{} (commit {}, from {}; {} mode)".format(
+                paths.get("GPU_OPERATOR_VERSION", "unknown"),
+                paths.get("GPU_OPERATOR_COMMIT", "unknown"),
+                paths.get("GPU_OPERATOR_SOURCE", "unknown"),
+                self._driver_mode(),
+            ),
+            "default canary pool": "kubelet: the real kubelet pool nodes"
+            if self.has_kubelet_pool()
+            else "kwok: a fresh KWOK GPU node per run",
+        }
         for part in self._all_components(binaries):
             pid = processes.pid_of(self.layout, part.name)
             if pid is None:
@@ -428,8 +527,11 @@ class Fleet:
                 health = "healthy" if processes.healthy(self.layout, part) else "not answering"
                 where = f"127.0.0.1:{part.port}" if part.port else "no port"
                 states[part.name] = f"running (pid {pid}, {where}, {health})"
-        if all(s.startswith("running") for name, s in states.items()
-               if name not in ("gpu-operator release", "default canary pool")):
+        if all(
+            s.startswith("running")
+            for name, s in states.items()
+            if name not in ("gpu-operator release", "default canary pool")
+        ):
             states["nodes"] = self._node_summary()
         return states
 
@@ -445,10 +547,15 @@ class Fleet:
         for node in json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]:
             labels = node["metadata"].get("labels", {})
             ready = next((c["status"] for c in node["status"].get("conditions", []) if c["type"] == "Ready"), "Unknown")
-            rows.append({"name": node["metadata"]["name"], "ready": ready,
-                         "gpus": node["status"].get("allocatable", {}).get("nvidia.com/gpu", "0"),
-                         "product": labels.get("nvidia.com/gpu.product", ""),
-                         "upgrade": labels.get("nvidia.com/gpu-driver-upgrade-state", "")})
+            rows.append(
+                {
+                    "name": node["metadata"]["name"],
+                    "ready": ready,
+                    "gpus": node["status"].get("allocatable", {}).get("nvidia.com/gpu", "0"),
+                    "product": labels.get("nvidia.com/gpu.product", ""),
+                    "upgrade": labels.get("nvidia.com/gpu-driver-upgrade-state", ""),
+                }
+            )
         return rows
 
     def _node_summary(self) -> str:

@@ -25,18 +25,17 @@ import json
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from pytest_gpucanary.errors import EnvError
 
 BUSYBOX = "/bin/busybox"
 PAUSE_IMAGE = "localhost/gpucanary/pause:1"
-BUSYBOX_IMAGES = ("localhost/gpucanary/busybox:1", "docker.io/library/busybox:1.36",
-                  "docker.io/library/busybox:latest")
+BUSYBOX_IMAGES = ("localhost/gpucanary/busybox:1", "docker.io/library/busybox:1.36", "docker.io/library/busybox:latest")
 ALLREDUCE_IMAGE = "localhost/gpucanary/allreduce:1"
-_BASE_DIRS = ("bin", "etc", "dev", "proc", "sys", "run", "var", "root")   # in every image, with /tmp
+_BASE_DIRS = ("bin", "etc", "dev", "proc", "sys", "run", "var", "root")  # in every image, with /tmp
 _PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
 
 
@@ -44,14 +43,15 @@ _PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/fa
 class ImageSpec:
     names: tuple[str, ...]
     entrypoint: tuple[str, ...]
-    files: tuple[tuple[str, Path], ...]          # (path in image, file on this machine)
-    links: tuple[tuple[str, str], ...] = ()      # (path in image, symlink target)
-    data: tuple[tuple[str, bytes], ...] = ()     # (path in image, content), executable
-    env: tuple[str, ...] = ()                    # NAME=value, besides PATH
+    files: tuple[tuple[str, Path], ...]  # (path in image, file on this machine)
+    links: tuple[tuple[str, str], ...] = ()  # (path in image, symlink target)
+    data: tuple[tuple[str, bytes], ...] = ()  # (path in image, content), executable
+    env: tuple[str, ...] = ()  # NAME=value, besides PATH
 
 
-def _member(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, size: int = 0,
-            link: str = "") -> tarfile.TarInfo:
+def _member(
+    name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, size: int = 0, link: str = ""
+) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
     return info
@@ -65,8 +65,10 @@ def _layer(spec: ImageSpec) -> bytes:
         tar.addfile(_member("tmp", kind=tarfile.DIRTYPE, mode=0o1777))
         tar.addfile(_member("etc/passwd", size=len(_PASSWD)), io.BytesIO(_PASSWD))
         inside_paths = [inside for inside, _ in (*spec.files, *spec.data, *spec.links)]
-        parents = sorted({str(parent) for inside in inside_paths for parent in Path(inside.lstrip("/")).parents}
-                         - {".", "tmp", *_BASE_DIRS})
+        parents = sorted(
+            {str(parent) for inside in inside_paths for parent in Path(inside.lstrip("/")).parents}
+            - {".", "tmp", *_BASE_DIRS}
+        )
         for directory in parents:
             tar.addfile(_member(directory, kind=tarfile.DIRTYPE, mode=0o755))
         for inside, source in spec.files:
@@ -90,40 +92,78 @@ def write_oci_tar(spec: ImageSpec, path: Path) -> None:
     layer = _layer(spec)
     with tarfile.open(path, "w") as tar:
         layer_digest, layer_size = _blob(tar, layer)
-        config = {"architecture": "amd64", "os": "linux",
-                  "config": {"Env": ["PATH=/usr/bin:/bin", *spec.env], "Entrypoint": list(spec.entrypoint),
-                             "WorkingDir": "/"},
-                  "rootfs": {"type": "layers", "diff_ids": [layer_digest]}}
+        config = {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Env": ["PATH=/usr/bin:/bin", *spec.env],
+                "Entrypoint": list(spec.entrypoint),
+                "WorkingDir": "/",
+            },
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        }
         config_digest, config_size = _blob(tar, json.dumps(config).encode())
-        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                               "digest": config_digest, "size": config_size},
-                    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                                "digest": layer_digest, "size": layer_size}]}
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": config_size,
+            },
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}
+            ],
+        }
         manifest_digest, manifest_size = _blob(tar, json.dumps(manifest).encode())
-        index = {"schemaVersion": 2, "manifests": [
-            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest,
-             "size": manifest_size, "annotations": {"io.containerd.image.name": name,
-                                                    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]}}
-            for name in spec.names]}
-        for name, data in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
-                           ("index.json", json.dumps(index).encode())):
+        index = {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": manifest_digest,
+                    "size": manifest_size,
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
+                    },
+                }
+                for name in spec.names
+            ],
+        }
+        for name, data in (
+            ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
+            ("index.json", json.dumps(index).encode()),
+        ):
             tar.addfile(_member(name, size=len(data)), io.BytesIO(data))
 
 
 def _busybox_applets() -> list[str]:
     if not Path(BUSYBOX).exists():
-        raise EnvError(f"{BUSYBOX} is missing, so the kubelet node has no workload image",
-                       hint="apt-get install busybox-static (ci/install-node-deps.sh)")
+        raise EnvError(
+            f"{BUSYBOX} is missing, so the kubelet node has no workload image",
+            hint="apt-get install busybox-static (ci/install-node-deps.sh)",
+        )
     listed = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
     return [applet for applet in listed if applet != "busybox"]
 
 
-def _busybox(names: tuple[str, ...], entrypoint: tuple[str, ...] = ("/bin/sh",), *,
-             files: tuple[tuple[str, Path], ...] = (), data: tuple[tuple[str, bytes], ...] = (),
-             env: tuple[str, ...] = ()) -> ImageSpec:
-    return ImageSpec(names, entrypoint, (("/bin/busybox", Path(BUSYBOX)), *files),
-                     tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets()), data, env)
+def _busybox(
+    names: tuple[str, ...],
+    entrypoint: tuple[str, ...] = ("/bin/sh",),
+    *,
+    files: tuple[tuple[str, Path], ...] = (),
+    data: tuple[tuple[str, bytes], ...] = (),
+    env: tuple[str, ...] = (),
+) -> ImageSpec:
+    return ImageSpec(
+        names,
+        entrypoint,
+        (("/bin/busybox", Path(BUSYBOX)), *files),
+        tuple((f"/bin/{applet}", "busybox") for applet in _busybox_applets()),
+        data,
+        env,
+    )
 
 
 def shared_libraries(binary: Path) -> tuple[tuple[str, Path], ...]:
@@ -143,10 +183,13 @@ def operator_plugin_images(*, device_plugin: str, plugin_dir: Path) -> list[Imag
     binaries = [plugin_dir / name for name in ("nvidia-device-plugin", "gpu-feature-discovery")]
     libraries = dict(library for binary in binaries for library in shared_libraries(binary))
     return [
-        _busybox((device_plugin,), ("/bin/nvidia-device-plugin",),
-                 files=(*((f"/bin/{b.name}", b) for b in binaries), *libraries.items()),
-                 data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),),
-                 env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility")),
+        _busybox(
+            (device_plugin,),
+            ("/bin/nvidia-device-plugin",),
+            files=(*((f"/bin/{b.name}", b) for b in binaries), *libraries.items()),
+            data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),),
+            env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"),
+        ),
     ]
 
 
@@ -183,7 +226,7 @@ gpucanary-nvml-state /etc/nvml-gpus /run/nvidia/gpucanary-nvml.env
 echo "driver $(cat /etc/driver-version) loaded"
 while :; do sleep 1; done
 """
-NVML_STATE_PATH = "/run/nvidia/gpucanary-nvml.env"      # where the driver above writes it (the shim's default)
+NVML_STATE_PATH = "/run/nvidia/gpucanary-nvml.env"  # where the driver above writes it (the shim's default)
 # What the node's NVML stand-in (ci/node/nvml-shim) answers while this driver is loaded: the driver's
 # GPUs (`nvml_gpus`) and eight devices, their UUIDs derived from the node's name, written whole and then
 # renamed, so a reader never sees half of it. The driver manager removes it when it unloads the driver.
@@ -210,11 +253,32 @@ def nvml_gpus(version: str) -> str:
     """The driver's part of the NVML state: the KWOK GPU nodes' GPU, an H100 80GB HBM3 (fixtures/fleet/gpu-node.yaml:
     GFD's nvidia.com/gpu.product and .memory), on `version`."""
     major = version.split(".", 1)[0]
-    cuda = next((c for branch, c in sorted(_CUDA_OF_BRANCH.items(), reverse=True)
-                 if branch <= (int(major) if major.isdigit() else 0)), 12040)
-    return "\n".join((f"DRIVER_VERSION={version}", f"CUDA_DRIVER_VERSION={cuda}", "PRODUCT_NAME=NVIDIA H100 80GB HBM3",
-                      f"MEMORY_TOTAL_BYTES={81559 << 20}", "CUDA_COMPUTE_CAPABILITY=9.0", "ARCHITECTURE=HOPPER",
-                      "BRAND=NVIDIA", "PCI_DEVICE_ID=0x233010de", "PCI_SUBSYSTEM_ID=0x16c110de")) + "\n"
+    cuda = next(
+        (
+            c
+            for branch, c in sorted(_CUDA_OF_BRANCH.items(), reverse=True)
+            if branch <= (int(major) if major.isdigit() else 0)
+        ),
+        12040,
+    )
+    return (
+        "\n".join(
+            (
+                f"DRIVER_VERSION={version}",
+                f"CUDA_DRIVER_VERSION={cuda}",
+                "PRODUCT_NAME=NVIDIA H100 80GB HBM3",
+                f"MEMORY_TOTAL_BYTES={81559 << 20}",
+                "CUDA_COMPUTE_CAPABILITY=9.0",
+                "ARCHITECTURE=HOPPER",
+                "BRAND=NVIDIA",
+                "PCI_DEVICE_ID=0x233010de",
+                "PCI_SUBSYSTEM_ID=0x16c110de",
+            )
+        )
+        + "\n"
+    )
+
+
 _NVIDIA_SMI = b"""#!/bin/sh
 [ -f /sys/module/nvidia/refcnt ] || { echo "NVIDIA-SMI has failed: no driver loaded"; exit 9; }
 echo "NVIDIA-SMI $(cat /etc/driver-version)   Driver Version: $(cat /etc/driver-version)"
@@ -250,33 +314,58 @@ wait $server
 """
 
 
-def pool_operand_images(bin_dir: Path, apiserver_url: str, *, validator: str, validator_bin: Path, nvml_shim: Path,
-                        driver_manager: str, drivers: tuple[str, ...], cuda_sample: str, probe: str, service: str,
-                        faults: Mapping[str, tuple[str, str]] | None = None) -> list[ImageSpec]:
+def pool_operand_images(
+    bin_dir: Path,
+    apiserver_url: str,
+    *,
+    validator: str,
+    validator_bin: Path,
+    nvml_shim: Path,
+    driver_manager: str,
+    drivers: tuple[str, ...],
+    cuda_sample: str,
+    probe: str,
+    service: str,
+    faults: Mapping[str, tuple[str, str]] | None = None,
+) -> list[ImageSpec]:
     """The images of the operator's driver and validator pods, and of the canary's GPU job, probe and
     service, for a kubelet node that is a canary pool. The validator's is NVIDIA's `validator_bin` (built
-    from the operator release's tree); each driver's root holds the NVML stand-in `nvml_shim`. `drivers` are driver image names
-    (<repository>/driver:<version>-<os>); a version in `faults` gets a driver container that prints the
+    from the operator release's tree); each driver's root holds the NVML stand-in `nvml_shim`. `drivers` are
+    driver image names (<repository>/driver:<version>-<os>); a version in `faults` gets a driver container that prints the
     fault's message and then exits 1 ("crash") or waits without loading ("hang"), or that loads while the
     validator's nvidia-smi check fails with the message and retries ("unvalidated")."""
     faults = faults or {}
     specs = [
         _busybox((validator,), files=(("/bin/nvidia-validator", validator_bin),)),
-        _busybox((driver_manager,), ("/bin/driver-manager",), files=(("/bin/driver-manager", bin_dir / "driver-manager"),),
-                 data=(("/etc/gpucanary/apiserver", apiserver_url.encode() + b"\n"),)),
+        _busybox(
+            (driver_manager,),
+            ("/bin/driver-manager",),
+            files=(("/bin/driver-manager", bin_dir / "driver-manager"),),
+            data=(("/etc/gpucanary/apiserver", apiserver_url.encode() + b"\n"),),
+        ),
         _busybox((cuda_sample,), data=(("/cuda-samples/vectorAdd", _VECTOR_ADD),)),
         _busybox((probe,)),
         _busybox((service,), ("/agnhost",), data=(("/agnhost", _AGNHOST),)),
     ]
     for name in drivers:
         version = name.rsplit(":", 1)[1].split("-", 1)[0]
-        fault = ((("/etc/driver-fault", "\n".join(faults[version]).encode() + b"\n"),) if version in faults else ())
-        specs.append(_busybox((name,), ("/bin/nvidia-driver",), files=(("/usr/lib64/libnvidia-ml.so.1", nvml_shim),),
-                              data=(
-            ("/bin/nvidia-driver", _DRIVER), ("/bin/nvidia-smi", _NVIDIA_SMI),
-            ("/etc/driver-root/nvidia-smi", _DRIVER_ROOT_NVIDIA_SMI.format(version=version).encode()),
-            ("/bin/gpucanary-nvml-state", NVML_STATE_SCRIPT), ("/etc/nvml-gpus", nvml_gpus(version).encode()),
-            ("/etc/driver-version", version.encode() + b"\n"), *fault)))
+        fault = (("/etc/driver-fault", "\n".join(faults[version]).encode() + b"\n"),) if version in faults else ()
+        specs.append(
+            _busybox(
+                (name,),
+                ("/bin/nvidia-driver",),
+                files=(("/usr/lib64/libnvidia-ml.so.1", nvml_shim),),
+                data=(
+                    ("/bin/nvidia-driver", _DRIVER),
+                    ("/bin/nvidia-smi", _NVIDIA_SMI),
+                    ("/etc/driver-root/nvidia-smi", _DRIVER_ROOT_NVIDIA_SMI.format(version=version).encode()),
+                    ("/bin/gpucanary-nvml-state", NVML_STATE_SCRIPT),
+                    ("/etc/nvml-gpus", nvml_gpus(version).encode()),
+                    ("/etc/driver-version", version.encode() + b"\n"),
+                    *fault,
+                ),
+            )
+        )
     return specs
 
 
@@ -299,7 +388,11 @@ def import_images(specs: list[ImageSpec], *, directory: Path, address: Path, ent
     for spec in specs:
         path = directory / (spec.names[0].rsplit("/", 1)[1].replace(":", "-") + ".tar")
         write_oci_tar(spec, path)
-        result = subprocess.run([*enter, ctr, f"--address={address}", "--namespace=k8s.io", "images", "import", str(path)],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [*enter, ctr, f"--address={address}", "--namespace=k8s.io", "images", "import", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if result.returncode != 0:
             raise EnvError(f"ctr images import {path.name} failed: {result.stderr.strip()[:300]}")

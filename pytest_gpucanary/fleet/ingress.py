@@ -28,10 +28,10 @@ from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube, WatchEvent
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-SYNC_WAIT_S = 5.0          # a first request waits this long for the initial list, so it is not a false 503
+SYNC_WAIT_S = 5.0  # a first request waits this long for the initial list, so it is not a false 503
 RETRY_S = 1.0
 PROXY_TIMEOUT_S = 10.0
-USER_AGENT = "gpucanary-fleet-ingress"   # not gpucanary/<version>: the audit log tells the canary apart by it
+USER_AGENT = "gpucanary-fleet-ingress"  # not gpucanary/<version>: the audit log tells the canary apart by it
 REQUESTS_METRIC = "gpucanary_ingress_requests_total"
 
 
@@ -58,7 +58,7 @@ class ServiceEndpoints:
         self.kube, self.namespace, self.service = kube, namespace, service
         self.synced = threading.Event()
         self._slices: dict[str, tuple[str, ...]] = {}
-        self._targets: dict[str, tuple[str, int]] = {}    # pod -> (its node, the slice's first port)
+        self._targets: dict[str, tuple[str, int]] = {}  # pod -> (its node, the slice's first port)
         self._lock = threading.Lock()
         self._turn = 0
         self._stop = threading.Event()
@@ -70,13 +70,18 @@ class ServiceEndpoints:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                for event in self.kube.watch("discovery.k8s.io/v1", "EndpointSlice", stop=self._stop,
-                                             namespace=self.namespace,
-                                             label_selector=f"{SERVICE_NAME_LABEL}={self.service}"):
+                for event in self.kube.watch(
+                    "discovery.k8s.io/v1",
+                    "EndpointSlice",
+                    stop=self._stop,
+                    namespace=self.namespace,
+                    label_selector=f"{SERVICE_NAME_LABEL}={self.service}",
+                ):
                     self.apply(event)
             except GpucanaryError as err:
-                print(f"ingress: watch of {self.namespace}/{self.service} endpoints failed: {err}; retrying",
-                      flush=True)
+                print(
+                    f"ingress: watch of {self.namespace}/{self.service} endpoints failed: {err}; retrying", flush=True
+                )
                 self._stop.wait(RETRY_S)
 
     def apply(self, event: WatchEvent) -> None:
@@ -115,8 +120,8 @@ class Router:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self._services: dict[tuple[str, str], ServiceEndpoints] = {}
-        self._kwok: dict[str, bool] = {}     # node -> it is a KWOK node
-        self._answered: dict[tuple[str, str, int], int] = {}   # (namespace, service, status) -> requests
+        self._kwok: dict[str, bool] = {}  # node -> it is a KWOK node
+        self._answered: dict[tuple[str, str, int], int] = {}  # (namespace, service, status) -> requests
         self._lock = threading.Lock()
 
     def endpoints(self, namespace: str, service: str) -> ServiceEndpoints:
@@ -133,7 +138,7 @@ class Router:
             try:
                 known = is_kwok_node(self.kube.get("v1", "Node", node))
             except GpucanaryError:
-                return True          # not known (yet): answer for it as for a KWOK pod
+                return True  # not known (yet): answer for it as for a KWOK pod
             with self._lock:
                 self._kwok[node] = known
         return known
@@ -154,10 +159,14 @@ class Router:
         """The Prometheus text exposition of what `answer` answered."""
         with self._lock:
             answered = sorted(self._answered.items())
-        lines = [f"# HELP {REQUESTS_METRIC} Requests the fleet's ingress answered, by Service and status code.",
-                 f"# TYPE {REQUESTS_METRIC} counter"]
-        lines += [f'{REQUESTS_METRIC}{{namespace="{namespace}",service="{service}",code="{status}"}} {count}'
-                  for (namespace, service, status), count in answered]
+        lines = [
+            f"# HELP {REQUESTS_METRIC} Requests the fleet's ingress answered, by Service and status code.",
+            f"# TYPE {REQUESTS_METRIC} counter",
+        ]
+        lines += [
+            f'{REQUESTS_METRIC}{{namespace="{namespace}",service="{service}",code="{status}"}} {count}'
+            for (namespace, service, status), count in answered
+        ]
         return ("\n".join(lines) + "\n").encode()
 
     def _route(self, namespace: str, service: str, parts: list[str], query: str) -> tuple[int, bytes]:

@@ -40,12 +40,16 @@ from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL
 
 GPUS_PER_NODE = 8
-TAINT_KEY = "gpucanary.io/kubelet-node"   # keeps KWOK-era workloads off the real node until they opt in
+TAINT_KEY = "gpucanary.io/kubelet-node"  # keeps KWOK-era workloads off the real node until they opt in
 NODE_KIND_LABEL = "gpucanary.io/node-kind"
 # The kubelet's container manager sets these when they differ (setupKernelTunables); the node's
 # namespace shows it these values, so the machine's stay as they are.
-KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
-                   "kernel/panic_on_oops": "1"}
+KERNEL_TUNABLES = {
+    "vm/overcommit_memory": "1",
+    "vm/panic_on_oom": "0",
+    "kernel/panic": "10",
+    "kernel/panic_on_oops": "1",
+}
 NODE_LABELS = {NODE_KIND_LABEL: "kubelet", "gpucanary.io/fleet": "local"}
 # With the device plugin as a fleet process, nvidia.com/gpu.deploy.operands=false keeps every GPU
 # Operator operand off the node: their nvcr.io images are not on it (the KWOK GPU nodes run them).
@@ -53,10 +57,23 @@ PROCESS_PLUGIN_LABELS = {"nvidia.com/gpu.deploy.operands": "false"}
 # A pool node deploys only the operands that run here; the operator keeps a deploy label that is already
 # set, so "false" keeps each of the others off.
 POOL_OPERANDS = ("driver", "operator-validator", "device-plugin", "gpu-feature-discovery")
-POOL_LABELS = {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in (
-    "container-toolkit", "dcgm", "dcgm-exporter", "node-status-exporter", "mig-manager", "sandbox-validator",
-    "sandbox-device-plugin", "vgpu-manager", "vgpu-device-manager", "vfio-manager", "kata-manager",
-    "cc-manager")} | {f"nvidia.com/gpu.deploy.{operand}": "true" for operand in POOL_OPERANDS}
+POOL_LABELS = {
+    f"nvidia.com/gpu.deploy.{operand}": "false"
+    for operand in (
+        "container-toolkit",
+        "dcgm",
+        "dcgm-exporter",
+        "node-status-exporter",
+        "mig-manager",
+        "sandbox-validator",
+        "sandbox-device-plugin",
+        "vgpu-manager",
+        "vgpu-device-manager",
+        "vfio-manager",
+        "kata-manager",
+        "cc-manager",
+    )
+} | {f"nvidia.com/gpu.deploy.{operand}": "true" for operand in POOL_OPERANDS}
 # The driver versions a pool node has images for, besides the fleet's own: a run to another version
 # sees its driver pod fail to pull, and says so.
 POOL_DRIVER_VERSIONS = ("580.95.05", "575.57.08", "570.172.08")
@@ -66,10 +83,15 @@ POOL_DRIVER_VERSIONS = ("580.95.05", "575.57.08", "570.172.08")
 # an air-gapped node cannot reach), so its startup probe never passes and the operands wait behind it;
 # "unvalidated" loads and turns Ready, but the validator's nvidia-smi fails with the message (a driver root
 # whose libraries do not match the loaded module), so the operands wait behind a Ready driver.
-DRIVER_FAULTS = {"574.0.1": ("crash", "ERROR: Unable to load the kernel module 'nvidia.ko': Unknown symbol in "
-                                      "module (a GPL-only symbol on this kernel)"),
-                 "574.0.2": ("hang", "Installing Linux kernel headers..."),
-                 "574.0.3": ("unvalidated", "Failed to initialize NVML: Driver/library version mismatch")}
+DRIVER_FAULTS = {
+    "574.0.1": (
+        "crash",
+        "ERROR: Unable to load the kernel module 'nvidia.ko': Unknown symbol in "
+        "module (a GPL-only symbol on this kernel)",
+    ),
+    "574.0.2": ("hang", "Installing Linux kernel headers..."),
+    "574.0.3": ("unvalidated", "Failed to initialize NVML: Driver/library version mismatch"),
+}
 _KWOK_ONLY_LABELS = ("type", "gpucanary.io/driver-pool", "nvidia.com/gpu.deploy.gpu-feature-discovery")
 # containerd's CRI always adds the loopback network itself, from the same plugin directory
 DEBIAN_LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")
@@ -113,16 +135,23 @@ def gpu_labels(*, gfd: bool = True) -> dict[str, str]:
     """The NFD and GFD labels of the KWOK GPU nodes (fixtures/fleet/gpu-node.yaml), without theirs; without GFD's
     (`nvidia.com/`) where NVIDIA's GFD runs and writes its own."""
     labels = yaml.safe_load((FLEET_FIXTURES / "gpu-node.yaml").read_text())["metadata"]["labels"]
-    return {k: v for k, v in labels.items() if k not in _KWOK_ONLY_LABELS and not k.startswith("kubernetes.io/")
-            and (gfd or not k.startswith("nvidia.com/"))}
+    return {
+        k: v
+        for k, v in labels.items()
+        if k not in _KWOK_ONLY_LABELS
+        and not k.startswith("kubernetes.io/")
+        and (gfd or not k.startswith("nvidia.com/"))
+    }
 
 
 def operator_images() -> dict[str, str]:
     """Image names of the device plugin, the validator and the driver manager in the fleet's
     ClusterPolicy (the NVIDIADrivers give the same driver and manager images)."""
     spec = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]
-    names = {key: f"{spec[key]['repository']}/{spec[key]['image']}:{spec[key]['version']}"
-             for key in ("devicePlugin", "validator")}
+    names = {
+        key: f"{spec[key]['repository']}/{spec[key]['image']}:{spec[key]['version']}"
+        for key in ("devicePlugin", "validator")
+    }
     manager = spec["driver"]["manager"]
     names["driverManager"] = f"{manager['repository']}/{manager['image']}:{manager['version']}"
     return names
@@ -138,8 +167,10 @@ def driver_images() -> tuple[str, ...]:
     with the OS suffix the operator appends from the node's NFD labels."""
     spec = yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]["driver"]
     labels = gpu_labels()
-    suffix = (labels["feature.node.kubernetes.io/system-os_release.ID"]
-              + labels["feature.node.kubernetes.io/system-os_release.VERSION_ID"])
+    suffix = (
+        labels["feature.node.kubernetes.io/system-os_release.ID"]
+        + labels["feature.node.kubernetes.io/system-os_release.VERSION_ID"]
+    )
     versions = dict.fromkeys((fleet_driver_version(), *POOL_DRIVER_VERSIONS, *DRIVER_FAULTS))
     return tuple(f"{spec['repository']}/{spec['image']}:{version}-{suffix}" for version in versions)
 
@@ -207,23 +238,59 @@ class KubeletNode:
         metrics, healthz = self.port("containerd-metrics"), self.port("kubelet-healthz")
         driver_root = str(self.dir / "driver-root")
         parts = [
-            Component(containerd, (
-                "unshare", "--mount", "--propagation", "private", "sh", "-c", _NAMESPACE_SETUP, str(self.dir),
-                shutil.which("containerd") or "containerd", f"--config={self.dir / 'containerd' / 'config.toml'}",
-            ), f"http://{HOST}:{metrics}/v1/metrics", metrics),
-            Component(kubelet, (
-                "sh", "-c", _ENTER, pidfile, str(self.bin_dir / "kubelet"),
-                f"--config={self.dir / 'kubelet' / 'config.yaml'}", f"--kubeconfig={self.dir / 'kubeconfig'}",
-                f"--root-dir={self.kubelet_root}", f"--cert-dir={self.dir / 'kubelet' / 'pki'}",
-                f"--hostname-override={self.name}", "--v=2",
-                "--node-labels=" + ",".join(f"{k}={v}" for k, v in self.labels().items()),
-            ), f"http://{HOST}:{healthz}/healthz", healthz),
+            Component(
+                containerd,
+                (
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    _NAMESPACE_SETUP,
+                    str(self.dir),
+                    shutil.which("containerd") or "containerd",
+                    f"--config={self.dir / 'containerd' / 'config.toml'}",
+                ),
+                f"http://{HOST}:{metrics}/v1/metrics",
+                metrics,
+            ),
+            Component(
+                kubelet,
+                (
+                    "sh",
+                    "-c",
+                    _ENTER,
+                    pidfile,
+                    str(self.bin_dir / "kubelet"),
+                    f"--config={self.dir / 'kubelet' / 'config.yaml'}",
+                    f"--kubeconfig={self.dir / 'kubeconfig'}",
+                    f"--root-dir={self.kubelet_root}",
+                    f"--cert-dir={self.dir / 'kubelet' / 'pki'}",
+                    f"--hostname-override={self.name}",
+                    "--v=2",
+                    "--node-labels=" + ",".join(f"{k}={v}" for k, v in self.labels().items()),
+                ),
+                f"http://{HOST}:{healthz}/healthz",
+                healthz,
+            ),
             # NVIDIA's device plugin as a process of a node whose driver is installed on the host: it loads the
             # driver root's NVML (the stand-in, answering from the node's state file) and registers its GPUs
-            Component(plugin, (
-                "sh", "-c", _ENTER, pidfile, str(self.dir / "device-plugin" / "nvidia-device-plugin"),
-                f"--driver-root={driver_root}", f"--driver-root-ctr-path={driver_root}",
-            ), "", 0, env=(("GPUCANARY_NVML_STATE", str(self.dir / "nvml.env")), ("DP_DISABLE_HEALTHCHECKS", "all"))),
+            Component(
+                plugin,
+                (
+                    "sh",
+                    "-c",
+                    _ENTER,
+                    pidfile,
+                    str(self.dir / "device-plugin" / "nvidia-device-plugin"),
+                    f"--driver-root={driver_root}",
+                    f"--driver-root-ctr-path={driver_root}",
+                ),
+                "",
+                0,
+                env=(("GPUCANARY_NVML_STATE", str(self.dir / "nvml.env")), ("DP_DISABLE_HEALTHCHECKS", "all")),
+            ),
         ]
         return parts[:2] if self.pool else parts
 
@@ -232,8 +299,19 @@ class KubeletNode:
         no pool runs NVIDIA's `device_plugin` as a process over the `nvml_shim`, its driver installed on the host at
         the fleet's version."""
         shutil.rmtree(self.dir, ignore_errors=True)
-        for sub in ("varlib/upper", "varlib/work", "etc", "sysctl", "cni/net.d", "cni/ipam", "cni/bin", "containerd",
-                    "kubelet/pki", "kubelet/pod-logs", "pki"):
+        for sub in (
+            "varlib/upper",
+            "varlib/work",
+            "etc",
+            "sysctl",
+            "cni/net.d",
+            "cni/ipam",
+            "cni/bin",
+            "containerd",
+            "kubelet/pki",
+            "kubelet/pod-logs",
+            "pki",
+        ):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / "etc" / "hosts").write_text(hosts)
         (self.dir / "etc" / "resolv.conf").write_text(f"nameserver {HOST}\n")
@@ -249,9 +327,11 @@ class KubeletNode:
             shutil.copy(nvml_shim, self.dir / "driver-root" / "usr" / "lib64" / "libnvidia-ml.so.1")
             gpus = self.dir / "nvml-gpus"
             gpus.write_text(nvml_gpus(fleet_driver_version()))
-            subprocess.run(["sh", "-c", NVML_STATE_SCRIPT.decode(), "nvml-state", str(gpus),
-                            str(self.dir / "nvml.env")],
-                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NODE_NAME": self.name}, check=True)
+            subprocess.run(
+                ["sh", "-c", NVML_STATE_SCRIPT.decode(), "nvml-state", str(gpus), str(self.dir / "nvml.env")],
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NODE_NAME": self.name},
+                check=True,
+            )
         (self.dir / "cni" / "bin" / "loopback").symlink_to(DEBIAN_LOOPBACK_PLUGIN)
         (self.dir / "cni" / "bin" / "gpucanary-netns").symlink_to(self.bin_dir / "gpucanary-netns")
         (self.dir / "cni" / "net.d" / "10-gpucanary-netns.conflist").write_text(json.dumps(self._cni_config()))
@@ -260,15 +340,23 @@ class KubeletNode:
         self._credentials()
 
     def _cni_config(self) -> dict:
-        return {"cniVersion": "1.0.0", "name": "gpucanary-netns", "plugins": [{
-            "type": "gpucanary-netns", "subnet": f"10.245.{self.index}.0/24",
-            "dataDir": str(self.dir / "cni" / "ipam")}]}
+        return {
+            "cniVersion": "1.0.0",
+            "name": "gpucanary-netns",
+            "plugins": [
+                {
+                    "type": "gpucanary-netns",
+                    "subnet": f"10.245.{self.index}.0/24",
+                    "dataDir": str(self.dir / "cni" / "ipam"),
+                }
+            ],
+        }
 
     def _containerd_config(self) -> str:
         d, cri = self.dir / "containerd", '[plugins."io.containerd.grpc.v1.cri"'
         return f"""version = 2
-root = "{d / 'root'}"
-state = "{d / 'state'}"
+root = "{d / "root"}"
+state = "{d / "state"}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp"]
 [grpc]
@@ -278,13 +366,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [debug]
   address = ""
 [metrics]
-  address = "{HOST}:{self.port('containerd-metrics')}"
+  address = "{HOST}:{self.port("containerd-metrics")}"
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{d / 'opt'}"
+  path = "{d / "opt"}"
 {cri}]
   sandbox_image = "{PAUSE_IMAGE}"
   stream_server_address = "{HOST}"
-  stream_server_port = "{self.port('containerd-stream')}"
+  stream_server_port = "{self.port("containerd-stream")}"
   enable_selinux = false
   restrict_oom_score_adj = true  # root here lacks CAP_SYS_RESOURCE; negative scores would fail every sandbox
 {cri}.containerd]
@@ -303,31 +391,43 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   privileged_without_host_devices = true
 {cri}.containerd.runtimes.nvidia.options]
   SystemdCgroup = false
-  BinaryName = "{self.bin_dir / 'nvidia-container-runtime'}"
+  BinaryName = "{self.bin_dir / "nvidia-container-runtime"}"
 {cri}.cni]
-  bin_dir = "{self.dir / 'cni' / 'bin'}"
-  conf_dir = "{self.dir / 'cni' / 'net.d'}"
+  bin_dir = "{self.dir / "cni" / "bin"}"
+  conf_dir = "{self.dir / "cni" / "net.d"}"
 """
 
     def _kubelet_config(self) -> dict:
         return {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
             "failCgroupV1": False,  # this machine is cgroup v1 (hybrid); 1.36 refuses it unless told
-            "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{self.cgroup_root}", "cgroupsPerQOS": True,
-            "enforceNodeAllocatable": ["pods"], "failSwapOn": False,
-            "address": HOST, "port": self.port("kubelet"), "readOnlyPort": 0,
-            "healthzBindAddress": HOST, "healthzPort": self.port("kubelet-healthz"),
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{self.cgroup_root}",
+            "cgroupsPerQOS": True,
+            "enforceNodeAllocatable": ["pods"],
+            "failSwapOn": False,
+            "address": HOST,
+            "port": self.port("kubelet"),
+            "readOnlyPort": 0,
+            "healthzBindAddress": HOST,
+            "healthzPort": self.port("kubelet-healthz"),
             # the fleet's apiserver calls kubelets without a client certificate (logs, exec); the
             # kubelet listens on 127.0.0.1 only
-            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
-                               "x509": {"clientCAFile": str(self.layout.pki / "ca.crt")}},
+            "authentication": {
+                "anonymous": {"enabled": True},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(self.layout.pki / "ca.crt")},
+            },
             "authorization": {"mode": "AlwaysAllow"},
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
             "imageServiceEndpoint": f"unix://{self.containerd_socket}",
             "podLogsDir": str(self.dir / "kubelet" / "pod-logs"),
             "registerNode": True,
             "registerWithTaints": self.taints(),
-            "maxPods": 30, "serializeImagePulls": False, "resolvConf": "",
+            "maxPods": 30,
+            "serializeImagePulls": False,
+            "resolvConf": "",
             "makeIPTablesUtilChains": False,  # the machine's iptables are not the node's to change
             "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
@@ -337,12 +437,40 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _credentials(self) -> None:
         """A client certificate for system:node:<name> signed by the fleet CA, and its kubeconfig."""
         pki, ca = self.dir / "pki", self.layout.pki
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr",
-                 "-subj", f"/O=system:nodes/CN=system:node:{self.name}", cwd=pki)
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "node.key",
+            "-out",
+            "node.csr",
+            "-subj",
+            f"/O=system:nodes/CN=system:node:{self.name}",
+            cwd=pki,
+        )
         (pki / "node.ext").write_text("extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
-        _openssl("x509", "-req", "-in", "node.csr", "-CA", str(ca / "ca.crt"), "-CAkey", str(ca / "ca.key"),
-                 "-CAcreateserial", "-CAserial", "ca.srl", "-days", "30", "-out", "node.crt",
-                 "-extfile", "node.ext", cwd=pki)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            "node.csr",
+            "-CA",
+            str(ca / "ca.crt"),
+            "-CAkey",
+            str(ca / "ca.key"),
+            "-CAcreateserial",
+            "-CAserial",
+            "ca.srl",
+            "-days",
+            "30",
+            "-out",
+            "node.crt",
+            "-extfile",
+            "node.ext",
+            cwd=pki,
+        )
         (self.dir / "kubeconfig").write_text(
             "apiVersion: v1\nkind: Config\n"
             f"clusters:\n- name: fleet\n  cluster:\n    server: {self.layout.apiserver_url}\n"
@@ -350,4 +478,5 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             f"users:\n- name: {self.name}\n  user:\n    client-certificate: {pki / 'node.crt'}\n"
             f"    client-key: {pki / 'node.key'}\n"
             f"contexts:\n- name: fleet\n  context:\n    cluster: fleet\n    user: {self.name}\n"
-            "current-context: fleet\n")
+            "current-context: fleet\n"
+        )

@@ -12,28 +12,44 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from pytest_gpucanary.config import GPU_JOB_IMAGE, PROBE_IMAGE, SERVICE_IMAGE
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import images, node_cgroups, processes
 from pytest_gpucanary.fleet.binaries import DEVICE_PLUGIN, NVML_SHIM, Build, find_bin_dir
 from pytest_gpucanary.fleet.components import Component
-from pytest_gpucanary.fleet.kubelet_node import (DEBIAN_LOOPBACK_PLUGIN, DRIVER_FAULTS, GPUS_PER_NODE, KubeletNode,
-                                                  driver_images, gpu_labels, hosts_text, operator_images)
+from pytest_gpucanary.fleet.kubelet_node import (
+    DEBIAN_LOOPBACK_PLUGIN,
+    DRIVER_FAULTS,
+    GPUS_PER_NODE,
+    KubeletNode,
+    driver_images,
+    gpu_labels,
+    hosts_text,
+    operator_images,
+)
 from pytest_gpucanary.fleet.layout import FleetLayout
 
 Progress = Callable[[str], None]
 Kubectl = Callable[..., str]
-KUBELET_NODE_BUILD = Build("GPUCANARY_KUBELET_BIN_DIR", "build-kubelet.sh",
-                           ("kubelet", "pause", "gpucanary-netns", "allreduce",
-                            "driver-manager", "nvidia-container-runtime"))
-DEBIAN_TOOLS = {"containerd": "containerd", "containerd-shim-runc-v2": "containerd", "ctr": "containerd",
-                "runc": "runc", "nsenter": "util-linux", "ip": "iproute2", "openssl": "openssl"}
+KUBELET_NODE_BUILD = Build(
+    "GPUCANARY_KUBELET_BIN_DIR",
+    "build-kubelet.sh",
+    ("kubelet", "pause", "gpucanary-netns", "allreduce", "driver-manager", "nvidia-container-runtime"),
+)
+DEBIAN_TOOLS = {
+    "containerd": "containerd",
+    "containerd-shim-runc-v2": "containerd",
+    "ctr": "containerd",
+    "runc": "runc",
+    "nsenter": "util-linux",
+    "ip": "iproute2",
+    "openssl": "openssl",
+}
 READY_TIMEOUT_S = 120
 _APISERVER_HOSTS = 'mount --bind "$0" /etc/hosts && exec "$@"'
 
@@ -47,8 +63,10 @@ def check_host() -> None:
     if not DEBIAN_LOOPBACK_PLUGIN.exists():
         missing.append("containernetworking-plugins")
     if missing:
-        raise EnvError(f"the kubelet node needs Debian packages {', '.join(missing)}",
-                       hint="run ci/install-node-deps.sh, or set GPUCANARY_FLEET_KUBELET_NODES=0")
+        raise EnvError(
+            f"the kubelet node needs Debian packages {', '.join(missing)}",
+            hint="run ci/install-node-deps.sh, or set GPUCANARY_FLEET_KUBELET_NODES=0",
+        )
 
 
 def hosts_file(layout: FleetLayout) -> Path:
@@ -61,8 +79,17 @@ def write_hosts(layout: FleetLayout) -> None:
 
 def with_node_hosts(layout: FleetLayout, apiserver: Component) -> Component:
     """The apiserver in a private mount namespace whose /etc/hosts names the kubelet nodes."""
-    argv = ("unshare", "--mount", "--propagation", "private", "sh", "-c", _APISERVER_HOSTS,
-            str(hosts_file(layout)), *apiserver.argv)
+    argv = (
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _APISERVER_HOSTS,
+        str(hosts_file(layout)),
+        *apiserver.argv,
+    )
     return Component(apiserver.name, argv, apiserver.health_url, apiserver.port, apiserver.env)
 
 
@@ -107,26 +134,53 @@ class KubeletNodes:
             names = operator_images()
             validator = operator_bin_dir / "nvidia-validator"
             if not validator.is_file():
-                raise EnvError(f"the GPU Operator build in {operator_bin_dir} has no nvidia-validator, which a kubelet "
-                               "pool runs", hint="rebuild it: bash ci/build-operator.sh <release>")
+                raise EnvError(
+                    f"the GPU Operator build in {operator_bin_dir} has no nvidia-validator, which a kubelet pool runs",
+                    hint="rebuild it: bash ci/build-operator.sh <release>",
+                )
             specs += images.operator_plugin_images(device_plugin=names["devicePlugin"], plugin_dir=plugin_dir)
-            specs += images.pool_operand_images(self.bin_dir, self.layout.apiserver_url, validator=names["validator"],
-                                                validator_bin=validator,
-                                                nvml_shim=nvml_shim,
-                                                driver_manager=names["driverManager"], drivers=driver_images(),
-                                                cuda_sample=GPU_JOB_IMAGE, probe=PROBE_IMAGE,
-                                                service=SERVICE_IMAGE, faults=DRIVER_FAULTS)
+            specs += images.pool_operand_images(
+                self.bin_dir,
+                self.layout.apiserver_url,
+                validator=names["validator"],
+                validator_bin=validator,
+                nvml_shim=nvml_shim,
+                driver_manager=names["driverManager"],
+                drivers=driver_images(),
+                cuda_sample=GPU_JOB_IMAGE,
+                probe=PROBE_IMAGE,
+                service=SERVICE_IMAGE,
+                faults=DRIVER_FAULTS,
+            )
         _state_file(self.layout).parent.mkdir(parents=True, exist_ok=True)
         _state_file(self.layout).write_text(json.dumps({"bin_dir": str(self.bin_dir), "count": self.count}))
-        started = {node.name: self._start_node(node, specs, hosts, kubectl, progress,
-                                               device_plugin=plugin_dir / "nvidia-device-plugin", nvml_shim=nvml_shim)
-                   for node in self.nodes()}
+        started = {
+            node.name: self._start_node(
+                node,
+                specs,
+                hosts,
+                kubectl,
+                progress,
+                device_plugin=plugin_dir / "nvidia-device-plugin",
+                nvml_shim=nvml_shim,
+            )
+            for node in self.nodes()
+        }
         state = {"bin_dir": str(self.bin_dir), "count": self.count, "start_s": started}
         _state_file(self.layout).write_text(json.dumps(state, indent=2) + "\n")
         return started
 
-    def _start_node(self, node: KubeletNode, specs: list[images.ImageSpec], hosts: str, kubectl: Kubectl,
-                    progress: Progress, *, device_plugin: Path, nvml_shim: Path) -> float:
+    def _start_node(
+        self,
+        node: KubeletNode,
+        specs: list[images.ImageSpec],
+        hosts: str,
+        kubectl: Kubectl,
+        progress: Progress,
+        *,
+        device_plugin: Path,
+        nvml_shim: Path,
+    ) -> float:
         begin = time.monotonic()
         node.prepare(hosts, device_plugin=device_plugin, nvml_shim=nvml_shim)
         node_cgroups.create(node.cgroup_root)
@@ -134,14 +188,19 @@ class KubeletNodes:
         _start(self.layout, containerd, progress)
         pid = processes.pid_of(self.layout, containerd.name)
         node.namespace_file.write_text(os.readlink(f"/proc/{pid}/ns/mnt"))
-        images.import_images(specs, directory=node.dir / "images", address=node.containerd_socket,
-                             enter=("nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"))
+        images.import_images(
+            specs,
+            directory=node.dir / "images",
+            address=node.containerd_socket,
+            enter=("nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"),
+        )
         _start(self.layout, kubelet, progress)
         for part in plugin:
             _start(self.layout, part, progress)
         _wait_registered(kubectl, node.name)
-        kubectl("label", "node", node.name, "--overwrite",
-                *(f"{k}={v}" for k, v in gpu_labels(gfd=not node.pool).items()))
+        kubectl(
+            "label", "node", node.name, "--overwrite", *(f"{k}={v}" for k, v in gpu_labels(gfd=not node.pool).items())
+        )
         _wait(kubectl, node.name, "--for=condition=Ready")
         if plugin:
             _wait_gpus(kubectl, node.name)
@@ -158,8 +217,9 @@ class KubeletNodes:
         for node in self.nodes():
             progress(f"fleet: waiting for the GPU Operator's device plugin and GFD on {node.name}")
             _wait_gpus(kubectl, node.name)
-            _wait(kubectl, node.name,
-                  "--for=jsonpath={.metadata.labels.nvidia\\.com/gpu\\.count}=" + str(GPUS_PER_NODE))
+            _wait(
+                kubectl, node.name, "--for=jsonpath={.metadata.labels.nvidia\\.com/gpu\\.count}=" + str(GPUS_PER_NODE)
+            )
 
 
 def _start(layout: FleetLayout, part: Component, progress: Progress) -> None:
@@ -176,8 +236,9 @@ def _wait_registered(kubectl: Kubectl, name: str) -> None:
             return
         except EnvError:
             if time.monotonic() > deadline:
-                raise EnvError(f"kubelet node {name} never registered",
-                               hint=f"see the fleet's logs/{name}-kubelet.log") from None
+                raise EnvError(
+                    f"kubelet node {name} never registered", hint=f"see the fleet's logs/{name}-kubelet.log"
+                ) from None
             time.sleep(0.5)
 
 
@@ -262,5 +323,7 @@ def stop_nodes(layout: FleetLayout, progress: Progress = lambda line: None) -> N
     if names:
         progress(f"fleet: stopped kubelet nodes {', '.join(names)}")
     if left:
-        raise EnvError(f"cgroups of the kubelet node still hold processes: {left[0]}",
-                       hint="kill what is left in it, then run `gpucanary fleet down` again")
+        raise EnvError(
+            f"cgroups of the kubelet node still hold processes: {left[0]}",
+            hint="kill what is left in it, then run `gpucanary fleet down` again",
+        )

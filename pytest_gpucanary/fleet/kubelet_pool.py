@@ -29,14 +29,19 @@ class KubeletPoolProvider(ExistingNodeProvider):
 
     @classmethod
     def for_fleet(cls, settings: Settings, layout: FleetLayout) -> KubeletPoolProvider:
-        return cls(node=settings.pool_node, selector=None if settings.pool_node else KUBELET_POOL_SELECTOR,
-                   size=settings.pool_size, allow_foreign_pods=settings.allow_foreign_pods,
-                   restore_timeout_s=settings.upgrade_budget_s, layout=layout)
+        return cls(
+            node=settings.pool_node,
+            selector=None if settings.pool_node else KUBELET_POOL_SELECTOR,
+            size=settings.pool_size,
+            allow_foreign_pods=settings.allow_foreign_pods,
+            restore_timeout_s=settings.upgrade_budget_s,
+            layout=layout,
+        )
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         pool = super().provision(kube, cluster, run_id=run_id)
         names = [node_name(i) for i in range(self.layout.kubelet_nodes)] if self.layout else []
-        if pool.nodes[0] not in names:     # not one of the fleet's kubelet nodes: its pods have a network of their own
+        if pool.nodes[0] not in names:  # not one of the fleet's kubelet nodes: its pods have a network of their own
             return pool
         index = names.index(pool.nodes[0])
         path = self.layout.run / f"{pool.nodes[0]}-service.yaml"

@@ -9,25 +9,24 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import yaml
 
-from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, NVIDIADRIVER, driver_version_of
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
 from pytest_gpucanary.fleet.operator import gpus_allocatable
+from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, NVIDIADRIVER, driver_version_of
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.preflight import ClusterInfo, Permission
 
-
-FLEET_DRIVER = "fleet"                   # the NVIDIADriver of the fleet's own nodes (fixtures/fleet/nvidiadriver.yaml)
+FLEET_DRIVER = "fleet"  # the NVIDIADriver of the fleet's own nodes (fixtures/fleet/nvidiadriver.yaml)
 NETWORKING_KEYS = ("rdma", "gds", "gdrcopy")
 # on the pool's own nodes and NVIDIADriver: deploy/local-fleet-kwok-pool.yaml's admission bindings leave them out
 KWOK_POOL_LABEL = "gpucanary.io/kwok-pool"
-GPUS_TIMEOUT_S = 180.0    # a fresh node: driver pod, its driver manager, then validator and device plugin
+GPUS_TIMEOUT_S = 180.0  # a fresh node: driver pod, its driver manager, then validator and device plugin
 
 
 @dataclass
@@ -49,18 +48,21 @@ class KwokPool:
             self.has_driver = True
         for index in range(self.size):
             manifest = node("gpu-node.yaml", f"{self.name}-{index}")
-            manifest["metadata"]["labels"].update({**owned_labels(self.run_id), DRIVER_POOL_LABEL: self.name,
-                                                   KWOK_POOL_LABEL: self.name})
+            manifest["metadata"]["labels"].update(
+                {**owned_labels(self.run_id), DRIVER_POOL_LABEL: self.name, KWOK_POOL_LABEL: self.name}
+            )
             self.kube.create(manifest)
             self.nodes.append(manifest["metadata"]["name"])
         return list(self.nodes)
 
     def _driver(self, version: str) -> dict:
         driver = copy.deepcopy(yaml.safe_load((FLEET_FIXTURES / "nvidiadriver.yaml").read_text()))
-        driver["metadata"] = {"name": self.name, "labels": {**owned_labels(self.run_id), KWOK_POOL_LABEL: self.name,
-                                                            POOL_ELIGIBLE_LABEL: "true"}}
+        driver["metadata"] = {
+            "name": self.name,
+            "labels": {**owned_labels(self.run_id), KWOK_POOL_LABEL: self.name, POOL_ELIGIBLE_LABEL: "true"},
+        }
         driver["spec"].update(version=version, nodeSelector={DRIVER_POOL_LABEL: self.name})
-        with contextlib.suppress(NotFound):     # a fresh node of the fleet: its GPU networking too
+        with contextlib.suppress(NotFound):  # a fresh node of the fleet: its GPU networking too
             fleet_spec = self.kube.get(*NVIDIADRIVER, FLEET_DRIVER)["spec"]
             driver["spec"].update({key: fleet_spec[key] for key in NETWORKING_KEYS if key in fleet_spec})
         return driver
@@ -71,9 +73,10 @@ class KwokPool:
             try:
                 self.kube.wait_for("v1", "Node", name, gpus_allocatable, timeout_s=timeout_s)
             except TimeoutError:
-                raise EnvError(f"pool node {name} shows no {GPU_RESOURCE} allocatable after {timeout_s:.0f} s",
-                               hint="are the GPU Operator and the fleet's node agent running? see `gpucanary fleet "
-                                    "status`") from None
+                raise EnvError(
+                    f"pool node {name} shows no {GPU_RESOURCE} allocatable after {timeout_s:.0f} s",
+                    hint="are the GPU Operator and the fleet's node agent running? see `gpucanary fleet status`",
+                ) from None
 
     def set_driver_version(self, version: str) -> None:
         self.kube.patch(*NVIDIADRIVER, self.name, {"spec": {"version": version}})
@@ -100,8 +103,9 @@ def fleet_driver_version(kube: Kube) -> str:
 
 # beyond preflight.PERMISSIONS (which creates and deletes NVIDIADrivers already): the pool's own nodes
 # (deploy/local-fleet-kwok-pool.yaml)
-KWOK_POOL_PERMISSIONS = tuple(Permission(verb, "nodes", "", "create and delete the pool's simulated nodes")
-                              for verb in ("create", "delete"))
+KWOK_POOL_PERMISSIONS = tuple(
+    Permission(verb, "nodes", "", "create and delete the pool's simulated nodes") for verb in ("create", "delete")
+)
 
 
 @dataclass
@@ -116,7 +120,7 @@ class KwokPoolProvider:
         self.driver_from = fleet_driver_version(kube)
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
-        driver_from = self.driver_from or fleet_driver_version(kube)     # read once per run, at check
+        driver_from = self.driver_from or fleet_driver_version(kube)  # read once per run, at check
         self.pool = KwokPool(kube, name=f"canary-{run_id}", run_id=run_id, size=self.size)
         self.pool.create(driver_version=driver_from if cluster.nvidiadriver_mode else None)
         self.pool.wait_for_gpus()

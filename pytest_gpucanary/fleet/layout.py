@@ -17,7 +17,7 @@ DEFAULT_PORT_BASE = 26400
 DEFAULT_GPU_NODES = 4
 DEFAULT_KUBELET_NODES = 1
 MAX_KUBELET_NODES = 8
-MAX_GPU_NODES = 1000   # measured on 2 cores (docs/measurements.md); KWOK itself holds more
+MAX_GPU_NODES = 1000  # measured on 2 cores (docs/measurements.md); KWOK itself holds more
 # The GPU Operator releases the fleet can build and run (ci/build-operator.sh), newest first.
 OPERATOR_RELEASES = ("v26.7.0", "v26.3.3", "v25.10.1", "v25.3.4")
 DEFAULT_OPERATOR_RELEASE = OPERATOR_RELEASES[0]
@@ -71,14 +71,14 @@ class FleetLayout:
     root: Path
     port_base: int = DEFAULT_PORT_BASE
     gpu_nodes: int = DEFAULT_GPU_NODES
-    driver_mode: str = "nvidiadriver"   # or "clusterpolicy": one driver DaemonSet for every GPU node
+    driver_mode: str = "nvidiadriver"  # or "clusterpolicy": one driver DaemonSet for every GPU node
     operator_release: str = DEFAULT_OPERATOR_RELEASE
-    kubelet_nodes: int = DEFAULT_KUBELET_NODES   # real kubelet nodes (0 disables them)
+    kubelet_nodes: int = DEFAULT_KUBELET_NODES  # real kubelet nodes (0 disables them)
     # the kubelet nodes are canary pools (the default pool of a run on the fleet): the operator's
     # driver (with its driver manager), validator and device plugin run there, from local stand-in
     # images; otherwise a fleet process is their device plugin and no operand runs there
     kubelet_pool: bool = False
-    gpu_rdma: bool = False      # GPUDirect RDMA on (driver.rdma with host MOFED): peermem in every driver pod
+    gpu_rdma: bool = False  # GPUDirect RDMA on (driver.rdma with host MOFED): peermem in every driver pod
     # NVIDIADriver mode: the fleet's own NVIDIADriver is the default one (no nodeSelector), as clusters run
     # after moving from ClusterPolicy to NVIDIADriver; canary pools keep NVIDIADrivers of their own
     default_driver: bool = False
@@ -97,29 +97,49 @@ class FleetLayout:
         )
         # default on wherever it can be: NVIDIADriver mode (a pool node gets an NVIDIADriver of its own)
         pool = os.environ.get("GPUCANARY_FLEET_KUBELET_POOL") or ""
-        layout = replace(layout, kubelet_pool=pool == "1" or (
-            pool == "" and layout.driver_mode == "nvidiadriver" and layout.kubelet_nodes > 0
-            and layout.operator_release in KUBELET_POOL_RELEASES))
+        layout = replace(
+            layout,
+            kubelet_pool=pool == "1"
+            or (
+                pool == ""
+                and layout.driver_mode == "nvidiadriver"
+                and layout.kubelet_nodes > 0
+                and layout.operator_release in KUBELET_POOL_RELEASES
+            ),
+        )
         default = os.environ.get("GPUCANARY_FLEET_DEFAULT_NVIDIADRIVER") or ""
-        layout = replace(layout, default_driver=layout.driver_mode == "nvidiadriver" and (
-            default == "1" or (default == "" and layout.operator_release in DEFAULT_NVIDIADRIVER_RELEASES)))
+        layout = replace(
+            layout,
+            default_driver=layout.driver_mode == "nvidiadriver"
+            and (default == "1" or (default == "" and layout.operator_release in DEFAULT_NVIDIADRIVER_RELEASES)),
+        )
         if layout.default_driver and layout.operator_release not in DEFAULT_NVIDIADRIVER_RELEASES:
-            raise ConfigError(f"GPU Operator {layout.operator_release} has no default NVIDIADriver",
-                              hint="use " + " or ".join(DEFAULT_NVIDIADRIVER_RELEASES) + ", or "
-                                   "GPUCANARY_FLEET_DEFAULT_NVIDIADRIVER=0")
+            raise ConfigError(
+                f"GPU Operator {layout.operator_release} has no default NVIDIADriver",
+                hint="use " + " or ".join(DEFAULT_NVIDIADRIVER_RELEASES) + ", or "
+                "GPUCANARY_FLEET_DEFAULT_NVIDIADRIVER=0",
+            )
         if not 0 <= layout.kubelet_nodes <= MAX_KUBELET_NODES:
-            raise ConfigError(f"GPUCANARY_FLEET_KUBELET_NODES={layout.kubelet_nodes} is out of range",
-                              hint=f"use 0 (none) to {MAX_KUBELET_NODES}")
+            raise ConfigError(
+                f"GPUCANARY_FLEET_KUBELET_NODES={layout.kubelet_nodes} is out of range",
+                hint=f"use 0 (none) to {MAX_KUBELET_NODES}",
+            )
         if layout.driver_mode not in ("nvidiadriver", "clusterpolicy"):
-            raise ConfigError(f"GPUCANARY_FLEET_DRIVER_MODE={layout.driver_mode!r} is unknown",
-                              hint="use nvidiadriver or clusterpolicy")
+            raise ConfigError(
+                f"GPUCANARY_FLEET_DRIVER_MODE={layout.driver_mode!r} is unknown",
+                hint="use nvidiadriver or clusterpolicy",
+            )
         if layout.operator_release not in OPERATOR_RELEASES:
-            raise ConfigError(f"GPUCANARY_OPERATOR_RELEASE={layout.operator_release!r} is not a release the "
-                              "fleet can run", hint="use one of " + ", ".join(OPERATOR_RELEASES))
+            raise ConfigError(
+                f"GPUCANARY_OPERATOR_RELEASE={layout.operator_release!r} is not a release the fleet can run",
+                hint="use one of " + ", ".join(OPERATOR_RELEASES),
+            )
         if layout.kubelet_pool and layout.operator_release not in KUBELET_POOL_RELEASES:
-            raise ConfigError(f"a kubelet pool needs the driver's hostNetwork setting, which GPU Operator "
-                              f"{layout.operator_release} does not have",
-                              hint="use " + " or ".join(KUBELET_POOL_RELEASES) + ", or GPUCANARY_FLEET_KUBELET_POOL=0")
+            raise ConfigError(
+                f"a kubelet pool needs the driver's hostNetwork setting, which GPU Operator "
+                f"{layout.operator_release} does not have",
+                hint="use " + " or ".join(KUBELET_POOL_RELEASES) + ", or GPUCANARY_FLEET_KUBELET_POOL=0",
+            )
         return layout.with_gpu_nodes(layout.gpu_nodes)
 
     def with_gpu_nodes(self, count: int) -> FleetLayout:
@@ -132,8 +152,7 @@ class FleetLayout:
 
     def kubelet_node_port(self, index: int, name: str) -> int:
         """A port of real kubelet node `index`: one of KUBELET_NODE_PORTS."""
-        return (self.port_base + KUBELET_NODE_OFFSET + index * len(KUBELET_NODE_PORTS)
-                + KUBELET_NODE_PORTS.index(name))
+        return self.port_base + KUBELET_NODE_OFFSET + index * len(KUBELET_NODE_PORTS) + KUBELET_NODE_PORTS.index(name)
 
     def kubelet_service_port(self, index: int) -> int:
         """Where the canary's default service listens on kubelet pool node `index` (127.0.0.1, hostNetwork)."""

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 
 FLEET_FIXTURES = FIXTURES / "fleet"
 
@@ -30,18 +30,27 @@ CPU_NODE_NAME = "cpu-node-0"
 
 
 def kwok_config(bin_dir: Path, *, gpu_nodes: int) -> str:
-    docs = [{
-        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-        "kind": "KwokConfiguration",
-        "options": {"podPlayStageParallelism": 8, "nodePlayStageParallelism": 4,
-                    "nodeLeaseParallelism": 4 if gpu_nodes <= 64 else 16,   # see components.node_lease
-                    "podsOnNodeSyncParallelism": 4},
-    }]
+    docs = [
+        {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokConfiguration",
+            "options": {
+                "podPlayStageParallelism": 8,
+                "nodePlayStageParallelism": 4,
+                "nodeLeaseParallelism": 4 if gpu_nodes <= 64 else 16,  # see components.node_lease
+                "podsOnNodeSyncParallelism": 4,
+            },
+        }
+    ]
     text = yaml.safe_dump_all(docs)
     for stage in KWOK_STAGES:
         text += "---\n" + (bin_dir / "kwok-manifests" / stage).read_text()
-    for own in ("stage-pod-ready.yaml", "stage-pod-ready-when-allowed.yaml", "stage-pod-complete.yaml",
-                "stage-pod-terminate.yaml"):
+    for own in (
+        "stage-pod-ready.yaml",
+        "stage-pod-ready-when-allowed.yaml",
+        "stage-pod-complete.yaml",
+        "stage-pod-terminate.yaml",
+    ):
         text += "---\n" + (FLEET_FIXTURES / own).read_text()
     return text + "---\n" + yaml.safe_dump(dcgm_metric(), sort_keys=False)
 
@@ -56,9 +65,11 @@ def _annotation_number(key: str) -> str:
 
 
 # dcgm-exporter's series the canary reads: (name, help, the node annotation that gives the value)
-DCGM_SERIES = (("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gpucanary.io/simulated-gpu-util"),
-               ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gpucanary.io/simulated-xid"))
-KUBELET_DCGM_PATH = "/metrics/dcgm"   # the node agent's DCGM series of the kubelet pool nodes
+DCGM_SERIES = (
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gpucanary.io/simulated-gpu-util"),
+    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gpucanary.io/simulated-xid"),
+)
+KUBELET_DCGM_PATH = "/metrics/dcgm"  # the node agent's DCGM series of the kubelet pool nodes
 
 
 def dcgm_metric(gpus_per_node: int = 8) -> dict:
@@ -72,15 +83,28 @@ def dcgm_metric(gpus_per_node: int = 8) -> dict:
     for name, help_text, annotation in DCGM_SERIES:
         value = _annotation_number(annotation)
         for gpu in range(gpus_per_node):
-            metrics.append({"name": name, "help": help_text, "kind": "gauge", "dimension": "node", "labels": [
-                {"name": "gpu", "value": f'"{gpu}"'},
-                {"name": "UUID", "value": f'"GPU-" + node.metadata.name + "-{gpu}"'},
-                {"name": "Hostname", "value": "node.metadata.name"},
-                {"name": "modelName", "value": _label("nvidia.com/gpu.product")},
-                {"name": "DCGM_FI_DRIVER_VERSION", "value": _label("nvidia.com/cuda.driver-version.full")},
-            ], "value": value})
-    return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Metric", "metadata": {"name": "dcgm"},
-            "spec": {"path": "/metrics/nodes/{nodeName}/metrics/dcgm", "metrics": metrics}}
+            metrics.append(
+                {
+                    "name": name,
+                    "help": help_text,
+                    "kind": "gauge",
+                    "dimension": "node",
+                    "labels": [
+                        {"name": "gpu", "value": f'"{gpu}"'},
+                        {"name": "UUID", "value": f'"GPU-" + node.metadata.name + "-{gpu}"'},
+                        {"name": "Hostname", "value": "node.metadata.name"},
+                        {"name": "modelName", "value": _label("nvidia.com/gpu.product")},
+                        {"name": "DCGM_FI_DRIVER_VERSION", "value": _label("nvidia.com/cuda.driver-version.full")},
+                    ],
+                    "value": value,
+                }
+            )
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Metric",
+        "metadata": {"name": "dcgm"},
+        "spec": {"path": "/metrics/nodes/{nodeName}/metrics/dcgm", "metrics": metrics},
+    }
 
 
 def node(template: str, name: str) -> dict:
@@ -105,50 +129,91 @@ def audit_policy() -> str:
     missed no transition of a pool node; and of pod status writes, so the log says when a pod was
     made Running (the canary's start latency, measured from the server's side).
     """
-    node_writes = {"level": "Request", "verbs": ["patch", "update"], "resources": [{"group": "", "resources": ["nodes"]}]}
-    policy = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-              "omitManagedFields": True,
-              "rules": [node_writes, {"level": "Request", "verbs": ["patch", "update"],
-                                      "resources": [{"group": "", "resources": ["pods/status"]}]},
-                        {"level": "Metadata"}]}
+    node_writes = {
+        "level": "Request",
+        "verbs": ["patch", "update"],
+        "resources": [{"group": "", "resources": ["nodes"]}],
+    }
+    policy = {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "omitManagedFields": True,
+        "rules": [
+            node_writes,
+            {
+                "level": "Request",
+                "verbs": ["patch", "update"],
+                "resources": [{"group": "", "resources": ["pods/status"]}],
+            },
+            {"level": "Metadata"},
+        ],
+    }
     return yaml.safe_dump(policy, sort_keys=False)
 
 
 LARGE_FLEET_GPU_NODES = 64
-FLEET_NODE_PATH = "/metrics/nodes/(gpu|cpu)-node-[0-9]+/.*"   # the fleet's own nodes, not a canary's pool
+FLEET_NODE_PATH = "/metrics/nodes/(gpu|cpu)-node-[0-9]+/.*"  # the fleet's own nodes, not a canary's pool
 
 
 def _dcgm_scrape_jobs(layout: FleetLayout, client_tls: dict) -> list[dict]:
     """DCGM series from kwok, every 5 s. Beyond 64 GPU nodes the fleet's own nodes go to a 60 s job:
     at 1,000 nodes a 5 s scrape of all is 200 scrapes/s of CEL-evaluated metrics, most of two cores,
     while the canary only reads its pool's series (new nodes, still every 5 s)."""
-    sd = {"url": f"https://{HOST}:{layout.port('kwok')}/discovery/prometheus",
-          "refresh_interval": "5s",  # nodes come and go with pools
-          "tls_config": client_tls}
+    sd = {
+        "url": f"https://{HOST}:{layout.port('kwok')}/discovery/prometheus",
+        "refresh_interval": "5s",  # nodes come and go with pools
+        "tls_config": client_tls,
+    }
     job = {"job_name": "kwok-metrics", "scheme": "https", "tls_config": client_tls, "http_sd_configs": [sd]}
     if layout.gpu_nodes <= LARGE_FLEET_GPU_NODES:
         return [job]
     path = {"source_labels": ["__metrics_path__"], "regex": FLEET_NODE_PATH}
-    return [{**job, "relabel_configs": [{**path, "action": "drop"}]},
-            {**job, "job_name": "kwok-metrics-fleet", "scrape_interval": "60s", "scrape_timeout": "30s",
-             "relabel_configs": [{**path, "action": "keep"}]}]
+    return [
+        {**job, "relabel_configs": [{**path, "action": "drop"}]},
+        {
+            **job,
+            "job_name": "kwok-metrics-fleet",
+            "scrape_interval": "60s",
+            "scrape_timeout": "30s",
+            "relabel_configs": [{**path, "action": "keep"}],
+        },
+    ]
 
 
 def prometheus_config(layout: FleetLayout) -> str:
     pki = layout.pki
-    client_tls = {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "admin.crt"),
-                  "key_file": str(pki / "admin.key"), "insecure_skip_verify": True}
+    client_tls = {
+        "ca_file": str(pki / "ca.crt"),
+        "cert_file": str(pki / "admin.crt"),
+        "key_file": str(pki / "admin.key"),
+        "insecure_skip_verify": True,
+    }
     config = {
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
         "scrape_configs": [
-            {"job_name": "apiserver", "scheme": "https", "tls_config": client_tls,
-             "static_configs": [{"targets": [f"{HOST}:{layout.port('kube-apiserver')}"]}]},
+            {
+                "job_name": "apiserver",
+                "scheme": "https",
+                "tls_config": client_tls,
+                "static_configs": [{"targets": [f"{HOST}:{layout.port('kube-apiserver')}"]}],
+            },
             *_dcgm_scrape_jobs(layout, client_tls),
-            *([{"job_name": "kubelet-dcgm", "metrics_path": KUBELET_DCGM_PATH,
-                "static_configs": [{"targets": [f"{HOST}:{layout.port('node-agent')}"]}]}]
-              if layout.kubelet_pool and layout.kubelet_nodes else []),
-            {"job_name": "gpu-operator",
-             "static_configs": [{"targets": [f"{HOST}:{layout.port('gpu-operator-metrics')}"]}]},
+            *(
+                [
+                    {
+                        "job_name": "kubelet-dcgm",
+                        "metrics_path": KUBELET_DCGM_PATH,
+                        "static_configs": [{"targets": [f"{HOST}:{layout.port('node-agent')}"]}],
+                    }
+                ]
+                if layout.kubelet_pool and layout.kubelet_nodes
+                else []
+            ),
+            {
+                "job_name": "gpu-operator",
+                "static_configs": [{"targets": [f"{HOST}:{layout.port('gpu-operator-metrics')}"]}],
+            },
             {"job_name": "fleet-ingress", "static_configs": [{"targets": [f"{HOST}:{layout.port('ingress')}"]}]},
         ],
     }

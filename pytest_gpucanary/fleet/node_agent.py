@@ -42,31 +42,35 @@ import argparse
 import http.server
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.collective import is_kwok_node
+from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
 from pytest_gpucanary.fleet.manifests import DCGM_SERIES, KUBELET_DCGM_PATH
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL
 from pytest_gpucanary.kube import Kube, WatchEvent
+from pytest_gpucanary.pool import DRIVER_POOL_LABEL
 from pytest_gpucanary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 
-DRIVER_VERSION_LABELS = (op.DRIVER_VERSION_LABEL, "nvidia.com/cuda.driver-version.major",
-                         "nvidia.com/cuda.driver-version.minor", "nvidia.com/cuda.driver-version.revision")
+DRIVER_VERSION_LABELS = (
+    op.DRIVER_VERSION_LABEL,
+    "nvidia.com/cuda.driver-version.major",
+    "nvidia.com/cuda.driver-version.minor",
+    "nvidia.com/cuda.driver-version.revision",
+)
 ALLOWED_ANNOTATION = "gpucanary.io/simulated-ready"
-VALIDATOR_ANNOTATION = "gpucanary.io/simulated-validator"      # "never-ready": validators on the node stay unready
+VALIDATOR_ANNOTATION = "gpucanary.io/simulated-validator"  # "never-ready": validators on the node stay unready
 # The Network Operator's RDMA shared device plugin (k8s-rdma-shared-dev-plugin), on a node whose driver
 # pod runs nvidia-peermem: its devices do not depend on the GPU driver, so they stay through a swap.
 RDMA_RESOURCE, RDMA_DEVICES = "rdma/rdma_shared_device_a", "63"
-PEERMEM_ANNOTATION = "gpucanary.io/simulated-peermem"          # "lost": peermem gone once the node is back
-COLLECTIVE_ANNOTATION = "gpucanary.io/simulated-collective"    # "never-completes": the all-reduce hangs
+PEERMEM_ANNOTATION = "gpucanary.io/simulated-peermem"  # "lost": peermem gone once the node is back
+COLLECTIVE_ANNOTATION = "gpucanary.io/simulated-collective"  # "never-completes": the all-reduce hangs
 BUSBW_ANNOTATION, DEFAULT_BUSBW = "gpucanary.io/simulated-busbw-gbps", "24.0"
 PEERMEM = "nvidia-peermem-ctr"
 COLLECTIVE_SELECTOR = f"{ROLE_LABEL}={COLLECTIVE_ROLE}"
-USER_AGENT = "gpucanary-fleet-node-agent"   # not gpucanary/<version>: the audit log tells the canary apart by it
+USER_AGENT = "gpucanary-fleet-node-agent"  # not gpucanary/<version>: the audit log tells the canary apart by it
 
 
 def driver_labels(version: str) -> dict[str, str]:
@@ -113,16 +117,16 @@ def _allowed(pod: dict) -> bool:
 @dataclass
 class NodeAgent:
     kube: Kube
-    pods: dict[str, dict] = field(default_factory=dict)           # uid -> operator pod, as last seen
-    started: set[str] = field(default_factory=set)                # driver pods whose driver manager ran
-    swapping: dict[str, str] = field(default_factory=dict)        # node -> driver pod waiting for its operands
+    pods: dict[str, dict] = field(default_factory=dict)  # uid -> operator pod, as last seen
+    started: set[str] = field(default_factory=set)  # driver pods whose driver manager ran
+    swapping: dict[str, str] = field(default_factory=dict)  # node -> driver pod waiting for its operands
     driver_written: dict[str, str] = field(default_factory=dict)  # node -> version in its GFD labels
-    gpus_shown: dict[str, bool] = field(default_factory=dict)     # node -> allocatable shows its GPUs
-    rdma_shown: set[str] = field(default_factory=set)             # nodes given their RDMA devices
-    swapped: set[str] = field(default_factory=set)                # driver pods that came with a driver swap
-    probes: dict[str, dict] = field(default_factory=dict)         # uid -> collective probe pod, as last seen
-    kwok_nodes: dict[str, bool] = field(default_factory=dict)     # node -> it is a KWOK node
-    kubelet_pool: dict[str, dict] = field(default_factory=dict)   # kubelet pool node -> Node, as last seen
+    gpus_shown: dict[str, bool] = field(default_factory=dict)  # node -> allocatable shows its GPUs
+    rdma_shown: set[str] = field(default_factory=set)  # nodes given their RDMA devices
+    swapped: set[str] = field(default_factory=set)  # driver pods that came with a driver swap
+    probes: dict[str, dict] = field(default_factory=dict)  # uid -> collective probe pod, as last seen
+    kwok_nodes: dict[str, bool] = field(default_factory=dict)  # node -> it is a KWOK node
+    kubelet_pool: dict[str, dict] = field(default_factory=dict)  # kubelet pool node -> Node, as last seen
     lock: threading.Lock = field(default_factory=threading.Lock)  # one watch thread per kind
 
     def handle(self, event: WatchEvent) -> None:
@@ -144,7 +148,7 @@ class NodeAgent:
             try:
                 self.step(node)
             except GpucanaryError:
-                pass   # the node or pod went away meanwhile; its next event retries
+                pass  # the node or pod went away meanwhile; its next event retries
 
     def _kwok(self, node: str) -> bool:
         """A KWOK node (a real kubelet node's processes do all of this themselves). The Node watch
@@ -164,7 +168,7 @@ class NodeAgent:
                 self._driver_manager_starts(node, pod)
         swap = self.swapping.get(node)
         if swap is not None and swap not in self.pods:
-            del self.swapping[node]      # its pod went away mid-swap: the labels stay paused until the next one
+            del self.swapping[node]  # its pod went away mid-swap: the labels stay paused until the next one
         elif swap is not None and not any(_labels(p).get("app") in op.OPERAND_APPS for p in on_node):
             self._set_deploy_labels(node, restored)
             self._allow(self.pods[swap])
@@ -174,28 +178,36 @@ class NodeAgent:
         if loaded is not None and node not in self.swapping:
             self._driver_loaded(node, loaded, on_node)
         if loaded is not None and node not in self.rdma_shown and "nvidia-peermem-ctr" in _container_names(loaded):
-            self.kube.patch("v1", "Node", node, {"status": {"capacity": {RDMA_RESOURCE: RDMA_DEVICES},
-                                                            "allocatable": {RDMA_RESOURCE: RDMA_DEVICES}}}, status=True)
+            self.kube.patch(
+                "v1",
+                "Node",
+                node,
+                {"status": {"capacity": {RDMA_RESOURCE: RDMA_DEVICES}, "allocatable": {RDMA_RESOURCE: RDMA_DEVICES}}},
+                status=True,
+            )
             self.rdma_shown.add(node)
         plugins = [p for p in on_node if op.is_device_plugin_pod(_labels(p))]
-        if plugins or drivers or node in self.gpus_shown:     # a GPU node, not one that only hosts a pod
+        if plugins or drivers or node in self.gpus_shown:  # a GPU node, not one that only hosts a pod
             self._show_gpus(node, any(_ready(p) and not _gone(p) for p in plugins))
 
     def _driver_manager_starts(self, node: str, pod: dict) -> None:
         self.started.add(pod["metadata"]["uid"])
         labels = self.kube.get("v1", "Node", node)["metadata"].get("labels") or {}
-        if op.DRIVER_VERSION_LABEL in labels:          # a driver is loaded: evict the operands first
+        if op.DRIVER_VERSION_LABEL in labels:  # a driver is loaded: evict the operands first
             self._set_deploy_labels(node, paused, labels)
             self.swapping[node] = pod["metadata"]["uid"]
-        else:                                          # nothing holds a driver: reschedule, go on
+        else:  # nothing holds a driver: reschedule, go on
             self._set_deploy_labels(node, restored, labels)
             self._allow(pod)
 
     def _set_deploy_labels(self, node: str, change, labels: dict[str, str] | None = None) -> None:
         if labels is None:
             labels = self.kube.get("v1", "Node", node)["metadata"].get("labels") or {}
-        changed = {key: change(labels[key]) for key in op.OPERAND_DEPLOY_LABELS
-                   if key in labels and change(labels[key]) != labels[key]}
+        changed = {
+            key: change(labels[key])
+            for key in op.OPERAND_DEPLOY_LABELS
+            if key in labels and change(labels[key]) != labels[key]
+        }
         if changed:
             self.kube.patch("v1", "Node", node, {"metadata": {"labels": changed}})
 
@@ -208,8 +220,13 @@ class NodeAgent:
 
     def _driver_loaded(self, node: str, driver: dict, on_node: list[dict]) -> None:
         self._write_driver_labels(node, driver)
-        waiting = [p for p in on_node if not _allowed(p) and not _gone(p)
-                   and (op.is_validator_pod(_labels(p)) or op.is_device_plugin_pod(_labels(p)))]
+        waiting = [
+            p
+            for p in on_node
+            if not _allowed(p)
+            and not _gone(p)
+            and (op.is_validator_pod(_labels(p)) or op.is_device_plugin_pod(_labels(p)))
+        ]
         if not waiting:
             return
         annotations = self.kube.get("v1", "Node", node)["metadata"].get("annotations") or {}
@@ -219,8 +236,13 @@ class NodeAgent:
 
     def _allow(self, pod: dict) -> None:
         meta = pod["metadata"]
-        patched = self.kube.patch("v1", "Pod", meta["name"], {"metadata": {"annotations": {ALLOWED_ANNOTATION: "true"}}},
-                                  namespace=meta["namespace"])
+        patched = self.kube.patch(
+            "v1",
+            "Pod",
+            meta["name"],
+            {"metadata": {"annotations": {ALLOWED_ANNOTATION: "true"}}},
+            namespace=meta["namespace"],
+        )
         self.pods[meta["uid"]] = patched
 
     def _show_gpus(self, node: str, registered: bool) -> None:
@@ -249,27 +271,51 @@ class NodeAgent:
                 meta = node["metadata"]
                 self.kwok_nodes[meta["name"]] = is_kwok_node(node)
                 labels = meta.get("labels") or {}
-                if event.type == "DELETED" or labels.get(NODE_KIND_LABEL) != "kubelet" or DRIVER_POOL_LABEL not in labels:
+                if (
+                    event.type == "DELETED"
+                    or labels.get(NODE_KIND_LABEL) != "kubelet"
+                    or DRIVER_POOL_LABEL not in labels
+                ):
                     self.kubelet_pool.pop(meta["name"], None)
                 else:
                     self.kubelet_pool[meta["name"]] = node
-                if ((meta.get("annotations") or {}).get(PEERMEM_ANNOTATION) == "lost"
-                        and labels.get(op.UPGRADE_STATE_LABEL) == op.UPGRADE_DONE):
+                if (meta.get("annotations") or {}).get(PEERMEM_ANNOTATION) == "lost" and labels.get(
+                    op.UPGRADE_STATE_LABEL
+                ) == op.UPGRADE_DONE:
                     for pod in [p for p in self.pods.values() if p["spec"].get("nodeName") == meta["name"]]:
                         if pod["metadata"]["uid"] in self.swapped and _containers_ready(pod).get(PEERMEM):
                             self._lose_peermem(pod)
 
     def _lose_peermem(self, pod: dict) -> None:
         now = _now()
-        statuses = [{**c, "ready": False, "started": False, "restartCount": c.get("restartCount", 0) + 1,
-                     "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": now}},
-                     "state": {"running": {"startedAt": now}}} if c.get("name") == PEERMEM else c
-                    for c in pod["status"].get("containerStatuses") or []]
-        conditions = [{**c, "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": now}
-                      if c.get("type") in ("Ready", "ContainersReady") else c for c in pod["status"].get("conditions") or []]
+        statuses = [
+            {
+                **c,
+                "ready": False,
+                "started": False,
+                "restartCount": c.get("restartCount", 0) + 1,
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": now}},
+                "state": {"running": {"startedAt": now}},
+            }
+            if c.get("name") == PEERMEM
+            else c
+            for c in pod["status"].get("containerStatuses") or []
+        ]
+        conditions = [
+            {**c, "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": now}
+            if c.get("type") in ("Ready", "ContainersReady")
+            else c
+            for c in pod["status"].get("conditions") or []
+        ]
         meta = pod["metadata"]
-        self.pods[meta["uid"]] = self.kube.patch("v1", "Pod", meta["name"], {"status": {
-            "containerStatuses": statuses, "conditions": conditions}}, namespace=meta["namespace"], status=True)
+        self.pods[meta["uid"]] = self.kube.patch(
+            "v1",
+            "Pod",
+            meta["name"],
+            {"status": {"containerStatuses": statuses, "conditions": conditions}},
+            namespace=meta["namespace"],
+            status=True,
+        )
 
     # --- the collective probe on KWOK nodes ----------------------------------------------------------
 
@@ -292,31 +338,59 @@ class NodeAgent:
     def _all_reduce(self, ranks: list[dict]) -> None:
         nodes = [self.kube.get("v1", "Node", p["spec"]["nodeName"]) for p in ranks]
         if not all(is_kwok_node(n) for n in nodes):
-            return                                   # a real kubelet node: its processes do the all-reduce
+            return  # a real kubelet node: its processes do the all-reduce
         annotations = [n["metadata"].get("annotations") or {} for n in nodes]
         if any(a.get(COLLECTIVE_ANNOTATION) == "never-completes" for a in annotations) or any(
-                not self._peermem_ok(n["metadata"]["name"]) for n in nodes):
-            return                                   # the all-reduce hangs: the canary's timeout ends it
+            not self._peermem_ok(n["metadata"]["name"]) for n in nodes
+        ):
+            return  # the all-reduce hangs: the canary's timeout ends it
         busbw = min(float(a.get(BUSBW_ANNOTATION, DEFAULT_BUSBW)) for a in annotations)
         message = f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {busbw:.3f}\n"
         now = _now()
         for pod in ranks:
             meta = pod["metadata"]
-            statuses = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "started": False,
-                         "restartCount": 0, "state": {"terminated": {
-                             "exitCode": 0, "reason": "Completed", "message": message, "finishedAt": now,
-                             "startedAt": now}}} for c in pod["spec"]["containers"]]
-            conditions = [{**c, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
-                          if c.get("type") in ("Ready", "ContainersReady") else c
-                          for c in pod["status"].get("conditions") or []]
-            self.probes[meta["uid"]] = self.kube.patch("v1", "Pod", meta["name"], {"status": {
-                "phase": "Succeeded", "containerStatuses": statuses, "conditions": conditions}},
-                namespace=meta["namespace"], status=True)
+            statuses = [
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 0,
+                    "state": {
+                        "terminated": {
+                            "exitCode": 0,
+                            "reason": "Completed",
+                            "message": message,
+                            "finishedAt": now,
+                            "startedAt": now,
+                        }
+                    },
+                }
+                for c in pod["spec"]["containers"]
+            ]
+            conditions = [
+                {**c, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+                if c.get("type") in ("Ready", "ContainersReady")
+                else c
+                for c in pod["status"].get("conditions") or []
+            ]
+            self.probes[meta["uid"]] = self.kube.patch(
+                "v1",
+                "Pod",
+                meta["name"],
+                {"status": {"phase": "Succeeded", "containerStatuses": statuses, "conditions": conditions}},
+                namespace=meta["namespace"],
+                status=True,
+            )
 
     def _peermem_ok(self, node: str) -> bool:
         """False while the node's driver pod runs nvidia-peermem-ctr unready: no GPUDirect RDMA path."""
-        drivers = [p for p in self.pods.values() if p["spec"].get("nodeName") == node
-                   and op.is_driver_pod(_labels(p)) and not _gone(p)]
+        drivers = [
+            p
+            for p in self.pods.values()
+            if p["spec"].get("nodeName") == node and op.is_driver_pod(_labels(p)) and not _gone(p)
+        ]
         return not any(PEERMEM in _containers_ready(p) and not _containers_ready(p)[PEERMEM] for p in drivers)
 
 
@@ -332,9 +406,13 @@ def dcgm_text(nodes: list[dict]) -> str:
             labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
             value = float(annotations.get(annotation, "0") or 0)
             for gpu in range(int(labels.get(op.GPU_COUNT_LABEL, "0") or 0)):
-                series = {"gpu": str(gpu), "UUID": f"GPU-{meta['name']}-{gpu}", "Hostname": meta["name"],
-                          "modelName": labels.get("nvidia.com/gpu.product", ""),
-                          "DCGM_FI_DRIVER_VERSION": labels.get(op.DRIVER_VERSION_LABEL, "")}
+                series = {
+                    "gpu": str(gpu),
+                    "UUID": f"GPU-{meta['name']}-{gpu}",
+                    "Hostname": meta["name"],
+                    "modelName": labels.get("nvidia.com/gpu.product", ""),
+                    "DCGM_FI_DRIVER_VERSION": labels.get(op.DRIVER_VERSION_LABEL, ""),
+                }
                 lines.append(name + "{" + ",".join(f'{k}="{v}"' for k, v in series.items()) + "}" + f" {value:g}")
     return "\n".join(lines) + "\n"
 
@@ -356,16 +434,22 @@ def _watch_forever(kubeconfig: str, kind: str, handler, stop: threading.Event, *
                 try:
                     handler(event)
                 except GpucanaryError:
-                    pass   # the object went away meanwhile; its next event retries
+                    pass  # the object went away meanwhile; its next event retries
         except GpucanaryError as err:
             print(f"node agent: {kind} watch: {err}; retrying", flush=True)
             stop.wait(2)
 
 
 def run(agent: NodeAgent, kubeconfig: str, namespace: str, stop: threading.Event) -> None:
-    watches = [threading.Thread(target=_watch_forever, args=(kubeconfig, "Node", agent.handle_node, stop), daemon=True),
-               threading.Thread(target=_watch_forever, args=(kubeconfig, "Pod", agent.handle_collective, stop),
-                                kwargs={"label_selector": COLLECTIVE_SELECTOR}, daemon=True)]
+    watches = [
+        threading.Thread(target=_watch_forever, args=(kubeconfig, "Node", agent.handle_node, stop), daemon=True),
+        threading.Thread(
+            target=_watch_forever,
+            args=(kubeconfig, "Pod", agent.handle_collective, stop),
+            kwargs={"label_selector": COLLECTIVE_SELECTOR},
+            daemon=True,
+        ),
+    ]
     for watch in watches:
         watch.start()
     _watch_forever(kubeconfig, "Pod", agent.handle, stop, namespace=namespace)
@@ -373,6 +457,7 @@ def run(agent: NodeAgent, kubeconfig: str, namespace: str, stop: threading.Event
 
 def _serve(port: int, pool_nodes: Callable[[], list[dict]]) -> None:
     """/healthz, and the kubelet pool nodes' DCGM series at KUBELET_DCGM_PATH."""
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == KUBELET_DCGM_PATH:
@@ -405,7 +490,7 @@ def main() -> None:
         try:
             agents[:] = [NodeAgent(Kube.connect(args.kubeconfig, user_agent=USER_AGENT))]
             run(agents[0], args.kubeconfig, args.namespace, threading.Event())
-        except GpucanaryError as err:     # the first connection
+        except GpucanaryError as err:  # the first connection
             print(f"node agent: {err}; retrying", flush=True)
             time.sleep(2)
 

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 import yaml
 
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.gpu_operator import GPU_COUNT_LABEL, GPU_RESOURCE
 from pytest_gpucanary.fleet import waits
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
 from pytest_gpucanary.fleet.images import NVML_STATE_PATH
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
+from pytest_gpucanary.gpu_operator import GPU_COUNT_LABEL, GPU_RESOURCE
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.pool import DRIVER_POOL_LABEL, HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL
 
@@ -46,8 +46,11 @@ def install_crds(kubectl: Kubectl, crd_dir: Path) -> None:
         kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f", str(path))
     names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in files]
     kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{name}" for name in names))
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE, "labels": {
-        "pod-security.kubernetes.io/enforce": "privileged"}}}
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": OPERATOR_NAMESPACE, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}},
+    }
     kubectl("apply", "--server-side", "--field-manager=gpucanary-fleet", "-f", "-", stdin=json.dumps(namespace))
 
 
@@ -55,9 +58,13 @@ def release_labels(release: str) -> dict[str, str]:
     """The labels the release's Helm chart puts on its ClusterPolicy ("gpu-operator.labels" in
     deployments/gpu-operator/templates/_helpers.tpl), less the ones naming Helm: the fleet installs the
     operator itself. A published chart's version and appVersion are the release tag."""
-    return {"app.kubernetes.io/name": "gpu-operator", "helm.sh/chart": f"gpu-operator-{release}",
-            "app.kubernetes.io/version": release, "app.kubernetes.io/component": "gpu-operator",
-            "app.kubernetes.io/managed-by": "gpucanary-fleet"}
+    return {
+        "app.kubernetes.io/name": "gpu-operator",
+        "helm.sh/chart": f"gpu-operator-{release}",
+        "app.kubernetes.io/version": release,
+        "app.kubernetes.io/component": "gpu-operator",
+        "app.kubernetes.io/managed-by": "gpucanary-fleet",
+    }
 
 
 # GPUDirect RDMA with the host's MOFED (no Network Operator on the fleet): the operator adds the
@@ -65,8 +72,16 @@ def release_labels(release: str) -> dict[str, str]:
 RDMA = {"enabled": True, "useHostMofed": True}
 # The driver of a kubelet pool node (its NVIDIADriver, or in ClusterPolicy mode the ClusterPolicy's): the driver
 # manager reaches the apiserver on 127.0.0.1; the stand-in loads at once, where the default probe waits 60 s.
-POOL_DRIVER = {"hostNetwork": True, "startupProbe": {"initialDelaySeconds": 5, "periodSeconds": 5, "failureThreshold": 60,
-                                                     "successThreshold": 1, "timeoutSeconds": 30}}
+POOL_DRIVER = {
+    "hostNetwork": True,
+    "startupProbe": {
+        "initialDelaySeconds": 5,
+        "periodSeconds": 5,
+        "failureThreshold": 60,
+        "successThreshold": 1,
+        "timeoutSeconds": 30,
+    },
+}
 
 
 def pool_operands(apiserver_url: str, device_plugin: dict) -> dict:
@@ -82,21 +97,43 @@ def pool_operands(apiserver_url: str, device_plugin: dict) -> dict:
     device plugin's image (`device_plugin`: its repository, image and version), as NVIDIA ships it; on the host
     network with the apiserver's address, where it writes its NodeFeature for nfd-master."""
     url = urlsplit(apiserver_url)
-    api = [{"name": "KUBERNETES_SERVICE_HOST", "value": url.hostname}, {"name": "KUBERNETES_SERVICE_PORT",
-                                                                          "value": str(url.port)}]
-    return {"validator": {"hostNetwork": True,
-                          "driver": {"env": [{"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}, *api]},
-                          "cuda": {"env": [{"name": "WITH_WORKLOAD", "value": "false"}, *api]},
-                          "plugin": {"env": api}},
-            "devicePlugin": {"env": [{"name": "DP_DISABLE_HEALTHCHECKS", "value": "all"},
-                                     {"name": "GPUCANARY_NVML_STATE", "value": "/host" + NVML_STATE_PATH}]},
-            "gfd": {"enabled": True, **{k: device_plugin[k] for k in ("repository", "image", "version")},
-                    "hostNetwork": True, "env": api},
-            "cdi": {"enabled": False}}
+    api = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": url.hostname},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(url.port)},
+    ]
+    return {
+        "validator": {
+            "hostNetwork": True,
+            "driver": {"env": [{"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}, *api]},
+            "cuda": {"env": [{"name": "WITH_WORKLOAD", "value": "false"}, *api]},
+            "plugin": {"env": api},
+        },
+        "devicePlugin": {
+            "env": [
+                {"name": "DP_DISABLE_HEALTHCHECKS", "value": "all"},
+                {"name": "GPUCANARY_NVML_STATE", "value": "/host" + NVML_STATE_PATH},
+            ]
+        },
+        "gfd": {
+            "enabled": True,
+            **{k: device_plugin[k] for k in ("repository", "image", "version")},
+            "hostNetwork": True,
+            "env": api,
+        },
+        "cdi": {"enabled": False},
+    }
 
 
-def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bool = False,
-                   pool_nodes: tuple[str, ...] = (), apiserver_url: str = "", default_driver: bool = False) -> None:
+def apply_policies(
+    kubectl: Kubectl,
+    *,
+    driver_mode: str,
+    release: str,
+    rdma: bool = False,
+    pool_nodes: tuple[str, ...] = (),
+    apiserver_url: str = "",
+    default_driver: bool = False,
+) -> None:
     """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet" (with `default_driver`, the default
     one, selecting no nodes by label: every GPU node no other picks), and one NVIDIADriver named
     after each of `pool_nodes` (kubelet nodes that are canary pools) that selects only it. ClusterPolicy
@@ -109,7 +146,7 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
     if pool_nodes:
         for operand, settings in pool_operands(apiserver_url, policy["spec"]["devicePlugin"]).items():
             policy["spec"][operand] = policy["spec"].get(operand, {}) | settings
-    if driver_mode == "clusterpolicy" and pool_nodes:   # one DaemonSet drives the kubelet pool nodes too
+    if driver_mode == "clusterpolicy" and pool_nodes:  # one DaemonSet drives the kubelet pool nodes too
         policy["spec"]["driver"] |= POOL_DRIVER
     driver = yaml.safe_load((FLEET_FIXTURES / "nvidiadriver.yaml").read_text())
     if rdma:
@@ -117,19 +154,28 @@ def apply_policies(kubectl: Kubectl, *, driver_mode: str, release: str, rdma: bo
     apply = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f")
     kubectl(*apply, "-", stdin=json.dumps(policy))
     if driver_mode == "nvidiadriver":
-        fleet = {**driver, "metadata": {**driver["metadata"], "labels": {HANDOVER_ELIGIBLE_LABEL: "true"}},
-                 "spec": {**{k: v for k, v in driver["spec"].items() if k != "nodeSelector"},
-                          "default": True}} if default_driver else driver
+        fleet = (
+            {
+                **driver,
+                "metadata": {**driver["metadata"], "labels": {HANDOVER_ELIGIBLE_LABEL: "true"}},
+                "spec": {**{k: v for k, v in driver["spec"].items() if k != "nodeSelector"}, "default": True},
+            }
+            if default_driver
+            else driver
+        )
         kubectl(*apply, "-", stdin=json.dumps(fleet))
         for name in pool_nodes:
-            own = {**driver, "metadata": {**driver["metadata"], "name": name, "labels": {POOL_ELIGIBLE_LABEL: "true"}},
-                   "spec": {**driver["spec"], "nodeSelector": {DRIVER_POOL_LABEL: name}, **POOL_DRIVER}}
+            own = {
+                **driver,
+                "metadata": {**driver["metadata"], "name": name, "labels": {POOL_ELIGIBLE_LABEL: "true"}},
+                "spec": {**driver["spec"], "nodeSelector": {DRIVER_POOL_LABEL: name}, **POOL_DRIVER},
+            }
             kubectl(*apply, "-", stdin=json.dumps(own))
 
 
 def ready_timeout_s(gpu_nodes: int) -> float:
     """240 s for a handful of nodes; the DaemonSet controller, scheduler and kwok add work per node."""
-    return READY_TIMEOUT_S + 1.0 * gpu_nodes      # 1,000 nodes took about 11 min on 2 cores
+    return READY_TIMEOUT_S + 1.0 * gpu_nodes  # 1,000 nodes took about 11 min on 2 cores
 
 
 def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]) -> None:
@@ -142,16 +188,33 @@ def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]
         return max(10.0, timeout_s - (time.monotonic() - started))
 
     try:
-        waits.wait_all(kube, "v1", "Pod", namespace=OPERATOR_NAMESPACE, wanted=wanted, timeout_s=timeout_s,
-                       satisfies=lambda pod: [(_app(pod), pod["spec"].get("nodeName"))] if _is_ready(pod) else [],
-                       progress=progress, what="the GPU Operator's pods")
-        waits.wait_all(kube, "v1", "Node", wanted=set(gpu_nodes), timeout_s=remaining_s(),
-                       satisfies=lambda node: [node["metadata"]["name"]] if gpus_allocatable(node) else [],
-                       progress=progress, what=f"{GPU_RESOURCE} allocatable (the device plugin's GPUs)")
+        waits.wait_all(
+            kube,
+            "v1",
+            "Pod",
+            namespace=OPERATOR_NAMESPACE,
+            wanted=wanted,
+            timeout_s=timeout_s,
+            satisfies=lambda pod: [(_app(pod), pod["spec"].get("nodeName"))] if _is_ready(pod) else [],
+            progress=progress,
+            what="the GPU Operator's pods",
+        )
+        waits.wait_all(
+            kube,
+            "v1",
+            "Node",
+            wanted=set(gpu_nodes),
+            timeout_s=remaining_s(),
+            satisfies=lambda node: [node["metadata"]["name"]] if gpus_allocatable(node) else [],
+            progress=progress,
+            what=f"{GPU_RESOURCE} allocatable (the device plugin's GPUs)",
+        )
         kube.wait_for("nvidia.com/v1", "ClusterPolicy", "cluster-policy", policy_ready, timeout_s=remaining_s())
     except TimeoutError as exc:
-        raise EnvError(f"the GPU Operator was not ready after {timeout_s:.0f} s: {str(exc)[:300]}",
-                       hint="see the gpu-operator log in the fleet's logs directory") from None
+        raise EnvError(
+            f"the GPU Operator was not ready after {timeout_s:.0f} s: {str(exc)[:300]}",
+            hint="see the gpu-operator log in the fleet's logs directory",
+        ) from None
 
 
 def gpus_allocatable(node: dict) -> bool:
@@ -166,8 +229,11 @@ def policy_ready(policy: dict) -> bool:
     status = policy.get("status", {})
     if status.get("state") == "ready":
         return True
-    messages = [c.get("message", "") for c in status.get("conditions", []) if c.get("type") == "Error"
-                and c.get("status") == "True"]
+    messages = [
+        c.get("message", "")
+        for c in status.get("conditions", [])
+        if c.get("type") == "Error" and c.get("status") == "True"
+    ]
     return status.get("state") == "notReady" and any(m.startswith(UPGRADE_ONLY_NOT_READY) for m in messages)
 
 
@@ -181,5 +247,9 @@ def _app(pod: dict) -> str:
 def _is_ready(pod: dict) -> bool:
     status = pod.get("status", {})
     statuses = status.get("containerStatuses") or []
-    return (status.get("phase") == "Running" and bool(statuses) and all(s.get("ready") for s in statuses)
-            and not pod["metadata"].get("deletionTimestamp"))
+    return (
+        status.get("phase") == "Running"
+        and bool(statuses)
+        and all(s.get("ready") for s in statuses)
+        and not pod["metadata"].get("deletionTimestamp")
+    )

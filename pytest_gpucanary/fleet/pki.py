@@ -29,13 +29,54 @@ def ensure_pki(pki: Path) -> None:
     if shutil.which("openssl") is None:
         raise EnvError("openssl is not installed", hint="apt-get install openssl")
     pki.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
-             "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=gpucanary-fleet-ca", cwd=pki)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "admin.key", "-out", "admin.csr",
-             "-subj", "/O=system:masters/CN=kwok-admin", cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "3650",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=gpucanary-fleet-ca",
+        cwd=pki,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "admin.key",
+        "-out",
+        "admin.csr",
+        "-subj",
+        "/O=system:masters/CN=kwok-admin",
+        cwd=pki,
+    )
     (pki / "admin.ext").write_text(_EXT)
-    _openssl("x509", "-req", "-in", "admin.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "3650", "-out", "admin.crt", "-extfile", "admin.ext", cwd=pki)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "admin.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-out",
+        "admin.crt",
+        "-extfile",
+        "admin.ext",
+        cwd=pki,
+    )
 
 
 def write_kubeconfig(path: Path, *, server: str, pki: Path) -> None:

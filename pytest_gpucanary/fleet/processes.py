@@ -59,13 +59,22 @@ def where(component: Component) -> str:
 
 def start(layout: FleetLayout, component: Component) -> subprocess.Popen:
     if component.port and port_in_use(component.port):
-        raise EnvError(f"port {HOST}:{component.port} for {component.name} is already in use",
-                       hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base")
+        raise EnvError(
+            f"port {HOST}:{component.port} for {component.name} is already in use",
+            hint="stop what listens there or set GPUCANARY_FLEET_PORT_BASE to another base",
+        )
     layout.logs.mkdir(parents=True, exist_ok=True)
     layout.run.mkdir(parents=True, exist_ok=True)
     with open(layout.logs / f"{component.name}.log", "wb") as log:
-        proc = subprocess.Popen(component.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=layout.root, start_new_session=True, env={**os.environ, **dict(component.env)})
+        proc = subprocess.Popen(
+            component.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=layout.root,
+            start_new_session=True,
+            env={**os.environ, **dict(component.env)},
+        )
     (layout.run / f"{component.name}.pid").write_text(str(proc.pid))
     return proc
 
@@ -94,15 +103,19 @@ def wait_healthy(layout: FleetLayout, component: Component, proc: subprocess.Pop
     deadline = time.monotonic() + (min(timeout_s, 3.0) if not component.health_url else timeout_s)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise EnvError(f"{component.name} exited during start-up: {_last_log_line(layout, component.name)}",
-                           hint=f"see {layout.logs / (component.name + '.log')}")
+            raise EnvError(
+                f"{component.name} exited during start-up: {_last_log_line(layout, component.name)}",
+                hint=f"see {layout.logs / (component.name + '.log')}",
+            )
         if component.health_url and healthy(layout, component):
             return
         time.sleep(0.2)
-    if not component.health_url:       # no health check: running 3 s after the start is healthy
+    if not component.health_url:  # no health check: running 3 s after the start is healthy
         return
-    raise EnvError(f"{component.name} was not healthy after {timeout_s:.0f} s at {component.health_url}",
-                   hint=f"see {layout.logs / (component.name + '.log')}")
+    raise EnvError(
+        f"{component.name} was not healthy after {timeout_s:.0f} s at {component.health_url}",
+        hint=f"see {layout.logs / (component.name + '.log')}",
+    )
 
 
 def _last_log_line(layout: FleetLayout, name: str) -> str:
@@ -113,8 +126,18 @@ def _last_log_line(layout: FleetLayout, name: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-STOP_ORDER = ("ingress", "node-agent", "nfd-master", "gpu-operator", "prometheus", "kwok", "kube-scheduler",
-              "kube-controller-manager", "kube-apiserver", "etcd")
+STOP_ORDER = (
+    "ingress",
+    "node-agent",
+    "nfd-master",
+    "gpu-operator",
+    "prometheus",
+    "kwok",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "etcd",
+)
 
 
 def stop_all(layout: FleetLayout) -> list[int]:

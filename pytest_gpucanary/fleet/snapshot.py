@@ -20,8 +20,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from pytest_gpucanary.fleet.audit import read_log
 from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fence, new_run_id
@@ -39,17 +39,29 @@ def _meta(obj: dict) -> dict:
 
 
 def snapshot(kube: Kube) -> Snapshot:
-    nodes = {n["metadata"]["name"]: {**_meta(n), "taints": n.get("spec", {}).get("taints") or [],
-                                     "unschedulable": bool(n.get("spec", {}).get("unschedulable"))}
-             for n in kube.list("v1", "Node")}
-    policies = {f"{kind}/{o['metadata']['name']}": {**_meta(o), "spec": o.get("spec")}
-                for api, kind in (CLUSTER_POLICY, NVIDIADRIVER) for o in kube.list(api, kind)}
-    namespaces = sorted(n["metadata"]["name"] for n in kube.list("v1", "Namespace")
-                        if not n["metadata"].get("deletionTimestamp"))
+    nodes = {
+        n["metadata"]["name"]: {
+            **_meta(n),
+            "taints": n.get("spec", {}).get("taints") or [],
+            "unschedulable": bool(n.get("spec", {}).get("unschedulable")),
+        }
+        for n in kube.list("v1", "Node")
+    }
+    policies = {
+        f"{kind}/{o['metadata']['name']}": {**_meta(o), "spec": o.get("spec")}
+        for api, kind in (CLUSTER_POLICY, NVIDIADRIVER)
+        for o in kube.list(api, kind)
+    }
+    namespaces = sorted(
+        n["metadata"]["name"] for n in kube.list("v1", "Namespace") if not n["metadata"].get("deletionTimestamp")
+    )
     # an earlier run's namespace still terminating is on its way out, not something this run left
-    owned = sorted(f"{kind}/{o['metadata']['name']}" for api, kind in (("v1", "Node"), ("v1", "Namespace"), NVIDIADRIVER)
-                   for o in kube.list(api, kind, label_selector=f"{OWNER_LABEL}=gpucanary")
-                   if not o["metadata"].get("deletionTimestamp"))
+    owned = sorted(
+        f"{kind}/{o['metadata']['name']}"
+        for api, kind in (("v1", "Node"), ("v1", "Namespace"), NVIDIADRIVER)
+        for o in kube.list(api, kind, label_selector=f"{OWNER_LABEL}=gpucanary")
+        if not o["metadata"].get("deletionTimestamp")
+    )
     return {"nodes": nodes, "policies": policies, "namespaces": namespaces, "owned": owned}
 
 
@@ -71,26 +83,50 @@ def _changed(path: str, old: object, new: object) -> list[str]:
     if old == new:
         return []
     if isinstance(old, dict) and isinstance(new, dict):
-        return [line for key in sorted(old.keys() | new.keys(), key=str)
-                for line in _changed(f"{path}.{key}", old.get(key), new.get(key))]
+        return [
+            line
+            for key in sorted(old.keys() | new.keys(), key=str)
+            for line in _changed(f"{path}.{key}", old.get(key), new.get(key))
+        ]
     return [f"{path}: {str(old)[:300]} -> {str(new)[:300]}"]
 
 
-def run_killed(fleet: Fleet, args: list[str], *, reports: Path, cue: Callable[[str], bool], sig: signal.Signals,
-               env: dict[str, str] | None = None, timeout_s: float = 1200,
-               on_start: Callable[[subprocess.Popen], None] | None = None,
-               command: Sequence[str] = (sys.executable, "-m", "pytest_gpucanary.cli")) -> CanaryResult:
+def run_killed(
+    fleet: Fleet,
+    args: list[str],
+    *,
+    reports: Path,
+    cue: Callable[[str], bool],
+    sig: signal.Signals,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 1200,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+    command: Sequence[str] = (sys.executable, "-m", "pytest_gpucanary.cli"),
+) -> CanaryResult:
     """`gpucanary run ARGS`, sent `sig` right after the first output line for which `cue` is true (never, if
     no line is). SIGKILL goes to its whole process group (its locust too), as a lost machine would. `command`
     runs the CLI (the tests' fault hooks wrap it)."""
     run_id = new_run_id()
     argv = [*command, "run", *args, f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}"]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1",
-                "GPUCANARY_FLEET_DIR": str(fleet.layout.root), "GPUCANARY_FLEET_PORT_BASE": str(fleet.layout.port_base),
-                "GPUCANARY_FLEET_GPU_NODES": str(fleet.layout.gpu_nodes), **(env or {})}
+    full_env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "GPUCANARY_FLEET_KEEP": "1",
+        "GPUCANARY_FLEET_DIR": str(fleet.layout.root),
+        "GPUCANARY_FLEET_PORT_BASE": str(fleet.layout.port_base),
+        "GPUCANARY_FLEET_GPU_NODES": str(fleet.layout.gpu_nodes),
+        **(env or {}),
+    }
     since_s = time.time()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-                            start_new_session=True, preexec_fn=sigint_default)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=full_env,
+        start_new_session=True,
+        preexec_fn=sigint_default,
+    )
     if on_start is not None:
         on_start(proc)
     timer = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
@@ -112,7 +148,7 @@ def run_killed(fleet: Fleet, args: list[str], *, reports: Path, cue: Callable[[s
     finally:
         timer.cancel()
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)   # whatever of its group is left (a locust of a dead run)
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left (a locust of a dead run)
     until_s = time.time()
     fence(fleet)
     records = read_log(fleet.layout.audit_log, user_agent_prefix=CANARY_USER_AGENT, since_s=since_s, until_s=until_s)

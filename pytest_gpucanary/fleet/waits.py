@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from pytest_gpucanary.kube import Kube
 
@@ -18,9 +18,19 @@ Progress = Callable[[str], None]
 PROGRESS_EVERY_S = 15.0
 
 
-def wait_all(kube: Kube, api_version: str, kind: str, *, wanted: set[Hashable],
-             satisfies: Callable[[dict], Iterable[Hashable]], timeout_s: float, progress: Progress, what: str,
-             namespace: str | None = None, label_selector: str | None = None) -> None:
+def wait_all(
+    kube: Kube,
+    api_version: str,
+    kind: str,
+    *,
+    wanted: set[Hashable],
+    satisfies: Callable[[dict], Iterable[Hashable]],
+    timeout_s: float,
+    progress: Progress,
+    what: str,
+    namespace: str | None = None,
+    label_selector: str | None = None,
+) -> None:
     """Watch until the objects together satisfy every key in `wanted`; TimeoutError names what is missing.
 
     `satisfies(obj)` returns the keys one object satisfies now (empty while it is not ready).
@@ -58,10 +68,14 @@ def wait_all(kube: Kube, api_version: str, kind: str, *, wanted: set[Hashable],
             if not missing:
                 return
             if time.monotonic() - last_report > PROGRESS_EVERY_S:
-                progress(f"fleet: waiting for {what}: {len(missing)} of {len(wanted)} missing, e.g. "
-                         f"{', '.join(map(str, sorted(missing, key=str)[:3]))}")
+                progress(
+                    f"fleet: waiting for {what}: {len(missing)} of {len(wanted)} missing, e.g. "
+                    f"{', '.join(map(str, sorted(missing, key=str)[:3]))}"
+                )
                 last_report = time.monotonic()
     finally:
         timer.cancel()
-    raise TimeoutError(f"{what}: {len(missing)} of {len(wanted)} still missing after {timeout_s:.0f} s, e.g. "
-                       f"{', '.join(map(str, sorted(missing, key=str)[:5]))}")
+    raise TimeoutError(
+        f"{what}: {len(missing)} of {len(wanted)} still missing after {timeout_s:.0f} s, e.g. "
+        f"{', '.join(map(str, sorted(missing, key=str)[:5]))}"
+    )

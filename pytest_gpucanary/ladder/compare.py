@@ -30,21 +30,24 @@ _POD_SUFFIX = re.compile(r"(-[a-z0-9]{6,10})?-[a-z0-9]{5}$")
 class Side:
     """One run of the pair: what it recorded and what the ladder made of it."""
 
-    label: str                  # "base" or "head"
+    label: str  # "base" or "head"
     evidence: RunEvidence
     result: LadderResult
 
     def upgrade_s(self) -> float | None:
         """Seconds from the upgrade start to the first pool node's upgrade-done (client receive time)."""
-        done = [s.start_wall_ns for s in self.result.state_spans if s.state == UPGRADE_DONE
-                and s.start_wall_ns >= self.evidence.upgrade_started_wall_ns]
+        done = [
+            s.start_wall_ns
+            for s in self.result.state_spans
+            if s.state == UPGRADE_DONE and s.start_wall_ns >= self.evidence.upgrade_started_wall_ns
+        ]
         return self.evidence.offset_s(min(done)) if done else None
 
 
 @dataclass(frozen=True)
 class Regression:
-    rule: str                   # "stage", "evictions", "service", "upgrade"
-    line: str                   # one line: what head did that base did not
+    rule: str  # "stage", "evictions", "service", "upgrade"
+    line: str  # one line: what head did that base did not
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,16 @@ def eviction_kind(eviction: Eviction) -> str:
 
 
 def compare(base: Side, head: Side) -> Comparison:
-    return Comparison(base, head, tuple(stage_regressions(base, head) + eviction_regressions(base, head)
-                                        + service_regressions(base, head) + upgrade_regressions(base, head)))
+    return Comparison(
+        base,
+        head,
+        tuple(
+            stage_regressions(base, head)
+            + eviction_regressions(base, head)
+            + service_regressions(base, head)
+            + upgrade_regressions(base, head)
+        ),
+    )
 
 
 def stage_regressions(base: Side, head: Side) -> list[Regression]:
@@ -87,8 +98,12 @@ def stage_regressions(base: Side, head: Side) -> list[Regression]:
         now = next((v for v in head.result.verdicts if v.stage is was.stage), None)
         if was.outcome is Outcome.PASS and (now is None or now.outcome in WORSE):
             summary = now.summary if now else "no verdict"
-            found.append(Regression("stage", f"{was.stage.value} passed on base, {now.outcome.value if now else 'missing'}"
-                                             f" on head: {summary}"))
+            found.append(
+                Regression(
+                    "stage",
+                    f"{was.stage.value} passed on base, {now.outcome.value if now else 'missing'} on head: {summary}",
+                )
+            )
     return found
 
 
@@ -100,13 +115,17 @@ def eviction_regressions(base: Side, head: Side) -> list[Regression]:
         kind = eviction_kind(e)
         seen[kind] += 1
         if seen[kind] > before[kind]:
-            found.append(Regression("evictions", f"head evicts one more {kind} than base "
-                                                 f"({seen[kind]} vs {before[kind]}): {e.line()}"))
+            found.append(
+                Regression(
+                    "evictions", f"head evicts one more {kind} than base ({seen[kind]} vs {before[kind]}): {e.line()}"
+                )
+            )
     return found
 
 
 def eviction_diff(base: Side, head: Side) -> tuple[list[Eviction], list[Eviction]]:
     """Evictions only base had and only head had, matched by (kind, workload)."""
+
     def key(e: Eviction) -> tuple[str, str]:
         return eviction_kind(e), workload_of(e)
 
@@ -143,8 +162,13 @@ def service_regressions(base: Side, head: Side) -> list[Regression]:
         now = next((s for s in head.evidence.service_phases if s.phase is phase), None)
         why = over_slo(now, limits)
         if why and was is not None and was.requests and over_slo(was, limits) is None:
-            found.append(Regression("service", f"service phase {phase.value} over its SLO on head, within it on "
-                                               f"base: {why} (load generator clock)"))
+            found.append(
+                Regression(
+                    "service",
+                    f"service phase {phase.value} over its SLO on head, within it on "
+                    f"base: {why} (load generator clock)",
+                )
+            )
     return found
 
 
@@ -156,12 +180,17 @@ def upgrade_regressions(base: Side, head: Side) -> list[Regression]:
     if was_s is not None and was_s > budget_s:
         return []
     was = f"{was_s:.0f} s" if was_s is not None else "not reached"
-    return [Regression("upgrade", f"upgrade took {now_s:.0f} s on head > budget {budget_s:.0f} s "
-                                  f"(base: {was}; client receive time)")]
+    return [
+        Regression(
+            "upgrade",
+            f"upgrade took {now_s:.0f} s on head > budget {budget_s:.0f} s (base: {was}; client receive time)",
+        )
+    ]
 
 
 def stage_pairs(comparison: Comparison) -> list[tuple[Stage, Outcome | None, Outcome | None]]:
     """Per stage in ladder order: base's outcome and head's (None when a side has no verdict)."""
+
     def outcome(side: Side, stage: Stage) -> Outcome | None:
         return next((v.outcome for v in side.result.verdicts if v.stage is stage), None)
 

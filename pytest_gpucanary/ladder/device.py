@@ -10,7 +10,7 @@ and the operator recreates them afterwards.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.config import DEFAULTS, Settings
@@ -32,19 +32,28 @@ def _pod_evidence(ev: RunEvidence, p: timeline.PodSeen) -> Evidence:
     ready = f"Ready at {ev.offset_s(p.ready_wall_ns):+.1f}s" if p.ready_wall_ns else "never Ready"
     gone = f", gone at {ev.offset_s(p.removed_wall_ns):+.1f}s" if p.removed_wall_ns else ""
     images = ", ".join(p.images) or "none reported"
-    return at(ev, p.ready_wall_ns or p.first_seen_wall_ns, "Pod", f"{p.namespace}/{p.name}",
-              f"{ready}{gone}; {_describe(p)}; images {images}")
+    return at(
+        ev,
+        p.ready_wall_ns or p.first_seen_wall_ns,
+        "Pod",
+        f"{p.namespace}/{p.name}",
+        f"{ready}{gone}; {_describe(p)}; images {images}",
+    )
 
 
 def validator_line(ev: RunEvidence, node: str) -> str:
     """Why a node waits in validation-required: its validator pod as last seen, or that it has none."""
     live = [p for p in _pods_on(ev, node, op.is_validator_pod) if p.removed_wall_ns is None]
     if not live:
-        return (f"no {op.VALIDATOR_SELECTOR} pod on {node}: the operator waits in {op.VALIDATION_REQUIRED} "
-                f"without ever starting its validation timeout")
+        return (
+            f"no {op.VALIDATOR_SELECTOR} pod on {node}: the operator waits in {op.VALIDATION_REQUIRED} "
+            f"without ever starting its validation timeout"
+        )
     p = live[-1]
-    return (f"validator pod {p.namespace}/{p.name} is {_describe(p)} since {ev.offset_s(p.first_seen_wall_ns):+.0f}s "
-            f"(the operator fails the node after its 600 s validation timeout)")
+    return (
+        f"validator pod {p.namespace}/{p.name} is {_describe(p)} since {ev.offset_s(p.first_seen_wall_ns):+.0f}s "
+        f"(the operator fails the node after its 600 s validation timeout)"
+    )
 
 
 def _new_driver(ev: RunEvidence, node: str) -> tuple[Finding, timeline.PodSeen | None, list[Evidence]]:
@@ -57,21 +66,44 @@ def _new_driver(ev: RunEvidence, node: str) -> tuple[Finding, timeline.PodSeen |
         return Finding(Outcome.PASS, f"driver pod {p.name} Ready"), p, items
     live = [p for p in pods if p.removed_wall_ns is None]
     if not live:
-        return Finding(Outcome.INCONCLUSIVE, f"no live driver pod recorded on {node} "
-                                             f"(label {op.DRIVER_COMPONENT_SELECTOR})"), None, items
+        return (
+            Finding(
+                Outcome.INCONCLUSIVE, f"no live driver pod recorded on {node} (label {op.DRIVER_COMPONENT_SELECTOR})"
+            ),
+            None,
+            items,
+        )
     p = live[-1]
     tags = [op.image_tag(i) for i in p.images]
     if not tags:
-        return Finding(Outcome.INCONCLUSIVE, f"driver pod {p.namespace}/{p.name} reports no container image"), None, items
+        return (
+            Finding(Outcome.INCONCLUSIVE, f"driver pod {p.namespace}/{p.name} reports no container image"),
+            None,
+            items,
+        )
     if not at_target:
-        return Finding(Outcome.FAIL, f"driver pod {p.namespace}/{p.name} on {node} runs tag {tags[0]}, expected a tag "
-                                     f"starting {ev.driver_to}"), None, items
-    return Finding(Outcome.FAIL, f"driver pod {p.namespace}/{p.name} on {node} at {tags[0]} never became Ready "
-                                 f"({_describe(p)})"), None, items
+        return (
+            Finding(
+                Outcome.FAIL,
+                f"driver pod {p.namespace}/{p.name} on {node} runs tag {tags[0]}, expected a tag "
+                f"starting {ev.driver_to}",
+            ),
+            None,
+            items,
+        )
+    return (
+        Finding(
+            Outcome.FAIL,
+            f"driver pod {p.namespace}/{p.name} on {node} at {tags[0]} never became Ready ({_describe(p)})",
+        ),
+        None,
+        items,
+    )
 
 
-def _ready_after(ev: RunEvidence, node: str, what: str, is_operand: Callable[[Mapping[str, str]], bool],
-                 driver: timeline.PodSeen) -> tuple[Finding, list[Evidence]]:
+def _ready_after(
+    ev: RunEvidence, node: str, what: str, is_operand: Callable[[Mapping[str, str]], bool], driver: timeline.PodSeen
+) -> tuple[Finding, list[Evidence]]:
     """A pod of this operand Ready after the new driver pod was; one line with both times if only older ones were."""
     pods = _pods_on(ev, node, is_operand)
     items = [_pod_evidence(ev, p) for p in pods]
@@ -82,14 +114,20 @@ def _ready_after(ev: RunEvidence, node: str, what: str, is_operand: Callable[[Ma
     live = [p for p in pods if p.removed_wall_ns is None]
     if older:
         p = older[-1]
-        return Finding(Outcome.FAIL, f"{what} pod {p.namespace}/{p.name} on {node} was Ready at "
-                                     f"{ev.offset_s(p.ready_wall_ns):+.1f}s, before the new driver pod {driver.name} "
-                                     f"at {driver_ready_s:+.1f}s: it checked the old driver, and none was Ready "
-                                     f"after"), items
+        return Finding(
+            Outcome.FAIL,
+            f"{what} pod {p.namespace}/{p.name} on {node} was Ready at "
+            f"{ev.offset_s(p.ready_wall_ns):+.1f}s, before the new driver pod {driver.name} "
+            f"at {driver_ready_s:+.1f}s: it checked the old driver, and none was Ready "
+            f"after",
+        ), items
     if live:
         p = live[-1]
-        return Finding(Outcome.FAIL, f"{what} pod {p.namespace}/{p.name} on {node} is {_describe(p)}, not Ready "
-                                     f"since the new driver pod {driver.name} was at {driver_ready_s:+.1f}s"), items
+        return Finding(
+            Outcome.FAIL,
+            f"{what} pod {p.namespace}/{p.name} on {node} is {_describe(p)}, not Ready "
+            f"since the new driver pod {driver.name} was at {driver_ready_s:+.1f}s",
+        ), items
     return Finding(Outcome.INCONCLUSIVE, f"no {what} pod recorded on {node}"), items
 
 
@@ -106,21 +144,30 @@ def capacity_dip(ev: RunEvidence, node: str) -> CapacityDip:
         return CapacityDip(node, None, None, None, None, after, shown)
     left = next((t for t, v in during if (v or 0) < before), None)
     back = next((t for t, v in during if left is not None and t > left and (v or 0) >= before), None)
-    lowest = min([before] + [v or 0 for t, v in during if left is not None and t >= left and (back is None or t < back)])
-    return CapacityDip(node, before, lowest, ev.offset_s(left) if left else None, ev.offset_s(back) if back else None,
-                       after, shown)
+    lowest = min(
+        [before] + [v or 0 for t, v in during if left is not None and t >= left and (back is None or t < back)]
+    )
+    return CapacityDip(
+        node, before, lowest, ev.offset_s(left) if left else None, ev.offset_s(back) if back else None, after, shown
+    )
 
 
 def _capacity(ev: RunEvidence, node: str, dip: CapacityDip, settings: Settings) -> Finding:
     if dip.before is None:
-        return Finding(Outcome.INCONCLUSIVE, f"node {node} had no {op.GPU_RESOURCE} allocatable recorded before the "
-                                             f"upgrade")
+        return Finding(
+            Outcome.INCONCLUSIVE, f"node {node} had no {op.GPU_RESOURCE} allocatable recorded before the upgrade"
+        )
     if dip.after != dip.before:
-        return Finding(Outcome.FAIL, f"node {node} allocatable {op.GPU_RESOURCE} = {dip.after} after upgrade-done, "
-                                     f"expected {dip.before} (before the upgrade)")
+        return Finding(
+            Outcome.FAIL,
+            f"node {node} allocatable {op.GPU_RESOURCE} = {dip.after} after upgrade-done, "
+            f"expected {dip.before} (before the upgrade)",
+        )
     if dip.gone_s is not None and dip.gone_s > settings.max_gpus_gone_s:
-        return Finding(Outcome.FAIL, f"node {node}'s GPUs were gone from allocatable for {dip.gone_s:.0f} s > "
-                                     f"{settings.max_gpus_gone_s:.0f} s")
+        return Finding(
+            Outcome.FAIL,
+            f"node {node}'s GPUs were gone from allocatable for {dip.gone_s:.0f} s > {settings.max_gpus_gone_s:.0f} s",
+        )
     return Finding(Outcome.PASS, dip.line())
 
 
@@ -128,12 +175,14 @@ def _driver_label(ev: RunEvidence, node: str) -> tuple[Finding | None, list[Evid
     seen = timeline.latest_node(ev.records, node)
     version = seen.labels.get(op.DRIVER_VERSION_LABEL) if seen else None
     if seen is None or version is None:
-        return None, []     # GPU Feature Discovery off: the DCGM metric check still reads the driver
+        return None, []  # GPU Feature Discovery off: the DCGM metric check still reads the driver
     item = at(ev, seen.received_wall_ns, "Node", node, f"{op.DRIVER_VERSION_LABEL}={version}")
     if version.startswith(ev.driver_to):
         return None, [item]
-    return Finding(Outcome.FAIL, f"node {node} label {op.DRIVER_VERSION_LABEL}={version} after the upgrade, "
-                                 f"expected {ev.driver_to}"), [item]
+    return Finding(
+        Outcome.FAIL,
+        f"node {node} label {op.DRIVER_VERSION_LABEL}={version} after the upgrade, expected {ev.driver_to}",
+    ), [item]
 
 
 def _device_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[list[Finding], list[Evidence], CapacityDip]:
@@ -144,10 +193,16 @@ def _device_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[list[F
         held = states[-1:] == [op.VALIDATION_REQUIRED] or states[-2:] == [op.VALIDATION_REQUIRED, op.UPGRADE_FAILED]
         if held:
             where = "failed in" if states[-1] == op.UPGRADE_FAILED else "held in"
-            return [Finding(Outcome.FAIL,
-                            f"node {node} {where} {op.VALIDATION_REQUIRED}: {validator_line(ev, node)}")], \
-                [_pod_evidence(ev, p) for p in _pods_on(ev, node, op.is_validator_pod)], dip
-        return [Finding(Outcome.INCONCLUSIVE, f"node {node} never reached upgrade-done; device state not judged")], [], dip
+            return (
+                [Finding(Outcome.FAIL, f"node {node} {where} {op.VALIDATION_REQUIRED}: {validator_line(ev, node)}")],
+                [_pod_evidence(ev, p) for p in _pods_on(ev, node, op.is_validator_pod)],
+                dip,
+            )
+        return (
+            [Finding(Outcome.INCONCLUSIVE, f"node {node} never reached upgrade-done; device state not judged")],
+            [],
+            dip,
+        )
     finding, driver, items = _new_driver(ev, node)
     findings = [finding]
     if driver is not None:
@@ -179,8 +234,13 @@ def check_device(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageV
     n = len(evidence.pool_nodes)
     back = [d.back_s for d in dips if d.back_s is not None]
     gone = [d.gone_s for d in dips if d.gone_s is not None]
-    capacity = (f"GPUs gone at most {max(gone):.0f} s, all back by +{max(back):.0f}s" if gone
-                else f"{op.GPU_RESOURCE} allocatable as before")
-    pass_line = (f"{n}/{n} pool nodes: driver {evidence.driver_to} Ready, then validator and device plugin Ready; "
-                 f"{capacity} (<= {settings.max_gpus_gone_s:.0f} s){metrics_note(metric_findings)}")
+    capacity = (
+        f"GPUs gone at most {max(gone):.0f} s, all back by +{max(back):.0f}s"
+        if gone
+        else f"{op.GPU_RESOURCE} allocatable as before"
+    )
+    pass_line = (
+        f"{n}/{n} pool nodes: driver {evidence.driver_to} Ready, then validator and device plugin Ready; "
+        f"{capacity} (<= {settings.max_gpus_gone_s:.0f} s){metrics_note(metric_findings)}"
+    )
     return verdict(Stage.DEVICE, findings + metric_findings, items + metric_items, pass_line)

@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import (
-    CollectiveRun, MetricCheck, PhaseStats, ProbeScope, ProbeSeen, RatePoint, WorkloadRef,
+    CollectiveRun,
+    MetricCheck,
+    PhaseStats,
+    ProbeScope,
+    ProbeSeen,
+    RatePoint,
+    WorkloadRef,
 )
 from pytest_gpucanary.ladder.timeline import Record
 
@@ -40,7 +47,7 @@ class RunEvidence:
     driver_to: str
     upgrade_started_wall_ns: int
     gpu_job: WorkloadRef
-    service: WorkloadRef           # a Deployment
+    service: WorkloadRef  # a Deployment
     probes: tuple[ProbeSeen, ...] = ()
     metric_checks: tuple[MetricCheck, ...] = ()
     service_phases: tuple[PhaseStats, ...] = ()
@@ -50,29 +57,42 @@ class RunEvidence:
     policy_path: str = ""
     finished_wall_ns: int = 0
     ci: Mapping[str, str] = field(default_factory=dict, hash=False)
-    gpu_job_work_s: float = 0.0        # the GPU work asked of the job (--gpucanary-job-duration-s); 0: not known
-    gpu_job_until_wall_ns: int = 0     # its deadline (canary's wall clock, 1 s resolution); 0: not known
+    gpu_job_work_s: float = 0.0  # the GPU work asked of the job (--gpucanary-job-duration-s); 0: not known
+    gpu_job_until_wall_ns: int = 0  # its deadline (canary's wall clock, 1 s resolution); 0: not known
     # what the run changed beyond its pool, said out loud (ClusterPolicy mode: the cluster-wide version
     # and the nodes held back by the skip label); one line each
     exposure: tuple[str, ...] = ()
-    held_nodes: tuple[str, ...] = ()   # GPU nodes the run held back with the operator's skip label
-    operator_release: str = ""         # as the ClusterPolicy's Helm labels name it; "" when unknown
-    policy_applied_to: str = ""        # which object got the policy and which the version
+    held_nodes: tuple[str, ...] = ()  # GPU nodes the run held back with the operator's skip label
+    operator_release: str = ""  # as the ClusterPolicy's Helm labels name it; "" when unknown
+    policy_applied_to: str = ""  # which object got the policy and which the version
     # Helm values: the chart that rendered the applied CR, then each knob it filled in or changed; one line each
     policy_rendering: tuple[str, ...] = ()
-    collective: tuple[CollectiveRun, ...] = ()   # the collective probe's baseline and after runs, in order
-    collective_note: str = ""          # why no collective probe ran ("" when one did)
+    collective: tuple[CollectiveRun, ...] = ()  # the collective probe's baseline and after runs, in order
+    collective_note: str = ""  # why no collective probe ran ("" when one did)
     # ClusterPolicy mode: each time the target reached beyond the pool (a GPU node not held back, a driver pod
     # outside the pool at the target), one line each; any fails rollout
     blast_radius: tuple[str, ...] = ()
     # how the pool was set up beyond its carve-out (its fence, a handover from the default NVIDIADriver): recorded,
     # not judged; one line each
     pool_setup: tuple[str, ...] = ()
-    unproven: tuple[str, ...] = ()     # what the verdict does not speak for (pods holding DRA claims), one line each
+    unproven: tuple[str, ...] = ()  # what the verdict does not speak for (pods holding DRA claims), one line each
 
     def __post_init__(self) -> None:
-        for name in ("records", "pool_nodes", "probes", "metric_checks", "service_phases", "service_rate", "exposure",
-                     "held_nodes", "policy_rendering", "collective", "blast_radius", "pool_setup", "unproven"):
+        for name in (
+            "records",
+            "pool_nodes",
+            "probes",
+            "metric_checks",
+            "service_phases",
+            "service_rate",
+            "exposure",
+            "held_nodes",
+            "policy_rendering",
+            "collective",
+            "blast_radius",
+            "pool_setup",
+            "unproven",
+        ):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def offset_s(self, wall_ns: int) -> float:
@@ -91,7 +111,7 @@ class RunEvidence:
 
     def evictions(self, settings: Settings | None = None) -> list[Eviction]:
         """Non-DaemonSet pods removed from pool nodes during the upgrade, judged against `settings`."""
-        from pytest_gpucanary.ladder.application import evictions   # the rule lives with its stage
+        from pytest_gpucanary.ladder.application import evictions  # the rule lives with its stage
 
         return evictions(self, settings)
 
@@ -105,23 +125,33 @@ class RunEvidence:
 
     def queue_delays_s(self) -> list[float]:
         """Pool probes: created -> scheduled, client receive times (wall clock)."""
-        return [(p.scheduled_wall_ns - p.created_wall_ns) / 1e9 for p in self.probes
-                if p.scope is ProbeScope.POOL and p.scheduled_wall_ns]
+        return [
+            (p.scheduled_wall_ns - p.created_wall_ns) / 1e9
+            for p in self.probes
+            if p.scope is ProbeScope.POOL and p.scheduled_wall_ns
+        ]
 
     def start_latencies_s(self) -> list[float]:
         """Fleet probes: created -> Running, client receive times (wall clock)."""
-        return [(p.running_wall_ns - p.created_wall_ns) / 1e9 for p in self.probes
-                if p.scope is ProbeScope.FLEET and p.running_wall_ns]
+        return [
+            (p.running_wall_ns - p.created_wall_ns) / 1e9
+            for p in self.probes
+            if p.scope is ProbeScope.FLEET and p.running_wall_ns
+        ]
 
     def upgrade_timeline(self) -> list[timeline.Transition]:
-        return [t for node in self.pool_nodes
-                for t in timeline.label_transitions(self.records, node, UPGRADE_STATE_LABEL)]
+        return [
+            t for node in self.pool_nodes for t in timeline.label_transitions(self.records, node, UPGRADE_STATE_LABEL)
+        ]
 
     # --- on disk ---------------------------------------------------------------------------------------
 
     def to_json(self) -> str:
-        document = {"schema": SCHEMA, "timeline_records": len(self.records),
-                    **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "records"}}
+        document = {
+            "schema": SCHEMA,
+            "timeline_records": len(self.records),
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "records"},
+        }
         return json.dumps(document, indent=1, default=_plain) + "\n"
 
     @classmethod
@@ -132,24 +162,36 @@ class RunEvidence:
             raise ValueError(f"not a {SCHEMA} document")
         if len(records) < doc["timeline_records"]:
             raise ValueError(f"the timeline holds {len(records)} records, the evidence {doc['timeline_records']}")
-        return cls(records=records[:doc["timeline_records"]], pool_nodes=tuple(doc["pool_nodes"]), driver_from=doc["driver_from"],
-                   driver_to=doc["driver_to"], upgrade_started_wall_ns=doc["upgrade_started_wall_ns"],
-                   gpu_job=WorkloadRef(**doc["gpu_job"]), service=WorkloadRef(**doc["service"]),
-                   probes=tuple(ProbeSeen(**p) for p in doc["probes"]),
-                   metric_checks=tuple(MetricCheck(**m) for m in doc["metric_checks"]),
-                   service_phases=tuple(PhaseStats(**s) for s in doc["service_phases"]),
-                   service_rate=tuple(RatePoint(**r) for r in doc["service_rate"]),
-                   upgrade_policy=doc["upgrade_policy"], run_id=doc["run_id"], policy_path=doc["policy_path"],
-                   finished_wall_ns=doc["finished_wall_ns"], ci=doc["ci"],
-                   gpu_job_work_s=doc.get("gpu_job_work_s", 0.0), gpu_job_until_wall_ns=doc.get("gpu_job_until_wall_ns", 0),
-                   exposure=tuple(doc.get("exposure", ())), held_nodes=tuple(doc.get("held_nodes", ())),
-                   operator_release=doc.get("operator_release", ""),
-                   policy_applied_to=doc.get("policy_applied_to", ""),
-                   policy_rendering=tuple(doc.get("policy_rendering", ())),
-                   collective=tuple(CollectiveRun(**c) for c in doc.get("collective", ())),
-                   collective_note=doc.get("collective_note", ""),
-                   blast_radius=tuple(doc.get("blast_radius", ())), pool_setup=tuple(doc.get("pool_setup", ())),
-                   unproven=tuple(doc.get("unproven", ())))
+        return cls(
+            records=records[: doc["timeline_records"]],
+            pool_nodes=tuple(doc["pool_nodes"]),
+            driver_from=doc["driver_from"],
+            driver_to=doc["driver_to"],
+            upgrade_started_wall_ns=doc["upgrade_started_wall_ns"],
+            gpu_job=WorkloadRef(**doc["gpu_job"]),
+            service=WorkloadRef(**doc["service"]),
+            probes=tuple(ProbeSeen(**p) for p in doc["probes"]),
+            metric_checks=tuple(MetricCheck(**m) for m in doc["metric_checks"]),
+            service_phases=tuple(PhaseStats(**s) for s in doc["service_phases"]),
+            service_rate=tuple(RatePoint(**r) for r in doc["service_rate"]),
+            upgrade_policy=doc["upgrade_policy"],
+            run_id=doc["run_id"],
+            policy_path=doc["policy_path"],
+            finished_wall_ns=doc["finished_wall_ns"],
+            ci=doc["ci"],
+            gpu_job_work_s=doc.get("gpu_job_work_s", 0.0),
+            gpu_job_until_wall_ns=doc.get("gpu_job_until_wall_ns", 0),
+            exposure=tuple(doc.get("exposure", ())),
+            held_nodes=tuple(doc.get("held_nodes", ())),
+            operator_release=doc.get("operator_release", ""),
+            policy_applied_to=doc.get("policy_applied_to", ""),
+            policy_rendering=tuple(doc.get("policy_rendering", ())),
+            collective=tuple(CollectiveRun(**c) for c in doc.get("collective", ())),
+            collective_note=doc.get("collective_note", ""),
+            blast_radius=tuple(doc.get("blast_radius", ())),
+            pool_setup=tuple(doc.get("pool_setup", ())),
+            unproven=tuple(doc.get("unproven", ())),
+        )
 
     def write(self, report_dir: Path) -> Path:
         """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""

@@ -7,12 +7,17 @@ times (wall clock, Unix ns) unless a field says otherwise.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pytest_gpucanary.gpu_operator import (
-    DRAIN_REQUIRED, POD_DELETION_REQUIRED, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED,
+    DRAIN_REQUIRED,
+    POD_DELETION_REQUIRED,
+    UPGRADE_DONE,
+    UPGRADE_FAILED,
+    UPGRADE_REQUIRED,
 )
 
 if TYPE_CHECKING:
@@ -36,27 +41,32 @@ class Outcome(str, Enum):
 
 
 class ProbeScope(str, Enum):
-    POOL = "pool"      # pinned to the canary pool: measures queue delay while it is cordoned
-    FLEET = "fleet"    # anywhere: measures the customer's start latency
+    POOL = "pool"  # pinned to the canary pool: measures queue delay while it is cordoned
+    FLEET = "fleet"  # anywhere: measures the customer's start latency
 
 
 class UpgradePhase(str, Enum):
     """Coarse upgrade phases, as the load generator's stats are cut."""
 
     BEFORE = "before"
-    DRAIN = "drain"          # cordon, wait for jobs, pod deletion, drain
-    RESTART = "restart"      # driver pod restart, validation, uncordon
-    AFTER = "after"          # upgrade-done or upgrade-failed
+    DRAIN = "drain"  # cordon, wait for jobs, pod deletion, drain
+    RESTART = "restart"  # driver pod restart, validation, uncordon
+    AFTER = "after"  # upgrade-done or upgrade-failed
 
 
 # States outside this table (the operator's requestor mode) keep the phase they occur in.
 PHASE_OF_STATE: Mapping[str, UpgradePhase] = {
-    "": UpgradePhase.BEFORE, UPGRADE_REQUIRED: UpgradePhase.BEFORE,
-    "cordon-required": UpgradePhase.DRAIN, "wait-for-jobs-required": UpgradePhase.DRAIN,
-    POD_DELETION_REQUIRED: UpgradePhase.DRAIN, DRAIN_REQUIRED: UpgradePhase.DRAIN,
-    "pod-restart-required": UpgradePhase.RESTART, "validation-required": UpgradePhase.RESTART,
+    "": UpgradePhase.BEFORE,
+    UPGRADE_REQUIRED: UpgradePhase.BEFORE,
+    "cordon-required": UpgradePhase.DRAIN,
+    "wait-for-jobs-required": UpgradePhase.DRAIN,
+    POD_DELETION_REQUIRED: UpgradePhase.DRAIN,
+    DRAIN_REQUIRED: UpgradePhase.DRAIN,
+    "pod-restart-required": UpgradePhase.RESTART,
+    "validation-required": UpgradePhase.RESTART,
     "uncordon-required": UpgradePhase.RESTART,
-    UPGRADE_DONE: UpgradePhase.AFTER, UPGRADE_FAILED: UpgradePhase.AFTER,
+    UPGRADE_DONE: UpgradePhase.AFTER,
+    UPGRADE_FAILED: UpgradePhase.AFTER,
 }
 
 
@@ -64,10 +74,10 @@ PHASE_OF_STATE: Mapping[str, UpgradePhase] = {
 class Evidence:
     """One item a verdict points at in the recorded timeline."""
 
-    received_wall_ns: int | None   # client receive time; None for figures computed elsewhere (metrics, load)
-    offset_s: float | None         # seconds from upgrade start, same clock
+    received_wall_ns: int | None  # client receive time; None for figures computed elsewhere (metrics, load)
+    offset_s: float | None  # seconds from upgrade start, same clock
     kind: str
-    ref: str                       # namespace/name, or the name of a cluster-scoped object
+    ref: str  # namespace/name, or the name of a cluster-scoped object
     text: str
 
 
@@ -75,7 +85,7 @@ class Evidence:
 class StageVerdict:
     stage: Stage
     outcome: Outcome
-    summary: str                   # one line: stage, measured value, threshold
+    summary: str  # one line: stage, measured value, threshold
     evidence: tuple[Evidence, ...] = ()
 
 
@@ -95,11 +105,11 @@ class ProbeSeen:
 
     name: str
     scope: ProbeScope
-    created_wall_ns: int            # client clock just before the create call
-    scheduled_wall_ns: int | None   # first watch event with PodScheduled=True (client receive time)
-    running_wall_ns: int | None     # first watch event with phase Running or Succeeded (client receive time)
+    created_wall_ns: int  # client clock just before the create call
+    scheduled_wall_ns: int | None  # first watch event with PodScheduled=True (client receive time)
+    running_wall_ns: int | None  # first watch event with phase Running or Succeeded (client receive time)
     node: str | None
-    ended_wall_ns: int | None = None   # its pod failed or went away before running (e.g. evicted by a drain)
+    ended_wall_ns: int | None = None  # its pod failed or went away before running (e.g. evicted by a drain)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", ProbeScope(self.scope))
@@ -109,7 +119,7 @@ class ProbeSeen:
 class MetricCheck:
     name: str
     stage: Stage
-    outcome: Outcome               # Prometheus unreachable arrives as INCONCLUSIVE
+    outcome: Outcome  # Prometheus unreachable arrives as INCONCLUSIVE
     value: float | None
     detail: str
 
@@ -123,7 +133,7 @@ class PhaseStats:
     phase: UpgradePhase
     requests: int
     failures: int
-    p50_s: float | None            # load generator's clock
+    p50_s: float | None  # load generator's clock
     p95_s: float | None
     p99_s: float | None
 
@@ -133,7 +143,7 @@ class PhaseStats:
 
 @dataclass(frozen=True)
 class RatePoint:
-    start_wall_ns: int            # bucket start, a multiple of the bucket width (load generator's wall clock)
+    start_wall_ns: int  # bucket start, a multiple of the bucket width (load generator's wall clock)
     bucket_s: float
     requests: int
     errors: int
@@ -170,18 +180,20 @@ class Eviction:
     namespace: str
     name: str
     gpus: int
-    disruption_reason: str         # e.g. EvictionByEvictionAPI; "" when the pod was deleted without one
-    by_drain: bool                 # the node passed through drain-required before the removal
+    disruption_reason: str  # e.g. EvictionByEvictionAPI; "" when the pod was deleted without one
+    by_drain: bool  # the node passed through drain-required before the removal
     allowed: bool
     received_wall_ns: int
-    offset_s: float                # from the upgrade start
-    allowed_text: str              # what the run allowed, e.g. "GPU pods only"
+    offset_s: float  # from the upgrade start
+    allowed_text: str  # what the run allowed, e.g. "GPU pods only"
 
     def line(self) -> str:
         what = "GPU pod" if self.gpus else "non-GPU pod"
         verb = "evicted" if self.disruption_reason else "deleted"
         how = "by drain" if self.by_drain else "by pod deletion"
-        return f"{what} {self.namespace}/{self.name} {verb} {how} at +{self.offset_s:.0f}s (allowed: {self.allowed_text})"
+        return (
+            f"{what} {self.namespace}/{self.name} {verb} {how} at +{self.offset_s:.0f}s (allowed: {self.allowed_text})"
+        )
 
 
 @dataclass(frozen=True)
@@ -189,12 +201,12 @@ class CapacityDip:
     """One pool node's GPUs leaving allocatable during its upgrade and coming back (times from the upgrade start)."""
 
     node: str
-    before: int | None             # allocatable GPUs before the node's upgrade cycle
-    lowest: int | None             # fewest allocatable during the cycle
-    left_s: float | None           # first drop below `before`
-    back_s: float | None           # first return to `before` after the drop
-    after: int | None              # allocatable at the end of the recording
-    series: tuple[tuple[float, int | None], ...] = ()   # (offset s, allocatable) at each change, for the receipt
+    before: int | None  # allocatable GPUs before the node's upgrade cycle
+    lowest: int | None  # fewest allocatable during the cycle
+    left_s: float | None  # first drop below `before`
+    back_s: float | None  # first return to `before` after the drop
+    after: int | None  # allocatable at the end of the recording
+    series: tuple[tuple[float, int | None], ...] = ()  # (offset s, allocatable) at each change, for the receipt
 
     @property
     def gone_s(self) -> float | None:
@@ -204,10 +216,14 @@ class CapacityDip:
         if self.left_s is None:
             return f"{self.node}: {self.before} GPUs allocatable throughout (no dip recorded)"
         if self.back_s is None:
-            return (f"{self.node}: GPUs left allocatable at +{self.left_s:.1f}s ({self.before} -> {self.lowest}) "
-                    f"and were not back when the recording ended ({self.after})")
-        return (f"{self.node}: GPUs left allocatable at +{self.left_s:.1f}s ({self.before} -> {self.lowest}), back "
-                f"at +{self.back_s:.1f}s: gone {self.gone_s:.1f} s")
+            return (
+                f"{self.node}: GPUs left allocatable at +{self.left_s:.1f}s ({self.before} -> {self.lowest}) "
+                f"and were not back when the recording ended ({self.after})"
+            )
+        return (
+            f"{self.node}: GPUs left allocatable at +{self.left_s:.1f}s ({self.before} -> {self.lowest}), back "
+            f"at +{self.back_s:.1f}s: gone {self.gone_s:.1f} s"
+        )
 
 
 @dataclass(frozen=True)
@@ -215,14 +231,14 @@ class CollectiveRun:
     """One run of the collective probe: an all-reduce between two pods on two nodes, before the policy is
     applied (baseline) or once the pool is back (after). Times: wall clock, Unix ns."""
 
-    when: str                      # "baseline" or "after"
-    nodes: tuple[str, ...]         # rank 0's node, rank 1's node
-    drivers: tuple[str, ...]       # each node's driver version (GFD's label) when the probe started
+    when: str  # "baseline" or "after"
+    nodes: tuple[str, ...]  # rank 0's node, rank 1's node
+    drivers: tuple[str, ...]  # each node's driver version (GFD's label) when the probe started
     started_wall_ns: int
-    ended_wall_ns: int | None      # None: not complete within its timeout
-    busbw_gbps: float | None       # the "# Avg bus bandwidth" its rank 0 printed (GB/s); None: none printed
-    how: str                       # "ran" (real processes) or "simulated" (a node with no processes: KWOK)
-    detail: str = ""               # why it failed or gave no figure; "" when it gave one
+    ended_wall_ns: int | None  # None: not complete within its timeout
+    busbw_gbps: float | None  # the "# Avg bus bandwidth" its rank 0 printed (GB/s); None: none printed
+    how: str  # "ran" (real processes) or "simulated" (a node with no processes: KWOK)
+    detail: str = ""  # why it failed or gave no figure; "" when it gave one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
@@ -235,11 +251,13 @@ class CollectiveRun:
     def line(self) -> str:
         pair = " <-> ".join(f"{n} ({d or 'driver ?'})" for n, d in zip(self.nodes, self.drivers))
         if self.busbw_gbps is not None and self.took_s is not None:
-            return f"{self.when} all-reduce {pair}: {self.busbw_gbps:.2f} GB/s bus bandwidth in {self.took_s:.1f} s ({self.how})"
+            result = f"{self.busbw_gbps:.2f} GB/s bus bandwidth in {self.took_s:.1f} s"
+            return f"{self.when} all-reduce {pair}: {result} ({self.how})"
         return f"{self.when} all-reduce {pair}: {self.detail or 'no result'} ({self.how})"
 
 
 # --- latency summaries -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LatencySummary:
@@ -251,8 +269,10 @@ class LatencySummary:
     max_s: float
 
     def describe(self, what: str, clock: str = "client receive time") -> str:
-        return (f"{what} p50 = {self.p50_s:.1f} s, p95 = {self.p95_s:.1f} s, p99 = {self.p99_s:.1f} s, "
-                f"max = {self.max_s:.1f} s (n={self.n}; {clock})")
+        return (
+            f"{what} p50 = {self.p50_s:.1f} s, p95 = {self.p95_s:.1f} s, p99 = {self.p99_s:.1f} s, "
+            f"max = {self.max_s:.1f} s (n={self.n}; {clock})"
+        )
 
 
 def summarize(samples_s: Sequence[float]) -> LatencySummary | None:
@@ -269,6 +289,7 @@ def summarize(samples_s: Sequence[float]) -> LatencySummary | None:
 
 # --- the result ----------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class LadderResult:
     """The verdicts, the gate, and what the ladder computed on the way that the receipt draws."""
@@ -276,12 +297,12 @@ class LadderResult:
     verdicts: tuple[StageVerdict, ...]
     first_failed: Stage | None
     gate_passed: bool
-    thresholds: Mapping[str, Any] = field(default_factory=dict, hash=False)   # Settings.thresholds()
+    thresholds: Mapping[str, Any] = field(default_factory=dict, hash=False)  # Settings.thresholds()
     evictions: tuple[Eviction, ...] = ()
-    phase_windows: tuple[PhaseWindow, ...] = ()     # of the first pool node, as the service load is cut
+    phase_windows: tuple[PhaseWindow, ...] = ()  # of the first pool node, as the service load is cut
     state_spans: tuple[StateSpan, ...] = ()
-    capacity: tuple[CapacityDip, ...] = ()          # per pool node
-    stalls: tuple[Cause, ...] = ()                  # per pool node, the cause that would not clear (rollout)
+    capacity: tuple[CapacityDip, ...] = ()  # per pool node
+    stalls: tuple[Cause, ...] = ()  # per pool node, the cause that would not clear (rollout)
 
     def verdict(self, stage: Stage | str) -> StageVerdict:
         return next(v for v in self.verdicts if v.stage is Stage(stage))

@@ -16,7 +16,7 @@ A cluster with none of these has no GPU networking for the canary to check: skip
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.config import DEFAULTS, Settings
@@ -26,9 +26,11 @@ from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
 from pytest_gpucanary.ladder.rules import Finding, at, stage_metrics, verdict
 from pytest_gpucanary.ladder.timeline import Record
 
-DRIVER_CONTAINERS = {"nvidia-peermem-ctr": "GPUDirect RDMA (nvidia-peermem)",
-                     "nvidia-fs-ctr": "GPUDirect Storage (nvidia-fs)",
-                     "nvidia-gdrcopy-ctr": "GDRCopy"}
+DRIVER_CONTAINERS = {
+    "nvidia-peermem-ctr": "GPUDirect RDMA (nvidia-peermem)",
+    "nvidia-fs-ctr": "GPUDirect Storage (nvidia-fs)",
+    "nvidia-gdrcopy-ctr": "GDRCopy",
+}
 NO_NETWORKING = "no GPU networking configured"
 
 
@@ -71,8 +73,11 @@ def networking_on(records: Sequence[Record], node: str) -> list[str]:
     """What of the cluster's GPU networking the node shows in the records so far (empty: none): what
     the run decides the collective probe on, before anything changes."""
     pods = _latest_pod_objects(records, node).values()
-    found = [what for container, what in DRIVER_CONTAINERS.items()
-             if any(container in _containers(p) for p in pods if op.is_driver_pod(_labels(p)))]
+    found = [
+        what
+        for container, what in DRIVER_CONTAINERS.items()
+        if any(container in _containers(p) for p in pods if op.is_driver_pod(_labels(p)))
+    ]
     if any(is_mofed_pod(_labels(p)) for p in pods):
         found.append("MOFED driver")
     seen = timeline.latest_node(records, node)
@@ -94,15 +99,26 @@ def _network_node(ev: RunEvidence, node: str) -> tuple[list[Finding], list[Evide
         pod = (ready or drivers_after or [{}])[-1]
         name = pod.get("metadata", {}).get("name", "(none)")
         items.append(Evidence(None, None, "Pod", name, f"{container}: {'ready' if ready else 'not ready'}"))
-        findings.append(Finding(Outcome.PASS, f"{what} back") if ready else Finding(
-            Outcome.FAIL, f"{what}: container {container} of driver pod {name} on {node} is not ready after the "
-                          f"driver swap"))
+        findings.append(
+            Finding(Outcome.PASS, f"{what} back")
+            if ready
+            else Finding(
+                Outcome.FAIL,
+                f"{what}: container {container} of driver pod {name} on {node} is not ready after the driver swap",
+            )
+        )
     if any(is_mofed_pod(_labels(p)) for p in before.values()):
-        ready = [p for p in after.values() if is_mofed_pod(_labels(p)) and _containers(p)
-                 and all(_containers(p).values())]
+        ready = [
+            p for p in after.values() if is_mofed_pod(_labels(p)) and _containers(p) and all(_containers(p).values())
+        ]
         items.append(Evidence(None, None, "Pod", node, f"MOFED driver pod {'Ready' if ready else 'not Ready'}"))
-        findings.append(Finding(Outcome.PASS, "MOFED driver back") if ready else Finding(
-            Outcome.FAIL, f"the Network Operator's MOFED driver pod on {node} is not Ready after the driver swap"))
+        findings.append(
+            Finding(Outcome.PASS, "MOFED driver back")
+            if ready
+            else Finding(
+                Outcome.FAIL, f"the Network Operator's MOFED driver pod on {node} is not Ready after the driver swap"
+            )
+        )
     node_before = timeline.latest_node(ev.records, node, until_wall_ns=start_ns)
     node_after = timeline.latest_node(ev.records, node)
     for resource, count in sorted((node_before.allocatable if node_before else {}).items()):
@@ -111,9 +127,13 @@ def _network_node(ev: RunEvidence, node: str) -> tuple[list[Finding], list[Evide
         now = node_after.allocatable.get(resource) if node_after else None
         if node_after is not None:
             items.append(at(ev, node_after.received_wall_ns, "Node", node, f"{resource} = {now} (before: {count})"))
-        findings.append(Finding(Outcome.PASS, f"{resource} back") if now == count else Finding(
-            Outcome.FAIL, f"node {node} allocatable {resource} = {now} after the upgrade, expected {count} "
-                          f"(before)"))
+        findings.append(
+            Finding(Outcome.PASS, f"{resource} back")
+            if now == count
+            else Finding(
+                Outcome.FAIL, f"node {node} allocatable {resource} = {now} after the upgrade, expected {count} (before)"
+            )
+        )
     return findings, items
 
 
@@ -125,22 +145,39 @@ def _collective(ev: RunEvidence, settings: Settings) -> tuple[list[Finding], lis
     base, after = runs.get("baseline"), runs.get("after")
     if base is None or base.busbw_gbps is None:
         why = base.line() if base else "no baseline run"
-        return [Finding(Outcome.INCONCLUSIVE, f"collective probe: no baseline figure to hold the after run against "
-                                              f"({why})")], items
+        return [
+            Finding(Outcome.INCONCLUSIVE, f"collective probe: no baseline figure to hold the after run against ({why})")
+        ], items
     if after is None:
-        return [Finding(Outcome.INCONCLUSIVE, "collective probe: no run after the upgrade (the pool never came "
-                                              "back)")], items
+        return [
+            Finding(Outcome.INCONCLUSIVE, "collective probe: no run after the upgrade (the pool never came back)")
+        ], items
     pair = " <-> ".join(after.nodes)
     if after.busbw_gbps is None:
-        return [Finding(Outcome.FAIL, f"collective probe {pair} after the driver swap: {after.detail or 'no result'} "
-                                      f"(baseline {base.busbw_gbps:.2f} GB/s)")], items
+        return [
+            Finding(
+                Outcome.FAIL,
+                f"collective probe {pair} after the driver swap: {after.detail or 'no result'} "
+                f"(baseline {base.busbw_gbps:.2f} GB/s)",
+            )
+        ], items
     floor = settings.min_busbw_ratio * base.busbw_gbps
     if after.busbw_gbps < floor:
-        return [Finding(Outcome.FAIL, f"collective probe {pair} after the driver swap: bus bandwidth "
-                                      f"{after.busbw_gbps:.2f} GB/s, below {settings.min_busbw_ratio:.0%} of the "
-                                      f"baseline {base.busbw_gbps:.2f} GB/s")], items
-    return [Finding(Outcome.PASS, f"collective probe {after.busbw_gbps:.2f} GB/s after vs {base.busbw_gbps:.2f} GB/s "
-                                  f"baseline ({pair}, {after.how})")], items
+        return [
+            Finding(
+                Outcome.FAIL,
+                f"collective probe {pair} after the driver swap: bus bandwidth "
+                f"{after.busbw_gbps:.2f} GB/s, below {settings.min_busbw_ratio:.0%} of the "
+                f"baseline {base.busbw_gbps:.2f} GB/s",
+            )
+        ], items
+    return [
+        Finding(
+            Outcome.PASS,
+            f"collective probe {after.busbw_gbps:.2f} GB/s after vs {base.busbw_gbps:.2f} GB/s "
+            f"baseline ({pair}, {after.how})",
+        )
+    ], items
 
 
 def check_network(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageVerdict:
@@ -156,14 +193,26 @@ def check_network(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
         collective, collective_items = _collective(evidence, settings)
         probe_findings, probe_items = collective + probe_findings, collective_items + probe_items
     if not findings and not probe_findings:
-        return StageVerdict(Stage.NETWORK, Outcome.SKIPPED,
-                            f"{Stage.NETWORK.value}: {NO_NETWORKING} on the {n}-node pool (no nvidia-peermem, "
-                            f"nvidia-fs or MOFED driver pod, no RDMA or SR-IOV resource)")
+        return StageVerdict(
+            Stage.NETWORK,
+            Outcome.SKIPPED,
+            f"{Stage.NETWORK.value}: {NO_NETWORKING} on the {n}-node pool (no nvidia-peermem, "
+            f"nvidia-fs or MOFED driver pod, no RDMA or SR-IOV resource)",
+        )
     if n > 1 and not probe_findings:
-        probe_findings.append(Finding(Outcome.INCONCLUSIVE, f"no collective probe result for the {n}-node pool (n=0"
-                                                            f"{'; ' + evidence.collective_note if evidence.collective_note else ''})"))
+        probe_findings.append(
+            Finding(
+                Outcome.INCONCLUSIVE,
+                f"no collective probe result for the {n}-node pool (n=0"
+                f"{'; ' + evidence.collective_note if evidence.collective_note else ''})",
+            )
+        )
     checked = sorted({f.line for f in findings if f.outcome is Outcome.PASS})
     probe = next((f.line for f in probe_findings if f.line.startswith("collective probe ")), None)
-    return verdict(Stage.NETWORK, findings + probe_findings, items + probe_items,
-                   f"{n}/{n} pool nodes: {', '.join(checked) or 'no prerequisite'} after the driver swap; "
-                   f"{probe or (evidence.collective_note or 'no collective probe')}")
+    return verdict(
+        Stage.NETWORK,
+        findings + probe_findings,
+        items + probe_items,
+        f"{n}/{n} pool nodes: {', '.join(checked) or 'no prerequisite'} after the driver swap; "
+        f"{probe or (evidence.collective_note or 'no collective probe')}",
+    )

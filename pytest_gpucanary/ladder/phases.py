@@ -10,8 +10,9 @@ so a request is placed by when it started, against when the recorder saw the lab
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from pytest_gpucanary.ladder.model import PhaseStats, RatePoint, UpgradePhase, summarize
 from pytest_gpucanary.ladder.timeline import Record, phase_windows
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PhaseStart:
     phase: UpgradePhase
-    start_wall_ns: int            # client receive time of the transition that began the phase
+    start_wall_ns: int  # client receive time of the transition that began the phase
 
 
 def phase_starts(records: Iterable[Record], node: str, *, since_wall_ns: int = 0) -> list[PhaseStart]:
@@ -46,20 +47,26 @@ def split_by_phase(samples: Iterable[Sample], starts: Sequence[PhaseStart]) -> d
     """Every sample in exactly one phase, by its start time; every phase present (maybe empty)."""
     split: dict[UpgradePhase, list[Sample]] = {phase: [] for phase in UpgradePhase}
     for sample in samples:
-        split[phase_of(sample.t_ns, starts)].append(sample)   # a cycle has a handful of phase starts
+        split[phase_of(sample.t_ns, starts)].append(sample)  # a cycle has a handful of phase starts
     return split
 
 
 def stats_of(phase: UpgradePhase, samples: Sequence[Sample]) -> PhaseStats:
     """Requests, failures and nearest-rank latency quantiles over all requests (n = requests)."""
     summary = summarize([s.latency_s for s in samples])
-    return PhaseStats(phase=phase, requests=len(samples), failures=sum(not s.ok for s in samples),
-                      p50_s=summary.p50_s if summary else None, p95_s=summary.p95_s if summary else None,
-                      p99_s=summary.p99_s if summary else None)
+    return PhaseStats(
+        phase=phase,
+        requests=len(samples),
+        failures=sum(not s.ok for s in samples),
+        p50_s=summary.p50_s if summary else None,
+        p95_s=summary.p95_s if summary else None,
+        p99_s=summary.p99_s if summary else None,
+    )
 
 
-def phase_stats(samples: Iterable[Sample], records: Iterable[Record], node: str, *,
-                since_wall_ns: int = 0) -> tuple[PhaseStats, ...]:
+def phase_stats(
+    samples: Iterable[Sample], records: Iterable[Record], node: str, *, since_wall_ns: int = 0
+) -> tuple[PhaseStats, ...]:
     """One PhaseStats per upgrade phase, in ladder order; a phase without requests has n = 0 and no quantiles."""
     split = split_by_phase(samples, phase_starts(records, node, since_wall_ns=since_wall_ns))
     return tuple(stats_of(phase, split[phase]) for phase in UpgradePhase)
@@ -78,5 +85,7 @@ def rate_series(samples: Iterable[Sample], bucket_s: float = 1.0) -> list[RatePo
         bucket[1] += not sample.ok
     if not counts:
         return []
-    return [RatePoint(index * width_ns, bucket_s, *counts.get(index, (0, 0)))
-            for index in range(min(counts), max(counts) + 1)]
+    return [
+        RatePoint(index * width_ns, bucket_s, *counts.get(index, (0, 0)))
+        for index in range(min(counts), max(counts) + 1)
+    ]

@@ -5,8 +5,8 @@ Shared by the stage modules; pure.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
@@ -15,7 +15,7 @@ from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
 @dataclass(frozen=True)
 class Finding:
     outcome: Outcome
-    line: str                      # the summary without the "stage: " prefix
+    line: str  # the summary without the "stage: " prefix
 
 
 def verdict(stage: Stage, findings: Iterable[Finding], evidence: Iterable[Evidence], pass_line: str) -> StageVerdict:

@@ -32,25 +32,32 @@ The run stops waiting at the first terminal cause; the rollout rung judges the s
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.ladder.timeline import SKIP_TYPES, Record
 from pytest_gpucanary.safe_text import one_line, without_secrets
 
 # container waiting reasons that mean the image did not come (kubelet: images.ErrImagePull and friends)
-PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable",
-                 "SignatureValidationFailed")
+PULL_FAILURES = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "RegistryUnavailable",
+    "SignatureValidationFailed",
+)
 NEVER_PULLS = ("InvalidImageName", "ErrImageNeverPull")
-PULL_ATTEMPTS = 3        # ErrImagePull, back-off, ErrImagePull, back-off, ErrImagePull: about 30 s
-PULL_STUCK_S = 60        # or failing this long without a break (a status that shows only the back-offs)
-CRASH_RESTARTS = 3       # the kubelet's back-off is 10, 20, 40 s: about 70 s of crash loop
-STUCK_S = 180            # unschedulable, the node NotReady, an operand blocked behind a Ready driver this long
-                         # (the default of the stall_s knob)
+PULL_ATTEMPTS = 3  # ErrImagePull, back-off, ErrImagePull, back-off, ErrImagePull: about 30 s
+PULL_STUCK_S = 60  # or failing this long without a break (a status that shows only the back-offs)
+CRASH_RESTARTS = 3  # the kubelet's back-off is 10, 20, 40 s: about 70 s of crash loop
+STUCK_S = 180  # unschedulable, the node NotReady, an operand blocked behind a Ready driver this long
+# (the default of the stall_s knob)
 EVICTION_REFUSED = "EvictionRefused"
 OPERAND_BLOCKED = "BlockedInInit"
-READY_DRIVER = "the driver pod is Ready"   # what an operand waits behind once its wait counts
+READY_DRIVER = "the driver pod is Ready"  # what an operand waits behind once its wait counts
 NOT_STARTED = "NotStarted"  # running, its startup probe not yet passed
 # the upgrade state in which the operator evicts, the policy knob it reads, and whether only GPU pods go
 EVICTING = {op.POD_DELETION_REQUIRED: ("podDeletion", True), op.DRAIN_REQUIRED: ("drain", False)}
@@ -67,38 +74,41 @@ SANDBOX_NOT_READY = "SandboxNotReady"
 # the kubelet's Warnings that say why a sandbox does not come (others, such as MissingClusterDNS, come with
 # every pod on some nodes and say nothing of it)
 SANDBOX_WARNINGS = ("FailedCreatePodSandBox", "FailedMount", "FailedAttachVolume", "NetworkNotReady")
-WARNING_KIND = "PodWarning"   # a record the run adds: the newest Warning event of a pod whose sandbox does not come
+WARNING_KIND = "PodWarning"  # a record the run adds: the newest Warning event of a pod whose sandbox does not come
 LOG_TAIL_LINES = 20
 
 
 @dataclass(frozen=True)
 class Cause:
     node: str
-    what: str                  # "driver pod gpu-operator/nvidia-driver-daemonset-x, container nvidia-driver-ctr"
-    reason: str                # ImagePullBackOff, CrashLoopBackOff, Unschedulable, NotReady
+    what: str  # "driver pod gpu-operator/nvidia-driver-daemonset-x, container nvidia-driver-ctr"
+    reason: str  # ImagePullBackOff, CrashLoopBackOff, Unschedulable, NotReady
     message: str
-    since_wall_ns: int         # first seen
-    terminal_wall_ns: int | None = None   # when it stopped being something that clears by itself
-    namespace: str = ""        # the pod and container, for a container's cause ("" for a node's)
+    since_wall_ns: int  # first seen
+    terminal_wall_ns: int | None = None  # when it stopped being something that clears by itself
+    namespace: str = ""  # the pod and container, for a container's cause ("" for a node's)
     pod: str = ""
     container: str = ""
 
     def line(self, offset_s: float | None = None) -> str:
         since = f" since +{offset_s:.0f} s" if offset_s is not None else ""
-        return f"{self.what} on {self.node}: {self.reason}{since}: {self.message}" if self.message else \
-            f"{self.what} on {self.node}: {self.reason}{since}"
+        return (
+            f"{self.what} on {self.node}: {self.reason}{since}: {self.message}"
+            if self.message
+            else f"{self.what} on {self.node}: {self.reason}{since}"
+        )
 
 
 @dataclass
 class _Track:
     reason: str = ""
     since_wall_ns: int = 0
-    attempts: int = 0          # pull failures entered (a back-off in between counts the next one)
+    attempts: int = 0  # pull failures entered (a back-off in between counts the next one)
     terminal_wall_ns: int | None = None
 
-    limit_s: float | None = None   # terminal this long after since (or after from_wall_ns, if later)
+    limit_s: float | None = None  # terminal this long after since (or after from_wall_ns, if later)
     from_wall_ns: int = 0
-    detail: str = ""               # an operand's wait, without what it waits behind
+    detail: str = ""  # an operand's wait, without what it waits behind
 
     def outlasted(self, at: int, limit_s: float | None, *, from_wall_ns: int = 0) -> None:
         """Terminal once the cause has held `limit_s`: at that moment, not at the next record's."""
@@ -116,23 +126,30 @@ class _Track:
 class _Scene:
     """What the causes that span objects read: the node's upgrade state, the budgets, the pods there."""
 
-    stuck_s: float = STUCK_S     # how long a state that could clear by itself may last
+    stuck_s: float = STUCK_S  # how long a state that could clear by itself may last
     state: str = ""
     driver_ready_wall_ns: int | None = None
     budgets: dict[str, dict[str, dict]] = field(default_factory=dict)  # namespace -> name -> budget
-    pods: dict[str, dict] = field(default_factory=dict)           # uid -> the latest pod not of a DaemonSet
-    holders: dict[str, str] = field(default_factory=dict)         # uid -> "ns/name (why it holds the driver)"
-    uids: dict[tuple[str, str], str] = field(default_factory=dict)   # (namespace, name) -> uid, pods on the node
+    pods: dict[str, dict] = field(default_factory=dict)  # uid -> the latest pod not of a DaemonSet
+    holders: dict[str, str] = field(default_factory=dict)  # uid -> "ns/name (why it holds the driver)"
+    uids: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) -> uid, pods on the node
     said_since: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (ns, pod, container) -> last log change
-    warnings: dict[tuple[str, str], str] = field(default_factory=dict)        # (ns, pod) -> its newest Warning event
+    warnings: dict[tuple[str, str], str] = field(default_factory=dict)  # (ns, pod) -> its newest Warning event
 
 
 def _one_line(text: object, limit: int = 300) -> str:
     return " ".join(str(text or "").split())[:limit]
 
 
-def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: Mapping[str, Any] | None = None,
-           now_wall_ns: int | None = None, stuck_s: float = STUCK_S) -> list[Cause]:
+def causes(
+    records: Iterable[Record],
+    node: str,
+    *,
+    since_wall_ns: int,
+    policy: Mapping[str, Any] | None = None,
+    now_wall_ns: int | None = None,
+    stuck_s: float = STUCK_S,
+) -> list[Cause]:
     """What holds the node's upgrade up now, each with when it became terminal (None: may still clear).
     `policy` is the upgradePolicy applied: its pod deletion and drain timeouts bound a refused eviction.
     `now_wall_ns` (the watch's present, or a recording's end) ends the causes that have held their time;
@@ -170,23 +187,37 @@ def causes(records: Iterable[Record], node: str, *, since_wall_ns: int, policy: 
         if at >= since_wall_ns:
             _refused(at, node, scene, policy or {}, tracks, current)
     for key, track in tracks.items() if now_wall_ns is not None else ():
-        if key in current and track.terminal_wall_ns is None and (deadline := track.deadline()) is not None \
-                and now_wall_ns >= deadline:
+        if (
+            key in current
+            and track.terminal_wall_ns is None
+            and (deadline := track.deadline()) is not None
+            and now_wall_ns >= deadline
+        ):
             track.terminal_wall_ns = deadline
             current[key] = replace(current[key], terminal_wall_ns=deadline)
-    for key, cause in current.items():      # the kubelet's own words, once the run has read them
+    for key, cause in current.items():  # the kubelet's own words, once the run has read them
         if cause.reason == SANDBOX_NOT_READY and (said := scene.warnings.get((cause.namespace, cause.pod))):
             current[key] = replace(cause, message=said)
     return sorted(current.values(), key=lambda c: c.since_wall_ns)
 
 
-def terminal(records: Iterable[Record], nodes: Iterable[str], *, since_wall_ns: int,
-             policy: Mapping[str, Any] | None = None, now_wall_ns: int | None = None,
-             stuck_s: float = STUCK_S) -> Cause | None:
+def terminal(
+    records: Iterable[Record],
+    nodes: Iterable[str],
+    *,
+    since_wall_ns: int,
+    policy: Mapping[str, Any] | None = None,
+    now_wall_ns: int | None = None,
+    stuck_s: float = STUCK_S,
+) -> Cause | None:
     """The first cause on any of the nodes that will not clear by itself, if there is one."""
-    return first_terminal(c for n in nodes
-                          for c in causes(records, n, since_wall_ns=since_wall_ns, policy=policy,
-                                          now_wall_ns=now_wall_ns, stuck_s=stuck_s))
+    return first_terminal(
+        c
+        for n in nodes
+        for c in causes(
+            records, n, since_wall_ns=since_wall_ns, policy=policy, now_wall_ns=now_wall_ns, stuck_s=stuck_s
+        )
+    )
 
 
 # NVIDIA's operands wait on each other in this order, each in an init container named for what it waits on
@@ -197,11 +228,14 @@ VALIDATION_CHAIN = ("driver-validation", "toolkit-validation", "cuda-validation"
 def first_terminal(found: Iterable[Cause]) -> Cause | None:
     """The cause to name: the first to turn terminal; of those that turned at once (operands blocked behind
     one Ready driver), a cause of the node or its driver pod, then the operand the others wait on."""
+
     def rank(cause: Cause) -> int:
         if cause.reason != OPERAND_BLOCKED:
             return 0
-        return 1 + (VALIDATION_CHAIN.index(cause.container) if cause.container in VALIDATION_CHAIN
-                    else len(VALIDATION_CHAIN))
+        return 1 + (
+            VALIDATION_CHAIN.index(cause.container) if cause.container in VALIDATION_CHAIN else len(VALIDATION_CHAIN)
+        )
+
     done = [c for c in found if c.terminal_wall_ns]
     return min(done, key=lambda c: (c.terminal_wall_ns or 0, rank(c))) if done else None
 
@@ -210,8 +244,11 @@ def holders(records: Iterable[Record], node: str) -> list[str]:
     """The pods running on the node now that hold the driver without a GPU request: "ns/name (why)"."""
     scene = _Scene()
     for record in records:
-        if record.kind == "Pod" and record.type not in SKIP_TYPES \
-                and (record.object.get("spec") or {}).get("nodeName") == node:
+        if (
+            record.kind == "Pod"
+            and record.type not in SKIP_TYPES
+            and (record.object.get("spec") or {}).get("nodeName") == node
+        ):
             _scene_pod(record, record.received_wall_ns, scene)
     return list(scene.holders.values())
 
@@ -232,8 +269,12 @@ def _scene_pod(record: Record, at: int, scene: _Scene) -> None:
     gone = record.type == "DELETED" or meta.get("deletionTimestamp")
     scene.uids[(meta.get("namespace", ""), meta.get("name", ""))] = meta.get("uid", "")
     why = (pod.get("spec") or {}).get("holdsDriver")
-    if why and not gone and (pod.get("status") or {}).get("phase") == "Running" \
-            and (meta.get("labels") or {}).get("app") not in op.OPERAND_APPS:
+    if (
+        why
+        and not gone
+        and (pod.get("status") or {}).get("phase") == "Running"
+        and (meta.get("labels") or {}).get("app") not in op.OPERAND_APPS
+    ):
         scene.holders[meta.get("uid", "")] = f"{meta.get('namespace', '')}/{meta.get('name', '')} ({why})"
     else:
         scene.holders.pop(meta.get("uid", ""), None)
@@ -251,8 +292,10 @@ def _scene_pod(record: Record, at: int, scene: _Scene) -> None:
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
@@ -262,8 +305,12 @@ def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bo
         return False
     for term in selector.get("matchExpressions") or []:
         key, operator, values = term.get("key", ""), term.get("operator", ""), term.get("values") or []
-        if (operator == "In" and labels.get(key) not in values) or (operator == "NotIn" and labels.get(key) in values) \
-                or (operator == "Exists" and key not in labels) or (operator == "DoesNotExist" and key in labels):
+        if (
+            (operator == "In" and labels.get(key) not in values)
+            or (operator == "NotIn" and labels.get(key) in values)
+            or (operator == "Exists" and key not in labels)
+            or (operator == "DoesNotExist" and key in labels)
+        ):
             return False
     return True
 
@@ -279,8 +326,9 @@ def _refused(at: int, node: str, scene: _Scene, policy: Mapping[str, Any], track
         namespace = meta.get("namespace", "")
         for name, budget in scene.budgets.get(namespace, {}).items():
             status = budget.get("status") or {}
-            if int(status.get("disruptionsAllowed", 1)) == 0 \
-                    and selects((budget.get("spec") or {}).get("selector"), meta.get("labels") or {}):
+            if int(status.get("disruptionsAllowed", 1)) == 0 and selects(
+                (budget.get("spec") or {}).get("selector"), meta.get("labels") or {}
+            ):
                 refused[uid] = (meta, (namespace, name), status)
                 break
     for key in [k for k in tracks if k[1] == EVICTION_REFUSED and k[0] not in refused]:
@@ -291,27 +339,40 @@ def _refused(at: int, node: str, scene: _Scene, policy: Mapping[str, Any], track
         key = (uid, EVICTION_REFUSED)
         track = tracks.setdefault(key, _Track(EVICTION_REFUSED, at))
         track.outlasted(at, timeout_s)
-        current[key] = Cause(node, f"pod {meta.get('namespace', '')}/{meta.get('name', '')}", EVICTION_REFUSED,
-                             f"{knob} cannot evict it: PodDisruptionBudget {namespace}/{name} allows 0 disruptions "
-                             f"({status.get('currentHealthy', '?')} healthy, {status.get('desiredHealthy', '?')} "
-                             f"required)", track.since_wall_ns, track.terminal_wall_ns, meta.get("namespace", ""),
-                             meta.get("name", ""))
+        current[key] = Cause(
+            node,
+            f"pod {meta.get('namespace', '')}/{meta.get('name', '')}",
+            EVICTION_REFUSED,
+            f"{knob} cannot evict it: PodDisruptionBudget {namespace}/{name} allows 0 disruptions "
+            f"({status.get('currentHealthy', '?')} healthy, {status.get('desiredHealthy', '?')} "
+            f"required)",
+            track.since_wall_ns,
+            track.terminal_wall_ns,
+            meta.get("namespace", ""),
+            meta.get("name", ""),
+        )
 
 
 def _node(record: Record, at: int, stuck_s: float, tracks: dict, current: dict) -> None:
     node = record.name or ""
     key = ("Node", node)
-    ready = next((c for c in (record.object.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-                 None)
+    ready = next(
+        (c for c in (record.object.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None
+    )
     if record.type == "DELETED" or ready is None or ready.get("status") == "True":
         tracks.pop(key, None)
         current.pop(key, None)
         return
     track = tracks.setdefault(key, _Track("NotReady", at))
     track.outlasted(at, stuck_s)
-    current[key] = Cause(node, f"node {node}", "NotReady", _one_line(f"{ready.get('reason', '')}: "
-                                                                      f"{ready.get('message', '')}".strip(": ")),
-                         track.since_wall_ns, track.terminal_wall_ns)
+    current[key] = Cause(
+        node,
+        f"node {node}",
+        "NotReady",
+        _one_line(f"{ready.get('reason', '')}: {ready.get('message', '')}".strip(": ")),
+        track.since_wall_ns,
+        track.terminal_wall_ns,
+    )
 
 
 def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, current: dict) -> None:
@@ -319,7 +380,7 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     uid = meta.get("uid", "")
     if not op.of_daemonset(meta):
-        return                                   # others' pods matter only when an eviction of them is refused
+        return  # others' pods matter only when an eviction of them is refused
     driver = op.is_driver_pod(meta.get("labels") or {})
     who = _who(meta)
     if record.type == "DELETED" or meta.get("deletionTimestamp"):
@@ -327,7 +388,7 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
             tracks.pop(key)
             current.pop(key, None)
         return
-    tracks.pop((uid, ""), None)                  # bound: whatever kept it off the node has cleared
+    tracks.pop((uid, ""), None)  # bound: whatever kept it off the node has cleared
     current.pop((uid, ""), None)
     _sandbox(status, at, node, who, meta, scene, tracks, current)
     holders = ", ".join(scene.holders.values()) if driver else ""
@@ -337,14 +398,25 @@ def _pod(record: Record, at: int, node: str, scene: _Scene, tracks: dict, curren
     if not driver:
         _blocked(status, at, node, who, meta, scene, tracks, current)
         return
-    for key in [k for k in tracks if k[1] == OPERAND_BLOCKED and k in current]:   # their time runs from now
+    for key in [k for k in tracks if k[1] == OPERAND_BLOCKED and k in current]:  # their time runs from now
         track = tracks[key]
-        current[key] = replace(current[key], message=f"{track.detail} ({_behind(track, at, scene)})",
-                               terminal_wall_ns=track.terminal_wall_ns)
+        current[key] = replace(
+            current[key],
+            message=f"{track.detail} ({_behind(track, at, scene)})",
+            terminal_wall_ns=track.terminal_wall_ns,
+        )
 
 
-def _sandbox(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapping[str, Any], scene: _Scene,
-             tracks: dict, current: dict) -> None:
+def _sandbox(
+    status: Mapping[str, Any],
+    at: int,
+    node: str,
+    who: str,
+    meta: Mapping[str, Any],
+    scene: _Scene,
+    tracks: dict,
+    current: dict,
+) -> None:
     """A pod on the node whose sandbox the kubelet has not made: terminal once that has lasted the stall time."""
     key = (meta.get("uid", ""), SANDBOX_NOT_READY)
     waiting = next((c for c in status.get("conditions") or [] if c.get("type") == "PodReadyToStartContainers"), None)
@@ -354,9 +426,17 @@ def _sandbox(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapp
         return
     track = tracks.setdefault(key, _Track(SANDBOX_NOT_READY, at))
     track.outlasted(at, scene.stuck_s)
-    current[key] = Cause(node, who, SANDBOX_NOT_READY, "its sandbox is not made (PodReadyToStartContainers False): a "
-                         "volume not mounted, or a runtime or network that refuses it", track.since_wall_ns,
-                         track.terminal_wall_ns, meta.get("namespace", ""), meta.get("name", ""))
+    current[key] = Cause(
+        node,
+        who,
+        SANDBOX_NOT_READY,
+        "its sandbox is not made (PodReadyToStartContainers False): a "
+        "volume not mounted, or a runtime or network that refuses it",
+        track.since_wall_ns,
+        track.terminal_wall_ns,
+        meta.get("namespace", ""),
+        meta.get("name", ""),
+    )
 
 
 def warning_record(cause: Cause, event: Mapping[str, Any], *, mono_ns: int, wall_ns: int) -> Record:
@@ -389,12 +469,28 @@ def _unbound(record: Record, at: int, node: str, scene: _Scene, tracks: dict, cu
         return
     track = tracks.setdefault(key, _Track(scheduled.get("reason", "Unschedulable"), at))
     track.outlasted(at, scene.stuck_s)
-    current[key] = Cause(node, _who(meta), track.reason, _one_line(scheduled.get("message")), track.since_wall_ns,
-                         track.terminal_wall_ns, meta.get("namespace", ""), meta.get("name", ""))
+    current[key] = Cause(
+        node,
+        _who(meta),
+        track.reason,
+        _one_line(scheduled.get("message")),
+        track.since_wall_ns,
+        track.terminal_wall_ns,
+        meta.get("namespace", ""),
+        meta.get("name", ""),
+    )
 
 
-def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapping[str, Any], scene: _Scene,
-             tracks: dict, current: dict) -> None:
+def _blocked(
+    status: Mapping[str, Any],
+    at: int,
+    node: str,
+    who: str,
+    meta: Mapping[str, Any],
+    scene: _Scene,
+    tracks: dict,
+    current: dict,
+) -> None:
     """An operand held in an init container that runs (waits), e.g. the validator's wait for the driver."""
     inits = status.get("initContainerStatuses") or []
     holding = next((c for c in inits if "running" in (c.get("state") or {})), None)
@@ -407,8 +503,17 @@ def _blocked(status: Mapping[str, Any], at: int, node: str, who: str, meta: Mapp
     track = tracks.setdefault(key, _Track(OPERAND_BLOCKED, at))
     track.detail = f"Init:{done}/{len(inits)}, in init container {holding.get('name', '')}"
     driver = _behind(track, at, scene)
-    current[key] = Cause(node, who, OPERAND_BLOCKED, f"{track.detail} ({driver})", track.since_wall_ns,
-                         track.terminal_wall_ns, meta.get("namespace", ""), meta.get("name", ""), holding.get("name", ""))
+    current[key] = Cause(
+        node,
+        who,
+        OPERAND_BLOCKED,
+        f"{track.detail} ({driver})",
+        track.since_wall_ns,
+        track.terminal_wall_ns,
+        meta.get("namespace", ""),
+        meta.get("name", ""),
+        holding.get("name", ""),
+    )
 
 
 def _behind(track: _Track, at: int, scene: _Scene) -> str:
@@ -419,8 +524,18 @@ def _behind(track: _Track, at: int, scene: _Scene) -> str:
     return READY_DRIVER if ready is not None else "the driver is not ready"
 
 
-def _container(container: dict, init: bool, at: int, node: str, who: str, pod_meta: dict, holders: str,
-               scene: _Scene, tracks: dict, current: dict) -> None:
+def _container(
+    container: dict,
+    init: bool,
+    at: int,
+    node: str,
+    who: str,
+    pod_meta: dict,
+    holders: str,
+    scene: _Scene,
+    tracks: dict,
+    current: dict,
+) -> None:
     name = container.get("name", "")
     uid, namespace, pod = pod_meta.get("uid", ""), pod_meta.get("namespace", ""), pod_meta.get("name", "")
     key = (uid, name)
@@ -440,8 +555,17 @@ def _container(container: dict, init: bool, at: int, node: str, who: str, pod_me
         message = _one_line(waiting.get("message")) or f"image {image}"
         if image and image not in message:
             message = f"image {image}: {message}"
-        current[key] = Cause(node, what, reason, f"{message} ({track.attempts} pull attempts)", track.since_wall_ns,
-                             track.terminal_wall_ns, namespace, pod, name)
+        current[key] = Cause(
+            node,
+            what,
+            reason,
+            f"{message} ({track.attempts} pull attempts)",
+            track.since_wall_ns,
+            track.terminal_wall_ns,
+            namespace,
+            pod,
+            name,
+        )
         return
     restarts = int(container.get("restartCount") or 0)
     track = tracks.get(key)
@@ -459,19 +583,36 @@ def _container(container: dict, init: bool, at: int, node: str, who: str, pod_me
         said = _one_line(last.get("message"))
         message = f"exit code {last.get('exitCode', '?')}" + (f" ({last['reason']})" if last.get("reason") else "")
         held = f"; pods on the node hold the driver without a GPU request: {holders}" if holders else ""
-        current[key] = Cause(node, what, "CrashLoopBackOff", f"{message} after {restarts} restarts"
-                             + (f": {said}" if said else "") + held, track.since_wall_ns, track.terminal_wall_ns,
-                             namespace, pod, name)
+        current[key] = Cause(
+            node,
+            what,
+            "CrashLoopBackOff",
+            f"{message} after {restarts} restarts" + (f": {said}" if said else "") + held,
+            track.since_wall_ns,
+            track.terminal_wall_ns,
+            namespace,
+            pod,
+            name,
+        )
         return
     if "running" in (container.get("state") or {}) and container.get("started") is False:
         track = tracks.get(key)
         if track is None or track.reason != NOT_STARTED:
             track = tracks[key] = _Track(NOT_STARTED, at)
         track.outlasted(at, scene.stuck_s, from_wall_ns=scene.said_since.get((namespace, pod, name), 0))
-        current[key] = Cause(node, what, NOT_STARTED, "running, its startup probe has not passed",
-                             track.since_wall_ns, track.terminal_wall_ns, namespace, pod, name)
+        current[key] = Cause(
+            node,
+            what,
+            NOT_STARTED,
+            "running, its startup probe has not passed",
+            track.since_wall_ns,
+            track.terminal_wall_ns,
+            namespace,
+            pod,
+            name,
+        )
         return
-    tracks.pop(key, None)                        # running and ready, or creating: whatever it was has cleared
+    tracks.pop(key, None)  # running and ready, or creating: whatever it was has cleared
     current.pop(key, None)
 
 
@@ -489,14 +630,28 @@ def log_record(cause: Cause, text: str, *, mono_ns: int, wall_ns: int) -> Record
     """The record the run adds for a container's log (a crash loop's last run, or one that has not started),
     so the rung (and a replay) can quote it and see when it last changed."""
     lines = [without_secrets(one_line(line)) for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
-    return Record("diagnosis", "ADDED", LOG_KIND, cause.namespace, cause.pod, mono_ns, wall_ns,
-                  {"container": cause.container, "lines": lines})
+    return Record(
+        "diagnosis",
+        "ADDED",
+        LOG_KIND,
+        cause.namespace,
+        cause.pod,
+        mono_ns,
+        wall_ns,
+        {"container": cause.container, "lines": lines},
+    )
 
 
 def log_tail(records: Iterable[Record], cause: Cause) -> list[str]:
     """The last log lines the run read for the cause's container, if it read them."""
-    found = [r for r in records if r.kind == LOG_KIND and r.namespace == cause.namespace and r.name == cause.pod
-             and r.object.get("container") == cause.container]
+    found = [
+        r
+        for r in records
+        if r.kind == LOG_KIND
+        and r.namespace == cause.namespace
+        and r.name == cause.pod
+        and r.object.get("container") == cause.container
+    ]
     return list(found[-1].object.get("lines") or []) if found else []
 
 
@@ -508,7 +663,10 @@ _RETRY_WORDS = ("retrying after", "attempting to ")
 def last_meaningful(lines: list[str]) -> str:
     """The last line that says something: not blank, not a shell's trace or a bare separator, and not a
     retry's announcement while a line before it says more."""
-    said = [text for text in (" ".join(line.split()) for line in lines)
-            if text and not text.startswith("+ ") and any(c.isalnum() for c in text)]
+    said = [
+        text
+        for text in (" ".join(line.split()) for line in lines)
+        if text and not text.startswith("+ ") and any(c.isalnum() for c in text)
+    ]
     more = [text for text in said if not any(words in text.lower() for words in _RETRY_WORDS)]
     return (more or said or [""])[-1][:300]

@@ -8,12 +8,16 @@ receive times (wall clock, ns) unless a field says it is the server's (RFC 3339,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from pytest_gpucanary.gpu_operator import (
-    TERMINAL_STATES, UPGRADE_EVENT_REASON, UPGRADE_REQUIRED, UPGRADE_STATE_LABEL, is_validator_pod,
+    TERMINAL_STATES,
+    UPGRADE_EVENT_REASON,
+    UPGRADE_REQUIRED,
+    UPGRADE_STATE_LABEL,
+    is_validator_pod,
 )
 from pytest_gpucanary.ladder.model import PHASE_OF_STATE, PhaseWindow, ProbeSeen, StateSpan, UpgradePhase
 
@@ -21,12 +25,12 @@ from pytest_gpucanary.ladder.model import PHASE_OF_STATE, PhaseWindow, ProbeSeen
 @dataclass(frozen=True)
 class Record:
     stream: str
-    type: str                 # ADDED, MODIFIED, DELETED, LISTED (from a relist), RELISTED, WATCH_ERROR
+    type: str  # ADDED, MODIFIED, DELETED, LISTED (from a relist), RELISTED, WATCH_ERROR
     kind: str
     namespace: str | None
     name: str | None
-    received_mono_ns: int     # client receive time, monotonic clock
-    received_wall_ns: int     # client receive time, wall clock (Unix ns)
+    received_mono_ns: int  # client receive time, monotonic clock
+    received_wall_ns: int  # client receive time, wall clock (Unix ns)
     object: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -63,7 +67,7 @@ class EventSeen:
     message: str
     namespace: str
     source: str
-    server_time: str          # lastTimestamp or eventTime, apiserver clock, 1 s resolution
+    server_time: str  # lastTimestamp or eventTime, apiserver clock, 1 s resolution
     received_wall_ns: int
 
 
@@ -73,8 +77,8 @@ class PodGone:
     name: str
     node: str
     gpus: int
-    disruption_reason: str    # DisruptionTarget reason, e.g. EvictionByEvictionAPI; "" if none was seen
-    received_wall_ns: int     # first sign of removal: deletionTimestamp set, or DELETED
+    disruption_reason: str  # DisruptionTarget reason, e.g. EvictionByEvictionAPI; "" if none was seen
+    received_wall_ns: int  # first sign of removal: deletionTimestamp set, or DELETED
 
 
 def label_transitions(records: Iterable[Record], node: str, label: str) -> list[Transition]:
@@ -111,12 +115,19 @@ def node_events(records: Iterable[Record], node: str, *, reason: str = UPGRADE_E
         if involved.get("kind") != "Node" or involved.get("name") != node or event.get("reason") != reason:
             continue
         key = (event["metadata"].get("uid", ""), int(event.get("count") or 1))
-        seen.setdefault(key, EventSeen(
-            node=node, reason=reason, type=event.get("type", ""), message=event.get("message", ""),
-            namespace=event["metadata"].get("namespace", ""),
-            source=event.get("source", {}).get("component") or event.get("reportingComponent", ""),
-            server_time=event.get("lastTimestamp") or event.get("eventTime") or "",
-            received_wall_ns=record.received_wall_ns))
+        seen.setdefault(
+            key,
+            EventSeen(
+                node=node,
+                reason=reason,
+                type=event.get("type", ""),
+                message=event.get("message", ""),
+                namespace=event["metadata"].get("namespace", ""),
+                source=event.get("source", {}).get("component") or event.get("reportingComponent", ""),
+                server_time=event.get("lastTimestamp") or event.get("eventTime") or "",
+                received_wall_ns=record.received_wall_ns,
+            ),
+        )
     return sorted(seen.values(), key=lambda e: e.received_wall_ns)
 
 
@@ -136,8 +147,14 @@ def pods_gone(records: Iterable[Record], node: str) -> list[PodGone]:
             if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
                 reasons[uid] = condition.get("reason", "")
         if uid not in gone and (record.type == "DELETED" or meta.get("deletionTimestamp")):
-            gone[uid] = PodGone(meta.get("namespace", ""), meta.get("name", ""), node, int(spec.get("gpus", 0)),
-                                "", record.received_wall_ns)
+            gone[uid] = PodGone(
+                meta.get("namespace", ""),
+                meta.get("name", ""),
+                node,
+                int(spec.get("gpus", 0)),
+                "",
+                record.received_wall_ns,
+            )
     return [PodGone(**{**g.__dict__, "disruption_reason": reasons.get(uid, "")}) for uid, g in gone.items()]
 
 
@@ -156,15 +173,15 @@ class PodSeen:
     labels: Mapping[str, str] = field(hash=False)
     owner_kinds: tuple[str, ...]
     gpus: int
-    containers: int               # container statuses reported (regular containers only)
+    containers: int  # container statuses reported (regular containers only)
     ready_containers: int
-    images: tuple[str, ...]       # from status.containerStatuses (the recorder trims pod specs)
-    disruption_reason: str        # DisruptionTarget reason; "" if none was seen
+    images: tuple[str, ...]  # from status.containerStatuses (the recorder trims pod specs)
+    disruption_reason: str  # DisruptionTarget reason; "" if none was seen
     first_seen_wall_ns: int
-    removed_wall_ns: int | None   # deletionTimestamp seen or DELETED, client receive time
-    received_wall_ns: int         # the last record of this pod
-    empty_dirs: tuple[str, ...] = ()   # names of emptyDir volumes (from the trimmed spec)
-    ready_wall_ns: int | None = None   # first record Running with every container ready
+    removed_wall_ns: int | None  # deletionTimestamp seen or DELETED, client receive time
+    received_wall_ns: int  # the last record of this pod
+    empty_dirs: tuple[str, ...] = ()  # names of emptyDir volumes (from the trimmed spec)
+    ready_wall_ns: int | None = None  # first record Running with every container ready
 
     @property
     def ready(self) -> bool:
@@ -194,7 +211,7 @@ def upgrade_cycle(records: Iterable[Record], node: str, *, since_wall_ns: int) -
     before = [t for t in every if t.received_wall_ns < since_wall_ns][-1:]
     transitions = before + [t for t in every if t.received_wall_ns >= since_wall_ns]
     starts = [i for i, t in enumerate(transitions) if t.state == UPGRADE_REQUIRED]
-    return transitions[starts[0]:] if starts else []
+    return transitions[starts[0] :] if starts else []
 
 
 def phase_windows(records: Iterable[Record], node: str, *, since_wall_ns: int) -> list[PhaseWindow]:
@@ -207,7 +224,7 @@ def phase_windows(records: Iterable[Record], node: str, *, since_wall_ns: int) -
     windows = [PhaseWindow(UpgradePhase.BEFORE, min(span[0], cycle[0].received_wall_ns), cycle[0].received_wall_ns)]
     for t in cycle:
         last = windows[-1]
-        phase = PHASE_OF_STATE.get(t.state, last.phase)   # requestor-mode states: stay in the phase
+        phase = PHASE_OF_STATE.get(t.state, last.phase)  # requestor-mode states: stay in the phase
         if phase is not last.phase:
             windows[-1] = PhaseWindow(last.phase, last.start_wall_ns, t.received_wall_ns)
             windows.append(PhaseWindow(phase, t.received_wall_ns, t.received_wall_ns))
@@ -225,9 +242,13 @@ def latest_node(records: Iterable[Record], node: str, *, until_wall_ns: int | No
         if until_wall_ns is not None and record.received_wall_ns > until_wall_ns:
             continue
         obj = record.object
-        seen = NodeSeen(node, obj.get("metadata", {}).get("labels", {}) or {},
-                        bool(obj.get("spec", {}).get("unschedulable")),
-                        obj.get("status", {}).get("allocatable", {}) or {}, record.received_wall_ns)
+        seen = NodeSeen(
+            node,
+            obj.get("metadata", {}).get("labels", {}) or {},
+            bool(obj.get("spec", {}).get("unschedulable")),
+            obj.get("status", {}).get("allocatable", {}) or {},
+            record.received_wall_ns,
+        )
     return seen
 
 
@@ -245,18 +266,20 @@ class NeighbourAct:
 
     node: str
     wall_ns: int
-    what: str       # "cordoned", "tainted nvsentinel/quarantine=true:NoSchedule", "NodeMaintenance ns/name began", ...
-    by: str         # the field manager that wrote it, or the NodeMaintenance's requestor; "unknown" when not recorded
-                    # (the apiserver keeps no writer of a field that is gone: the untaint of a node's last taint)
+    what: str  # "cordoned", "tainted nvsentinel/quarantine=true:NoSchedule", "NodeMaintenance ns/name began", ...
+    by: str  # the field manager that wrote it, or the NodeMaintenance's requestor; "unknown" when not recorded
+    # (the apiserver keeps no writer of a field that is gone: the untaint of a node's last taint)
 
     def line(self) -> str:
         return f"{self.node}: {self.what} by {self.by}"
 
 
 def _node_marks(obj: dict) -> tuple[bool, set[tuple[str, str, str]]]:
-    taints = {(t.get("key", ""), t.get("value", ""), t.get("effect", ""))
-              for t in (obj.get("spec") or {}).get("taints") or []
-              if not t.get("key", "").startswith((CANARY_TAINT_DOMAIN, KUBERNETES_TAINT_DOMAIN))}
+    taints = {
+        (t.get("key", ""), t.get("value", ""), t.get("effect", ""))
+        for t in (obj.get("spec") or {}).get("taints") or []
+        if not t.get("key", "").startswith((CANARY_TAINT_DOMAIN, KUBERNETES_TAINT_DOMAIN))
+    }
     return bool((obj.get("spec") or {}).get("unschedulable")), taints
 
 
@@ -272,10 +295,15 @@ def neighbour_acts(records: Iterable[Record], nodes: Iterable[str]) -> list[Neig
         if record.kind == NODE_MAINTENANCE_KIND and record.type in ("ADDED", "DELETED"):
             spec = record.object.get("spec") or {}
             if spec.get("nodeName") in nodes:
-                acts.append(NeighbourAct(spec["nodeName"], record.received_wall_ns,
-                                         f"NodeMaintenance {record.namespace}/{record.name} "
-                                         f"{'began' if record.type == 'ADDED' else 'ended'}",
-                                         spec.get("requestorID") or "unknown"))
+                acts.append(
+                    NeighbourAct(
+                        spec["nodeName"],
+                        record.received_wall_ns,
+                        f"NodeMaintenance {record.namespace}/{record.name} "
+                        f"{'began' if record.type == 'ADDED' else 'ended'}",
+                        spec.get("requestorID") or "unknown",
+                    )
+                )
             continue
         if record.kind != "Node" or record.name not in nodes or record.type == "DELETED":
             continue
@@ -284,12 +312,18 @@ def neighbour_acts(records: Iterable[Record], nodes: Iterable[str]) -> list[Neig
         if record.name in last:
             was_cordoned, had = last[record.name]
             # a cordon whose writer is not recorded may be the upgrade's own: only a named writer counts
-            changes = [(f"{'cordoned' if cordoned else 'uncordoned'}", writers["unschedulable"])] \
-                if cordoned != was_cordoned and "unschedulable" in writers else []
+            changes = (
+                [(f"{'cordoned' if cordoned else 'uncordoned'}", writers["unschedulable"])]
+                if cordoned != was_cordoned and "unschedulable" in writers
+                else []
+            )
             changes += [(f"tainted {k}={v}:{e}", writers.get("taints")) for k, v, e in sorted(taints - had)]
             changes += [(f"untainted {k}={v}:{e}", writers.get("taints")) for k, v, e in sorted(had - taints)]
-            acts += [NeighbourAct(record.name, record.received_wall_ns, what, by or "unknown")
-                     for what, by in changes if by not in UPGRADE_WRITERS]
+            acts += [
+                NeighbourAct(record.name, record.received_wall_ns, what, by or "unknown")
+                for what, by in changes
+                if by not in UPGRADE_WRITERS
+            ]
         last[record.name] = cordoned, taints
     return acts
 
@@ -311,25 +345,42 @@ def _pod_seen(record: Record, before: PodSeen | None) -> PodSeen:
     pod = record.object
     meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {}) or {}
     statuses = status.get("containerStatuses", []) or []
-    reason = next((c.get("reason", "") for c in status.get("conditions", []) or []
-                   if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), "")
+    reason = next(
+        (
+            c.get("reason", "")
+            for c in status.get("conditions", []) or []
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ),
+        "",
+    )
     removed = record.received_wall_ns if record.type == "DELETED" or meta.get("deletionTimestamp") else None
-    ready_now = (status.get("phase") == "Running" and bool(statuses) and all(c.get("ready") for c in statuses)
-                 and removed is None)
+    ready_now = (
+        status.get("phase") == "Running"
+        and bool(statuses)
+        and all(c.get("ready") for c in statuses)
+        and removed is None
+    )
     return PodSeen(
-        namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
-        node=spec.get("nodeName") or (before.node if before else None), phase=status.get("phase", ""),
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        node=spec.get("nodeName") or (before.node if before else None),
+        phase=status.get("phase", ""),
         labels=meta.get("labels", {}) or {},
         owner_kinds=tuple(o.get("kind", "") for o in meta.get("ownerReferences", []) or []),
-        gpus=int(spec.get("gpus", 0) or 0), containers=len(statuses),
+        gpus=int(spec.get("gpus", 0) or 0),
+        containers=len(statuses),
         ready_containers=sum(bool(c.get("ready")) for c in statuses),
         images=tuple(c.get("image", "") for c in statuses if c.get("image")),
         disruption_reason=reason or (before.disruption_reason if before else ""),
         first_seen_wall_ns=before.first_seen_wall_ns if before else record.received_wall_ns,
         removed_wall_ns=(before.removed_wall_ns if before and before.removed_wall_ns else removed),
-        received_wall_ns=record.received_wall_ns, empty_dirs=tuple(spec.get("emptyDirs", []) or []),
-        ready_wall_ns=(before.ready_wall_ns if before and before.ready_wall_ns else
-                       record.received_wall_ns if ready_now else None))
+        received_wall_ns=record.received_wall_ns,
+        empty_dirs=tuple(spec.get("emptyDirs", []) or []),
+        ready_wall_ns=(
+            before.ready_wall_ns if before and before.ready_wall_ns else record.received_wall_ns if ready_now else None
+        ),
+    )
 
 
 def allocatable_series(records: Iterable[Record], node: str, resource: str) -> list[tuple[int, int | None]]:
@@ -351,16 +402,27 @@ def state_spans(records: Iterable[Record], node: str) -> list[StateSpan]:
     transitions = label_transitions(records, node, UPGRADE_STATE_LABEL)
     span = recording_span(records)
     ends = [t.received_wall_ns for t in transitions[1:]] + [span[1] if span else 0]
-    return [StateSpan(node, t.state, t.received_wall_ns, max(end, t.received_wall_ns))
-            for t, end in zip(transitions, ends)]
+    return [
+        StateSpan(node, t.state, t.received_wall_ns, max(end, t.received_wall_ns)) for t, end in zip(transitions, ends)
+    ]
 
 
-def live_pods(records: Iterable[Record], *, node: str | None = None, namespace: str | None = None,
-              label: tuple[str, str] | None = None) -> list[PodSeen]:
+def live_pods(
+    records: Iterable[Record],
+    *,
+    node: str | None = None,
+    namespace: str | None = None,
+    label: tuple[str, str] | None = None,
+) -> list[PodSeen]:
     """Pods in their last recorded state that were not seen going away, filtered as given."""
-    return [p for p in latest_pods(records) if p.removed_wall_ns is None
-            and (node is None or p.node == node) and (namespace is None or p.namespace == namespace)
-            and (label is None or p.labels.get(label[0]) == label[1])]
+    return [
+        p
+        for p in latest_pods(records)
+        if p.removed_wall_ns is None
+        and (node is None or p.node == node)
+        and (namespace is None or p.namespace == namespace)
+        and (label is None or p.labels.get(label[0]) == label[1])
+    ]
 
 
 def validator_pods(records: Iterable[Record], nodes: Iterable[str]) -> list[PodSeen]:
@@ -369,7 +431,9 @@ def validator_pods(records: Iterable[Record], nodes: Iterable[str]) -> list[PodS
     return [p for p in latest_pods(records) if p.node in wanted and is_validator_pod(p.labels)]
 
 
-def probes_seen(records: Iterable[Record], created: Mapping[str, tuple[str, int]], *, namespace: str) -> list[ProbeSeen]:
+def probes_seen(
+    records: Iterable[Record], created: Mapping[str, tuple[str, int]], *, namespace: str
+) -> list[ProbeSeen]:
     """Probe Jobs by name -> (scope, created wall ns): when the watch first saw each one's pod scheduled and running."""
     scheduled: dict[str, int] = {}
     running: dict[str, int] = {}
@@ -388,9 +452,18 @@ def probes_seen(records: Iterable[Record], created: Mapping[str, tuple[str, int]
             ended.setdefault(job, record.received_wall_ns)
         if record.object.get("spec", {}).get("nodeName"):
             nodes[job] = record.object["spec"]["nodeName"]
-    return [ProbeSeen(name, scope, at, scheduled.get(name), running.get(name), nodes.get(name),
-                      None if name in running else ended.get(name))
-            for name, (scope, at) in sorted(created.items())]
+    return [
+        ProbeSeen(
+            name,
+            scope,
+            at,
+            scheduled.get(name),
+            running.get(name),
+            nodes.get(name),
+            None if name in running else ended.get(name),
+        )
+        for name, (scope, at) in sorted(created.items())
+    ]
 
 
 @dataclass(frozen=True)
@@ -399,11 +472,11 @@ class JobSeen:
 
     namespace: str
     name: str
-    succeeded: int                # pods that exited 0 (status.succeeded)
-    failed: int                   # pods that failed and counted against backoffLimit (status.failed)
+    succeeded: int  # pods that exited 0 (status.succeeded)
+    failed: int  # pods that failed and counted against backoffLimit (status.failed)
     active: int
     complete_wall_ns: int | None  # first record with condition Complete=True, client receive time
-    failed_reason: str            # reason of condition Failed=True (e.g. BackoffLimitExceeded); "" if none
+    failed_reason: str  # reason of condition Failed=True (e.g. BackoffLimitExceeded); "" if none
     received_wall_ns: int
 
 
@@ -414,12 +487,21 @@ def latest_job(records: Iterable[Record], *, namespace: str, name: str) -> JobSe
             continue
         status = record.object.get("status", {}) or {}
         conditions = {c.get("type"): c for c in status.get("conditions", []) or [] if c.get("status") == "True"}
-        complete = seen.complete_wall_ns if seen and seen.complete_wall_ns else (
-            record.received_wall_ns if "Complete" in conditions else None)
-        seen = JobSeen(namespace, name, int(status.get("succeeded") or 0), int(status.get("failed") or 0),
-                       int(status.get("active") or 0), complete,
-                       conditions.get("Failed", {}).get("reason", "") or ("Failed" if "Failed" in conditions else ""),
-                       record.received_wall_ns)
+        complete = (
+            seen.complete_wall_ns
+            if seen and seen.complete_wall_ns
+            else (record.received_wall_ns if "Complete" in conditions else None)
+        )
+        seen = JobSeen(
+            namespace,
+            name,
+            int(status.get("succeeded") or 0),
+            int(status.get("failed") or 0),
+            int(status.get("active") or 0),
+            complete,
+            conditions.get("Failed", {}).get("reason", "") or ("Failed" if "Failed" in conditions else ""),
+            record.received_wall_ns,
+        )
     return seen
 
 
@@ -432,14 +514,19 @@ def run_seconds(records: Iterable[Record], *, namespace: str, job_name: str) -> 
     ended: dict[str, int] = {}
     for record in records:
         meta = record.object.get("metadata", {})
-        if (record.kind != "Pod" or record.type in SKIP_TYPES or record.namespace != namespace
-                or (meta.get("labels") or {}).get("job-name") != job_name):
+        if (
+            record.kind != "Pod"
+            or record.type in SKIP_TYPES
+            or record.namespace != namespace
+            or (meta.get("labels") or {}).get("job-name") != job_name
+        ):
             continue
         uid, phase = meta.get("uid", ""), (record.object.get("status") or {}).get("phase")
         if phase == "Running":
             started.setdefault(uid, record.received_wall_ns)
-        if uid in started and (phase in ("Succeeded", "Failed") or record.type == "DELETED"
-                               or meta.get("deletionTimestamp")):
+        if uid in started and (
+            phase in ("Succeeded", "Failed") or record.type == "DELETED" or meta.get("deletionTimestamp")
+        ):
             ended.setdefault(uid, record.received_wall_ns)
     end_ns = span[1] if span else 0
     return sum(max(0, ended.get(uid, end_ns) - start) for uid, start in started.items()) / 1e9

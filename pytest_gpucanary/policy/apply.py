@@ -25,19 +25,26 @@ changed since (an emergency driver change) is left as it is and reported.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
-    CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_SELECTOR, NVIDIADRIVER, SKIP_LABEL, UPGRADE_REQUIRED,
-    UPGRADE_STATE_LABEL, image_at_version,
+    CLUSTER_POLICY,
+    DRIVER_COMPONENT_SELECTOR,
+    GPU_PRESENT_SELECTOR,
+    NVIDIADRIVER,
+    SKIP_LABEL,
+    UPGRADE_REQUIRED,
+    UPGRADE_STATE_LABEL,
+    image_at_version,
 )
 from pytest_gpucanary.kube import Kube, NotFound, patch_as_read, saved_run
 from pytest_gpucanary.pool import Pool
 from pytest_gpucanary.preflight import ClusterInfo
 
-SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"     # JSON: run id, the prior spec values, the values written
+SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"  # JSON: run id, the prior spec values, the values written
 SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"  # JSON: run id, prior upgrade state, prior driver version
 
 
@@ -47,13 +54,13 @@ class AppliedUpgrade:
     registered with it undoes exactly what an apply cut short got to."""
 
     run_id: str = ""
-    saved: list[tuple[tuple[str, str], str]] = field(default_factory=list)   # (api kind, name) with a saved spec
+    saved: list[tuple[tuple[str, str], str]] = field(default_factory=list)  # (api kind, name) with a saved spec
     skipped_nodes: list[str] = field(default_factory=list)
     operator_namespace: str = ""
-    cluster_policy: str | None = None   # ClusterPolicy mode: holds are released only while it is at prior_version
-    nvidiadriver: str | None = None     # holds on an NVIDIADriver's nodes: released once its DaemonSets are back
-    prior_version: str = ""      # ClusterPolicy mode: the driver version the held-back nodes run
-    where: list[str] = field(default_factory=list)   # what went where, for the receipt
+    cluster_policy: str | None = None  # ClusterPolicy mode: holds are released only while it is at prior_version
+    nvidiadriver: str | None = None  # holds on an NVIDIADriver's nodes: released once its DaemonSets are back
+    prior_version: str = ""  # ClusterPolicy mode: the driver version the held-back nodes run
+    where: list[str] = field(default_factory=list)  # what went where, for the receipt
 
     def describe(self) -> str:
         return "; ".join(self.where)
@@ -64,14 +71,16 @@ def refuse_foreign(obj: dict, annotation: str, run_id: str) -> None:
     other = saved_run(obj, annotation)
     if other is not None and other != run_id:
         meta = obj["metadata"]
-        raise EnvError(f"{obj.get('kind', 'object')} {meta['name']} carries {annotation} of run {other}, "
-                       "live or not cleaned up: runs never share what they change",
-                       hint=f"wait for it, or run `gpucanary cleanup --run-id {other}` (it refuses a live run), "
-                            "then retry")
+        raise EnvError(
+            f"{obj.get('kind', 'object')} {meta['name']} carries {annotation} of run {other}, "
+            "live or not cleaned up: runs never share what they change",
+            hint=f"wait for it, or run `gpucanary cleanup --run-id {other}` (it refuses a live run), then retry",
+        )
 
 
-def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: dict, prior: dict,
-                    applied: AppliedUpgrade, run_id: str) -> None:
+def _save_and_patch(
+    kube: Kube, kind: tuple[str, str], name: str, spec_patch: dict, prior: dict, applied: AppliedUpgrade, run_id: str
+) -> None:
     """The saved spec and the change in one write: the object never carries one without the other."""
     saved = json.dumps({"run_id": run_id, "spec": prior, "wrote": spec_patch})
 
@@ -86,11 +95,19 @@ def _save_and_patch(kube: Kube, kind: tuple[str, str], name: str, spec_patch: di
     applied.where.append(f"{kind[1]} {name}: {' and '.join(sorted(knobs))}")
 
 
-RESTART_LABEL = "gpucanary.io/restart"    # on the pool's driver pods when the run keeps the driver version
+RESTART_LABEL = "gpucanary.io/restart"  # on the pool's driver pods when the run keeps the driver version
 
 
-def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *, driver_to: str,
-          run_id: str, applied: AppliedUpgrade | None = None) -> AppliedUpgrade:
+def apply(
+    kube: Kube,
+    cluster: ClusterInfo,
+    pool: Pool,
+    upgrade_policy: dict,
+    *,
+    driver_to: str,
+    run_id: str,
+    applied: AppliedUpgrade | None = None,
+) -> AppliedUpgrade:
     applied = applied if applied is not None else AppliedUpgrade()
     applied.run_id = run_id
     if cluster.nvidiadriver_mode:
@@ -100,31 +117,43 @@ def apply(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *,
         return applied
     applied.operator_namespace, applied.cluster_policy = cluster.operator_namespace, cluster.cluster_policy
     applied.prior_version = pool.driver_from
-    for name, node in driver_nodes(kube).items():     # a fresh list: nodes that joined since preflight too
+    for name, node in driver_nodes(kube).items():  # a fresh list: nodes that joined since preflight too
         if name not in pool.nodes:
             hold_back(kube, node, applied, run_id)
     apply_cluster_policy(kube, cluster, {"upgradePolicy": upgrade_policy, "version": driver_to}, applied, run_id)
     return applied
 
 
-def apply_nvidiadriver(kube: Kube, cluster: ClusterInfo, pool: Pool, upgrade_policy: dict, *, driver_to: str,
-                       applied: AppliedUpgrade, run_id: str) -> None:
+def apply_nvidiadriver(
+    kube: Kube,
+    cluster: ClusterInfo,
+    pool: Pool,
+    upgrade_policy: dict,
+    *,
+    driver_to: str,
+    applied: AppliedUpgrade,
+    run_id: str,
+) -> None:
     """The pool NVIDIADriver's part of `apply`: the version (and from v26.7, the policy), saved and changed in one
     write. Before v26.7 it follows the ClusterPolicy's policy, the run's first write."""
     assert pool.driver is not None, "an NVIDIADriver-mode pool always names its NVIDIADriver"
     driver_spec = kube.get(*NVIDIADRIVER, pool.driver)["spec"]
     # the same version: the change under test is one that leaves the driver as it is (as a chart bump
     # relabelling the driver pods does), which v26.7+ turns into an in-place restart
-    patch: dict = ({"version": driver_to} if driver_to != pool.driver_from else
-                   {"labels": {**(driver_spec.get("labels") or {}), RESTART_LABEL: run_id}})
+    patch: dict = (
+        {"version": driver_to}
+        if driver_to != pool.driver_from
+        else {"labels": {**(driver_spec.get("labels") or {}), RESTART_LABEL: run_id}}
+    )
     if cluster.per_driver_policy:
         patch["upgradePolicy"] = upgrade_policy
     prior = {key: driver_spec.get(key) for key in patch}
     _save_and_patch(kube, NVIDIADRIVER, pool.driver, patch, prior, applied, run_id)
 
 
-def apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, applied: AppliedUpgrade,
-                          run_id: str) -> None:
+def apply_cluster_policy(
+    kube: Kube, cluster: ClusterInfo, driver_patch: dict, applied: AppliedUpgrade, run_id: str
+) -> None:
     driver_spec = kube.get(*CLUSTER_POLICY, cluster.cluster_policy)["spec"]["driver"]
     prior = {"driver": {key: driver_spec.get(key) for key in driver_patch}}
     _save_and_patch(kube, CLUSTER_POLICY, cluster.cluster_policy, {"driver": driver_patch}, prior, applied, run_id)
@@ -133,15 +162,17 @@ def apply_cluster_policy(kube: Kube, cluster: ClusterInfo, driver_patch: dict, a
 def driver_nodes(kube: Kube) -> dict[str, dict]:
     """The metadata of every node the ClusterPolicy's driver reaches: labelled a GPU node, or running a driver
     pod (NFD may label a new node late; its driver pod shows it). Read a page at a time."""
-    nodes = {n["metadata"]["name"]: {"metadata": n["metadata"]}
-             for n in kube.each("v1", "Node", label_selector=GPU_PRESENT_SELECTOR)}
+    nodes = {
+        n["metadata"]["name"]: {"metadata": n["metadata"]}
+        for n in kube.each("v1", "Node", label_selector=GPU_PRESENT_SELECTOR)
+    }
     for pod in kube.each("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR):
         name = (pod.get("spec") or {}).get("nodeName")
         if name and name not in nodes:
             try:
                 nodes[name] = {"metadata": kube.get("v1", "Node", name)["metadata"]}
             except NotFound:
-                pass      # a driver pod of a node already gone
+                pass  # a driver pod of a node already gone
     return nodes
 
 
@@ -154,10 +185,17 @@ def hold_back(kube: Kube, node_obj: dict, applied: AppliedUpgrade, run_id: str) 
         refuse_foreign({"kind": "Node", **node}, SKIP_SET_ANNOTATION, run_id)
         labels = node["metadata"].get("labels") or {}
         if labels.get(SKIP_LABEL) == "true":
-            return None, False      # someone else holds it back already; leave their label alone
-        saved = json.dumps({"run_id": run_id, "state": labels.get(UPGRADE_STATE_LABEL, ""),
-                            "version": applied.prior_version, "namespace": applied.operator_namespace,
-                            "cluster_policy": applied.cluster_policy, "nvidiadriver": applied.nvidiadriver})
+            return None, False  # someone else holds it back already; leave their label alone
+        saved = json.dumps(
+            {
+                "run_id": run_id,
+                "state": labels.get(UPGRADE_STATE_LABEL, ""),
+                "version": applied.prior_version,
+                "namespace": applied.operator_namespace,
+                "cluster_policy": applied.cluster_policy,
+                "nvidiadriver": applied.nvidiadriver,
+            }
+        )
         return {"metadata": {"labels": {SKIP_LABEL: "true"}, "annotations": {SKIP_SET_ANNOTATION: saved}}}, True
 
     if patch_as_read(kube, "v1", "Node", name, decide, what=f"node {name}", hint="run again", read=node_obj):
@@ -170,15 +208,31 @@ def restore(kube: Kube, applied: AppliedUpgrade, *, report: Callable[[str], None
             report(line)
     applied.saved.clear()
     if applied.skipped_nodes:
-        release_holds(kube, applied.run_id, applied.skipped_nodes, applied.prior_version,
-                      applied.operator_namespace, cluster_policy=applied.cluster_policy,
-                      nvidiadriver=applied.nvidiadriver, report=report)
+        release_holds(
+            kube,
+            applied.run_id,
+            applied.skipped_nodes,
+            applied.prior_version,
+            applied.operator_namespace,
+            cluster_policy=applied.cluster_policy,
+            nvidiadriver=applied.nvidiadriver,
+            report=report,
+        )
         applied.skipped_nodes.clear()
 
 
-def release_holds(kube: Kube, run_id: str, nodes: list[str], version: str, namespace: str | None, *,
-                  cluster_policy: str | None = None, nvidiadriver: str | None = None, timeout_s: float = 120.0,
-                  report: Callable[[str], None] = print) -> int:
+def release_holds(
+    kube: Kube,
+    run_id: str,
+    nodes: list[str],
+    version: str,
+    namespace: str | None,
+    *,
+    cluster_policy: str | None = None,
+    nvidiadriver: str | None = None,
+    timeout_s: float = 120.0,
+    report: Callable[[str], None] = print,
+) -> int:
     """Held-back nodes wait in upgrade-required. Once the driver DaemonSet is back at their version their
     pods are in sync again, and putting their prior state back spares them a pointless cordon-and-evict
     cycle when the skip label goes. Released only then; a wait that runs out leaves them held (EnvError).
@@ -187,9 +241,11 @@ def release_holds(kube: Kube, run_id: str, nodes: list[str], version: str, names
     if cluster_policy is not None:
         now = ((kube.get(*CLUSTER_POLICY, cluster_policy).get("spec") or {}).get("driver") or {}).get("version")
         if now != version:
-            raise EnvError(f"ClusterPolicy {cluster_policy} is at driver {now}, not {version} that "
-                           f"{len(nodes)} held nodes run: they stay held",
-                           hint="set the ClusterPolicy's driver version back, then run `gpucanary cleanup` again")
+            raise EnvError(
+                f"ClusterPolicy {cluster_policy} is at driver {now}, not {version} that "
+                f"{len(nodes)} held nodes run: they stay held",
+                hint="set the ClusterPolicy's driver version back, then run `gpucanary cleanup` again",
+            )
     wait_driver_daemonsets(kube, namespace, version, timeout_s=timeout_s, owner=nvidiadriver)
     released = 0
     for node in nodes:
@@ -203,6 +259,7 @@ def restore_saved_spec(kube: Kube, kind: tuple[str, str], name: str, run_id: str
     """Put back what `run_id` changed on the object, field by field, each only while it still holds what the
     run wrote; drop the run's annotation. A line saying what was done, or None when nothing of the run is there
     (or the object went away, e.g. a kwok pool's own NVIDIADriver)."""
+
     def decide(obj: dict) -> tuple[dict | None, str | None]:
         if saved_run(obj, SAVED_SPEC_ANNOTATION) != run_id:
             return None, None
@@ -231,8 +288,11 @@ def saved_json(obj: dict, annotation: str) -> dict:
     except ValueError:
         saved = None
     if not isinstance(saved, dict):
-        raise EnvError(f"{obj.get('kind', 'object')} {obj['metadata']['name']}: {annotation} is not what the "
-                       "canary writes; left as it is", hint="look at the annotation and remove it by hand")
+        raise EnvError(
+            f"{obj.get('kind', 'object')} {obj['metadata']['name']}: {annotation} is not what the "
+            "canary writes; left as it is",
+            hint="look at the annotation and remove it by hand",
+        )
     return saved
 
 
@@ -267,14 +327,17 @@ def _exactly(current: Any, saved: Any) -> Any:
     did not have would keep the canary's value; it is nulled."""
     if not (isinstance(saved, dict) and isinstance(current, dict)):
         return saved
-    return {**{key: None for key in current if key not in saved},
-            **{key: _exactly(current.get(key), value) for key, value in saved.items()}}
+    return {
+        **{key: None for key in current if key not in saved},
+        **{key: _exactly(current.get(key), value) for key, value in saved.items()},
+    }
 
 
 def release_hold(kube: Kube, node: str, run_id: str) -> bool:
     """Drop the skip label this run set, putting back the upgrade state saved with it where the operator moved
     the node to upgrade-required meanwhile; anything else on the node is left. False when the run holds nothing
     there (released already, or the node is gone)."""
+
     def decide(obj: dict) -> tuple[dict | None, bool]:
         if saved_run(obj, SKIP_SET_ANNOTATION) != run_id:
             return None, False
@@ -290,22 +353,38 @@ def release_hold(kube: Kube, node: str, run_id: str) -> bool:
     return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}'s hold"))
 
 
-def wait_driver_daemonsets(kube: Kube, namespace: str | None, version: str, *, timeout_s: float = 120.0,
-                           owner: str | None = None) -> None:
+def wait_driver_daemonsets(
+    kube: Kube, namespace: str | None, version: str, *, timeout_s: float = 120.0, owner: str | None = None
+) -> None:
     """Watch (bounded) until every driver DaemonSet (of NVIDIADriver `owner`, when given) has its template at
     `version` and its controller caught up."""
+
     def done(dss: dict[str, dict]) -> bool | None:
-        dss = {k: d for k, d in dss.items() if owner is None or any(
-            ref.get("kind") == NVIDIADRIVER[1] and ref.get("name") == owner
-            for ref in d["metadata"].get("ownerReferences") or [])}
+        dss = {
+            k: d
+            for k, d in dss.items()
+            if owner is None
+            or any(
+                ref.get("kind") == NVIDIADRIVER[1] and ref.get("name") == owner
+                for ref in d["metadata"].get("ownerReferences") or []
+            )
+        }
         return True if dss and all(_at_version(d, version) for d in dss.values()) else None
 
     try:
-        kube.watch_until("apps/v1", "DaemonSet", done,
-                         timeout_s=timeout_s, namespace=namespace, label_selector=DRIVER_COMPONENT_SELECTOR)
+        kube.watch_until(
+            "apps/v1",
+            "DaemonSet",
+            done,
+            timeout_s=timeout_s,
+            namespace=namespace,
+            label_selector=DRIVER_COMPONENT_SELECTOR,
+        )
     except TimeoutError:
-        raise EnvError(f"the driver DaemonSet did not return to {version} within {timeout_s:.0f} s",
-                       hint="check the ClusterPolicy, then run `gpucanary cleanup`") from None
+        raise EnvError(
+            f"the driver DaemonSet did not return to {version} within {timeout_s:.0f} s",
+            hint="check the ClusterPolicy, then run `gpucanary cleanup`",
+        ) from None
 
 
 def _at_version(ds: dict, version: str) -> bool:

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from pytest_gpucanary.config import flag, yaml_documents
 from pytest_gpucanary.errors import ConfigError
@@ -40,15 +41,21 @@ class SourceKind(enum.StrEnum):
 
 
 API_VERSIONS = {SourceKind.CLUSTER_POLICY: "nvidia.com/v1", SourceKind.NVIDIA_DRIVER: "nvidia.com/v1alpha1"}
-POLICY_PATHS = {SourceKind.CLUSTER_POLICY: ("spec", "driver", "upgradePolicy"),
-                SourceKind.NVIDIA_DRIVER: ("spec", "upgradePolicy"),
-                SourceKind.HELM_VALUES: ("driver", "upgradePolicy")}
-VERSION_PATHS = {SourceKind.CLUSTER_POLICY: ("spec", "driver", "version"),
-                 SourceKind.NVIDIA_DRIVER: ("spec", "version"),
-                 SourceKind.HELM_VALUES: ("driver", "version")}
+POLICY_PATHS = {
+    SourceKind.CLUSTER_POLICY: ("spec", "driver", "upgradePolicy"),
+    SourceKind.NVIDIA_DRIVER: ("spec", "upgradePolicy"),
+    SourceKind.HELM_VALUES: ("driver", "upgradePolicy"),
+}
+VERSION_PATHS = {
+    SourceKind.CLUSTER_POLICY: ("spec", "driver", "version"),
+    SourceKind.NVIDIA_DRIVER: ("spec", "version"),
+    SourceKind.HELM_VALUES: ("driver", "version"),
+}
 # Same effect as autoUpgrade false; NVIDIADriver has no such switch.
-SANDBOX_PATHS = {SourceKind.CLUSTER_POLICY: ("spec", "sandboxWorkloads", "enabled"),
-                 SourceKind.HELM_VALUES: ("sandboxWorkloads", "enabled")}
+SANDBOX_PATHS = {
+    SourceKind.CLUSTER_POLICY: ("spec", "sandboxWorkloads", "enabled"),
+    SourceKind.HELM_VALUES: ("sandboxWorkloads", "enabled"),
+}
 HELM_POD_DELETION = "gpuPodDeletion"
 ACCEPTED_KINDS = "a ClusterPolicy (nvidia.com/v1), an NVIDIADriver (nvidia.com/v1alpha1) or gpu-operator Helm values"
 EXAMPLES = "see fixtures/policies/"
@@ -56,14 +63,14 @@ EXAMPLES = "see fixtures/policies/"
 
 @dataclass(frozen=True, slots=True)
 class WaitForCompletion:
-    pod_selector: str = ""   # "" skips the wait step
-    timeout_s: int = 0       # 0 waits forever; expiry moves on to pod deletion, it is not a failure
+    pod_selector: str = ""  # "" skips the wait step
+    timeout_s: int = 0  # 0 waits forever; expiry moves on to pod deletion, it is not a failure
 
 
 @dataclass(frozen=True, slots=True)
 class PodDeletion:
     force: bool = False
-    timeout_s: int = 300     # 0 waits forever
+    timeout_s: int = 300  # 0 waits forever
     delete_empty_dir: bool = False
 
 
@@ -72,7 +79,7 @@ class Drain:
     enable: bool = False
     force: bool = False
     pod_selector: str = ""
-    timeout_s: int = 300     # 0 waits forever
+    timeout_s: int = 300  # 0 waits forever
     delete_empty_dir: bool = False
 
 
@@ -81,14 +88,14 @@ class UpgradePolicy:
     """`DriverUpgradePolicySpec` (k8s-operator-libs), every field explicit, plus where it came from."""
 
     auto_upgrade: bool
-    max_parallel_upgrades: int            # 0 = no limit
-    max_unavailable: int | str            # a node count, or "N%" of driver nodes rounded up
+    max_parallel_upgrades: int  # 0 = no limit
+    max_unavailable: int | str  # a node count, or "N%" of driver nodes rounded up
     wait_for_completion: WaitForCompletion
     pod_deletion: PodDeletion
     drain: Drain
     source_kind: SourceKind
-    driver_version: str | None = None     # the driver version the document names, if any
-    rendering: Rendering | None = None    # Helm values: the chart that rendered the CR, and what it filled in
+    driver_version: str | None = None  # the driver version the document names, if any
+    rendering: Rendering | None = None  # Helm values: the chart that rendered the CR, and what it filled in
 
     def to_cr(self) -> dict[str, Any]:
         """The `upgradePolicy` mapping to write into a ClusterPolicy or an NVIDIADriver."""
@@ -108,7 +115,7 @@ class UpgradePolicy:
     def path_of(self, knob: str) -> str:
         """Where a CR-shaped key such as `podDeletion.timeoutSeconds` sits in the source document."""
         if self.source_kind is SourceKind.HELM_VALUES and knob.split(".")[0] == "podDeletion":
-            knob = HELM_POD_DELETION + knob[len("podDeletion"):]
+            knob = HELM_POD_DELETION + knob[len("podDeletion") :]
         return ".".join((*POLICY_PATHS[self.source_kind], knob))
 
 
@@ -159,8 +166,9 @@ def _seconds(value: Any, at: _At) -> int:
 def _selector(value: Any, at: _At) -> str:
     if isinstance(value, str):
         return value
-    raise at.error(f"is {_shown(value)}, not a label selector",
-                   hint='write a selector such as "app=trainer", or "" for none')
+    raise at.error(
+        f"is {_shown(value)}, not a label selector", hint='write a selector such as "app=trainer", or "" for none'
+    )
 
 
 def _max_unavailable(value: Any, at: _At) -> int | str:
@@ -173,21 +181,31 @@ def _max_unavailable(value: Any, at: _At) -> int | str:
         return value
     if isinstance(value, str) and value.strip().isdigit():
         # intstr reads a string without "%" as a malformed percentage and the reconcile fails.
-        raise at.error(f"is {_shown(value)}, which the operator rejects (neither a count nor a percentage)",
-                       hint=f"write {value.strip()} without quotes, or {value.strip()}%")
+        raise at.error(
+            f"is {_shown(value)}, which the operator rejects (neither a count nor a percentage)",
+            hint=f"write {value.strip()} without quotes, or {value.strip()}%",
+        )
     raise at.error(f"is {_shown(value)}, not a node count or a percentage", hint=hint)
 
 
 Check = Callable[[Any, _At], Any]
 # CR key -> (dataclass field, check); one table serves parsing and to_cr().
 WAIT_FIELDS: dict[str, tuple[str, Check]] = {
-    "podSelector": ("pod_selector", _selector), "timeoutSeconds": ("timeout_s", _seconds)}
+    "podSelector": ("pod_selector", _selector),
+    "timeoutSeconds": ("timeout_s", _seconds),
+}
 POD_DELETION_FIELDS: dict[str, tuple[str, Check]] = {
-    "force": ("force", _bool), "timeoutSeconds": ("timeout_s", _seconds),
-    "deleteEmptyDir": ("delete_empty_dir", _bool)}
+    "force": ("force", _bool),
+    "timeoutSeconds": ("timeout_s", _seconds),
+    "deleteEmptyDir": ("delete_empty_dir", _bool),
+}
 DRAIN_FIELDS: dict[str, tuple[str, Check]] = {
-    "enable": ("enable", _bool), "force": ("force", _bool), "podSelector": ("pod_selector", _selector),
-    "timeoutSeconds": ("timeout_s", _seconds), "deleteEmptyDir": ("delete_empty_dir", _bool)}
+    "enable": ("enable", _bool),
+    "force": ("force", _bool),
+    "podSelector": ("pod_selector", _selector),
+    "timeoutSeconds": ("timeout_s", _seconds),
+    "deleteEmptyDir": ("delete_empty_dir", _bool),
+}
 POLICY_FIELDS = ("autoUpgrade", "maxParallelUpgrades", "maxUnavailable", "waitForCompletion", "podDeletion", "drain")
 
 
@@ -211,8 +229,10 @@ def load_policy(path: str | Path, *, helm: ValuesRenderer | None = None) -> Upgr
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
-        raise ConfigError(f"cannot read policy {str(path)!r}: {err.strerror}",
-                          hint="check the path; it names a ClusterPolicy, NVIDIADriver or Helm values file") from err
+        raise ConfigError(
+            f"cannot read policy {str(path)!r}: {err.strerror}",
+            hint="check the path; it names a ClusterPolicy, NVIDIADriver or Helm values file",
+        ) from err
     except UnicodeDecodeError as err:
         raise ConfigError(f"policy {str(path)!r} is not UTF-8 text", hint="give a YAML file") from err
     return parse_policy(text, source=str(path), helm=helm)
@@ -240,11 +260,11 @@ def _parse_cr(doc: Mapping[str, Any], kind: SourceKind, source: str) -> UpgradeP
 
 _MISSING_POLICY_HINTS = {
     SourceKind.CLUSTER_POLICY: "without it the CRD leaves autoUpgrade false and nothing is upgraded; "
-                               f"write the whole block ({EXAMPLES}default.yaml)",
+    f"write the whole block ({EXAMPLES}default.yaml)",
     SourceKind.NVIDIA_DRIVER: "an NVIDIADriver carries its own policy from operator v26.7; before that it belongs in "
-                              f"ClusterPolicy spec.driver.upgradePolicy ({EXAMPLES}nvidiadriver.yaml)",
+    f"ClusterPolicy spec.driver.upgradePolicy ({EXAMPLES}nvidiadriver.yaml)",
     SourceKind.HELM_VALUES: "a document without apiVersion and kind is read as gpu-operator Helm values; "
-                            f"write driver.upgradePolicy ({EXAMPLES}helm-values.yaml)",
+    f"write driver.upgradePolicy ({EXAMPLES}helm-values.yaml)",
 }
 
 
@@ -265,8 +285,10 @@ def _kind(doc: Mapping[str, Any], source: str) -> SourceKind:
     if not isinstance(kind, str) or kind not in API_VERSIONS:
         raise ConfigError(f"{source}: kind {kind!r} is not an upgrade policy document", hint=f"give {ACCEPTED_KINDS}")
     if api_version != API_VERSIONS[SourceKind(kind)]:
-        raise ConfigError(f"{source}: apiVersion {api_version!r} does not serve kind {kind}",
-                          hint=f"write apiVersion: {API_VERSIONS[SourceKind(kind)]}")
+        raise ConfigError(
+            f"{source}: apiVersion {api_version!r} does not serve kind {kind}",
+            hint=f"write apiVersion: {API_VERSIONS[SourceKind(kind)]}",
+        )
     return SourceKind(kind)
 
 
@@ -298,12 +320,16 @@ def _policy(raw: Any, at: _At, kind: SourceKind, *, driver_version: str | None) 
     wait_raw = raw.get("waitForCompletion", {})
     return UpgradePolicy(
         auto_upgrade=_auto_upgrade(raw, at, kind),
-        max_parallel_upgrades=_whole(raw.get("maxParallelUpgrades", 1), at.child("maxParallelUpgrades"),
-                                     hint="write a node count such as 1 (0 means no limit)"),
+        max_parallel_upgrades=_whole(
+            raw.get("maxParallelUpgrades", 1),
+            at.child("maxParallelUpgrades"),
+            hint="write a node count such as 1 (0 means no limit)",
+        ),
         max_unavailable=_max_unavailable(raw.get("maxUnavailable", "25%"), at.child("maxUnavailable")),
         wait_for_completion=_block(WaitForCompletion, wait_raw, at.child("waitForCompletion"), WAIT_FIELDS),
-        pod_deletion=_required_block(PodDeletion, raw, at.child("podDeletion"), POD_DELETION_FIELDS,
-                                     if_nil=NIL_POD_DELETION),
+        pod_deletion=_required_block(
+            PodDeletion, raw, at.child("podDeletion"), POD_DELETION_FIELDS, if_nil=NIL_POD_DELETION
+        ),
         drain=_required_block(Drain, raw, at.child("drain"), DRAIN_FIELDS, if_nil=NIL_DRAIN),
         source_kind=kind,
         driver_version=driver_version,
@@ -315,21 +341,27 @@ def _refuse_other_shape_key(raw: Any, at: _At, kind: SourceKind) -> None:
     if not isinstance(raw, Mapping):
         return
     if kind is not SourceKind.HELM_VALUES and HELM_POD_DELETION in raw:
-        raise at.child(HELM_POD_DELETION).error(f"is the Helm values key; a {kind} has no such field",
-                                                hint="rename it to podDeletion")
+        raise at.child(HELM_POD_DELETION).error(
+            f"is the Helm values key; a {kind} has no such field", hint="rename it to podDeletion"
+        )
     if kind is SourceKind.HELM_VALUES and "podDeletion" in raw:
-        raise at.child("podDeletion").error("is the CR key; the gpu-operator chart ignores it in Helm values",
-                                            hint=f"rename it to {HELM_POD_DELETION}")
+        raise at.child("podDeletion").error(
+            "is the CR key; the gpu-operator chart ignores it in Helm values", hint=f"rename it to {HELM_POD_DELETION}"
+        )
 
 
-AUTO_UPGRADE_OFF = ("the upgrade controller then removes nvidia.com/gpu-driver-upgrade-state from every node and "
-                    "upgrades nothing, so a canary cannot test this policy")
+AUTO_UPGRADE_OFF = (
+    "the upgrade controller then removes nvidia.com/gpu-driver-upgrade-state from every node and "
+    "upgrades nothing, so a canary cannot test this policy"
+)
 
 
 def _auto_upgrade(raw: Mapping[str, Any], at: _At, kind: SourceKind) -> bool:
     if "autoUpgrade" not in raw and kind is SourceKind.CLUSTER_POLICY:
-        raise at.child("autoUpgrade").error(f"is missing and the ClusterPolicy CRD defaults it to false: {AUTO_UPGRADE_OFF}",
-                                            hint="write autoUpgrade: true")
+        raise at.child("autoUpgrade").error(
+            f"is missing and the ClusterPolicy CRD defaults it to false: {AUTO_UPGRADE_OFF}",
+            hint="write autoUpgrade: true",
+        )
     if not _bool(raw.get("autoUpgrade", True), at.child("autoUpgrade")):
         raise at.child("autoUpgrade").error(f"is false: {AUTO_UPGRADE_OFF}", hint="write autoUpgrade: true")
     return True
@@ -342,14 +374,18 @@ def _block(cls: type, raw: Any, at: _At, fields: Mapping[str, tuple[str, Check]]
 
 # What the operator does when the block is nil (absent from a CR, or null; in Helm values a null
 # deletes the chart's default, and the chart's template then fails on it).
-NIL_DRAIN = ("gpu-operator v25.10 and earlier panic in the upgrade controller on a nil drain "
-             "(it reads drain.podSelector)")
-NIL_POD_DELETION = ("the CRD gives it no default, so GPU pod deletion fails on every reconcile "
-                    "('pod deletion spec should not be empty') and nodes stay in pod-deletion-required")
+NIL_DRAIN = (
+    "gpu-operator v25.10 and earlier panic in the upgrade controller on a nil drain (it reads drain.podSelector)"
+)
+NIL_POD_DELETION = (
+    "the CRD gives it no default, so GPU pod deletion fails on every reconcile "
+    "('pod deletion spec should not be empty') and nodes stay in pod-deletion-required"
+)
 
 
-def _required_block(cls: type, raw: Mapping[str, Any], at: _At, fields: Mapping[str, tuple[str, Check]], *,
-                    if_nil: str) -> Any:
+def _required_block(
+    cls: type, raw: Mapping[str, Any], at: _At, fields: Mapping[str, tuple[str, Check]], *, if_nil: str
+) -> Any:
     key = at.path.rsplit(".", 1)[1]
     if raw.get(key) is None:
         what = "is empty (null)" if key in raw else "is missing"
@@ -365,20 +401,24 @@ def _example(attr: str) -> str:
 def _rendered_policy(text: str, doc: Mapping[str, Any], source: str, helm: ValuesRenderer | None) -> UpgradePolicy:
     given = _check_values(doc, source)
     if helm is None:
-        raise ConfigError(f"{source} is gpu-operator Helm values, which only the chart renders into a ClusterPolicy",
-                          hint=f"pass {flag('helm_chart')}=PATH (the gpu-operator chart of the cluster's release)")
+        raise ConfigError(
+            f"{source} is gpu-operator Helm values, which only the chart renders into a ClusterPolicy",
+            hint=f"pass {flag('helm_chart')}=PATH (the gpu-operator chart of the cluster's release)",
+        )
     rendered = helm.render(text, source=source)
     cluster_policy = pick_cluster_policy(rendered, source=source)
     policy = _parse_cr(cluster_policy, SourceKind.CLUSTER_POLICY, f"{source} as rendered by helm")
-    policy = replace(policy, source_kind=SourceKind.HELM_VALUES)     # findings point into the values file
-    return replace(policy, rendering=Rendering(rendered.chart, chart_notes(given, policy.knobs(),
-                                                                           path_of=policy.path_of)))
+    policy = replace(policy, source_kind=SourceKind.HELM_VALUES)  # findings point into the values file
+    return replace(
+        policy, rendering=Rendering(rendered.chart, chart_notes(given, policy.knobs(), path_of=policy.path_of))
+    )
 
 
 _HELM_BLOCKS: dict[str, tuple[type, Mapping[str, tuple[str, Check]], str | None]] = {
     "waitForCompletion": (WaitForCompletion, WAIT_FIELDS, None),
     HELM_POD_DELETION: (PodDeletion, POD_DELETION_FIELDS, NIL_POD_DELETION),
-    "drain": (Drain, DRAIN_FIELDS, NIL_DRAIN)}
+    "drain": (Drain, DRAIN_FIELDS, NIL_DRAIN),
+}
 
 
 def _check_values(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -394,8 +434,11 @@ def _check_values(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     if "autoUpgrade" in raw:
         _auto_upgrade(raw, at, kind)
     if "maxParallelUpgrades" in raw:
-        _whole(raw["maxParallelUpgrades"], at.child("maxParallelUpgrades"),
-               hint="write a node count such as 1 (0 means no limit)")
+        _whole(
+            raw["maxParallelUpgrades"],
+            at.child("maxParallelUpgrades"),
+            hint="write a node count such as 1 (0 means no limit)",
+        )
     if "maxUnavailable" in raw:
         _max_unavailable(raw["maxUnavailable"], at.child("maxUnavailable"))
     for key, (cls, fields, if_nil) in _HELM_BLOCKS.items():
@@ -416,8 +459,10 @@ def _driver_version(doc: Mapping[str, Any], kind: SourceKind, source: str) -> st
         return None
     at = _At(source, ".".join(path))
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        raise at.error(f"is the number {value!r}, not a version string",
-                       hint='quote it, e.g. version: "580.95.05" (YAML reads 570.10 as 570.1)')
+        raise at.error(
+            f"is the number {value!r}, not a version string",
+            hint='quote it, e.g. version: "580.95.05" (YAML reads 570.10 as 570.1)',
+        )
     if not isinstance(value, str) or not value.strip():
         raise at.error(f"is {_shown(value)}, not a version", hint='write e.g. version: "580.95.05"')
     return value.strip()

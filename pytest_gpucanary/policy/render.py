@@ -8,8 +8,9 @@ picked ClusterPolicy into an `UpgradePolicy` to `policy.parse`, which calls this
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import yaml
 
@@ -20,8 +21,8 @@ CLUSTER_POLICY_KIND, CLUSTER_POLICY_API = "ClusterPolicy", "nvidia.com/v1"
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    chart: str        # the chart helm rendered, as given (a directory or a packaged .tgz)
-    manifests: str    # helm template's stdout: every document the chart renders
+    chart: str  # the chart helm rendered, as given (a directory or a packaged .tgz)
+    manifests: str  # helm template's stdout: every document the chart renders
 
 
 class ValuesRenderer(Protocol):
@@ -32,8 +33,8 @@ class ValuesRenderer(Protocol):
 class ChartNote:
     """A knob of the rendered upgradePolicy that the values file left out, or that the template changed."""
 
-    knob: str                  # CR-shaped key, e.g. "drain.enable"
-    path: str                  # where it sits (or would sit) in the values file
+    knob: str  # CR-shaped key, e.g. "drain.enable"
+    path: str  # where it sits (or would sit) in the values file
     rendered: Any
     given: Any = None
     in_values: bool = False
@@ -60,20 +61,29 @@ def pick_cluster_policy(rendered: Rendered, *, source: str) -> Mapping[str, Any]
     try:
         docs = [d for d in yaml.safe_load_all(rendered.manifests) if isinstance(d, Mapping)]
     except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: helm template of {rendered.chart} printed manifests that are not YAML ({err})",
-                          hint="check the chart's templates with helm lint") from None
+        raise ConfigError(
+            f"{source}: helm template of {rendered.chart} printed manifests that are not YAML ({err})",
+            hint="check the chart's templates with helm lint",
+        ) from None
     found = [d for d in docs if d.get("kind") == CLUSTER_POLICY_KIND and d.get("apiVersion") == CLUSTER_POLICY_API]
     if len(found) != 1:
         kinds = sorted({str(d.get("kind")) for d in docs})
         problem = "no ClusterPolicy" if not found else f"{len(found)} ClusterPolicies"
-        raise ConfigError(f"{source}: helm template of {rendered.chart} rendered {problem} ({CLUSTER_POLICY_API}); "
-                          f"it rendered {', '.join(kinds) or 'nothing'}",
-                          hint="give the gpu-operator chart of the cluster's release")
+        raise ConfigError(
+            f"{source}: helm template of {rendered.chart} rendered {problem} ({CLUSTER_POLICY_API}); "
+            f"it rendered {', '.join(kinds) or 'nothing'}",
+            hint="give the gpu-operator chart of the cluster's release",
+        )
     return found[0]
 
 
-def chart_notes(given: Mapping[str, Any], rendered: Mapping[str, Any], *, path_of: Callable[[str], str]) -> tuple[ChartNote, ...]:
+def chart_notes(
+    given: Mapping[str, Any], rendered: Mapping[str, Any], *, path_of: Callable[[str], str]
+) -> tuple[ChartNote, ...]:
     """Every rendered knob (flat, CR-shaped keys) that `given` (the values file's knobs, same keys)
     leaves out or sets to something else; `path_of(knob)` names its place in the values file."""
-    return tuple(ChartNote(knob, path_of(knob), value, given.get(knob), knob in given)
-                 for knob, value in rendered.items() if knob not in given or given[knob] != value)
+    return tuple(
+        ChartNote(knob, path_of(knob), value, given.get(knob), knob in given)
+        for knob, value in rendered.items()
+        if knob not in given or given[knob] != value
+    )

@@ -7,9 +7,10 @@ KWOK pools; others plug in through the `pytest_gpucanary_make_pool` hook.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from pytest_gpucanary.kube import Kube
@@ -28,10 +29,10 @@ HANDOVER_ELIGIBLE_LABEL = "gpucanary.io/handover-eligible"
 @dataclass(frozen=True)
 class Pool:
     nodes: tuple[str, ...]
-    driver: str | None          # the NVIDIADriver that drives exactly these nodes (NVIDIADriver mode)
-    driver_from: str            # the driver version the pool runs before the upgrade
+    driver: str | None  # the NVIDIADriver that drives exactly these nodes (NVIDIADriver mode)
+    driver_from: str  # the driver version the pool runs before the upgrade
     service: Path | None = None  # the service manifest its nodes need when the run was given none
-    fence: str = ""              # how tenants are kept off it meanwhile, in words ("" when it is new)
+    fence: str = ""  # how tenants are kept off it meanwhile, in words ("" when it is new)
     notes: tuple[str, ...] = ()  # what else the carve-out changed for the run, in words
 
 

@@ -29,19 +29,41 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pytest_gpucanary import neighbours
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
-    DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, GPU_PRESENT_SELECTOR, NVIDIADRIVER, UPGRADE_DONE, UPGRADE_FAILED,
-    UPGRADE_REQUIRED, UPGRADE_STATE_LABEL, VALIDATION_REQUIRED, DRIVER_OWNER_LABEL, daemonset_node,
-    driver_node_selector, driver_version_of, is_default_driver, is_driver_pod, of_daemonset, unplaced,
+    DRIVER_COMPONENT_SELECTOR,
+    DRIVER_OWNER_LABEL,
+    GPU_PRESENT_LABEL,
+    GPU_PRESENT_SELECTOR,
+    NVIDIADRIVER,
+    UPGRADE_DONE,
+    UPGRADE_FAILED,
+    UPGRADE_REQUIRED,
+    UPGRADE_STATE_LABEL,
+    VALIDATION_REQUIRED,
+    daemonset_node,
+    driver_node_selector,
+    driver_version_of,
+    is_default_driver,
+    is_driver_pod,
+    of_daemonset,
+    unplaced,
 )
 from pytest_gpucanary.kube import (
-    FENCE_TAINT_KEY, RUN_ID_LABEL, Conflict, Kube, NotFound, fence_taint, owned_labels, patch_as_read, saved_run,
+    FENCE_TAINT_KEY,
+    RUN_ID_LABEL,
+    Conflict,
+    Kube,
+    NotFound,
+    fence_taint,
+    owned_labels,
+    patch_as_read,
+    saved_run,
     tolerated,
 )
 from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
@@ -70,24 +92,34 @@ class ExistingNodeProvider:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ExistingNodeProvider:
-        return cls(node=settings.pool_node, selector=settings.pool_selector, size=settings.pool_size,
-                   allow_foreign_pods=settings.allow_foreign_pods, restore_timeout_s=settings.upgrade_budget_s)
+        return cls(
+            node=settings.pool_node,
+            selector=settings.pool_selector,
+            size=settings.pool_size,
+            allow_foreign_pods=settings.allow_foreign_pods,
+            restore_timeout_s=settings.upgrade_budget_s,
+        )
 
     def _candidates(self, kube: Kube) -> list[dict]:
         if self.node:
             try:
                 return [kube.get("v1", "Node", self.node)]
             except NotFound:
-                raise ConfigError(f"node {self.node!r} does not exist in the cluster",
-                                  hint=f"check {flag('pool_node')}") from None
+                raise ConfigError(
+                    f"node {self.node!r} does not exist in the cluster", hint=f"check {flag('pool_node')}"
+                ) from None
         if not self.selector:
-            raise ConfigError("the existing-node pool needs a node",
-                              hint=f"pass {flag('pool_node')} NAME or {flag('pool_selector')} SELECTOR")
+            raise ConfigError(
+                "the existing-node pool needs a node",
+                hint=f"pass {flag('pool_node')} NAME or {flag('pool_selector')} SELECTOR",
+            )
         nodes = sorted(kube.list("v1", "Node", label_selector=self.selector), key=lambda n: n["metadata"]["name"])
         if len(nodes) < self.size:
-            raise ConfigError(f"pool selector {self.selector!r} matched {len(nodes)} nodes, {self.size} needed",
-                              hint=f"free a node or use {flag('pool_provider')}=kwok on the local fleet")
-        return nodes[:self.size]
+            raise ConfigError(
+                f"pool selector {self.selector!r} matched {len(nodes)} nodes, {self.size} needed",
+                hint=f"free a node or use {flag('pool_provider')}=kwok on the local fleet",
+            )
+        return nodes[: self.size]
 
     def check(self, kube: Kube, cluster: ClusterInfo) -> None:
         nodes = self._candidates(kube)
@@ -105,48 +137,64 @@ class ExistingNodeProvider:
         unfenceable = [pod for _, pods in checked for pod in pods]
         opt_out = neighbours.nvsentinel_present(kube)
         for node, (version, _) in zip(nodes, checked):  # every check passed: only now change anything
-            self._mark(kube, node, run_id, version, fence=not unfenceable, nvsentinel_opt_out=opt_out,
-                       handover_from=default)
+            self._mark(
+                kube, node, run_id, version, fence=not unfenceable, nvsentinel_opt_out=opt_out, handover_from=default
+            )
         self.driver_from = checked[0][0]
         handed = ()
         if default:
             try:
                 driver, took_s = self._hand_over(kube, names, default)
             except BaseException:
-                self.release(kube)      # the run registers its restore only for a pool it got
+                self.release(kube)  # the run registers its restore only for a pool it got
                 raise
-            handed = (f"handed over from the default NVIDIADriver {default} to the run's own {driver} at driver "
-                      f"{self.driver_from} in {took_s:.0f} s, before the policy and not judged (a node changing "
-                      f"owner gets a new driver pod, NVIDIA/gpu-operator #2518); {default} takes it back after",)
+            handed = (
+                f"handed over from the default NVIDIADriver {default} to the run's own {driver} at driver "
+                f"{self.driver_from} in {took_s:.0f} s, before the policy and not judged (a node changing "
+                f"owner gets a new driver pod, NVIDIA/gpu-operator #2518); {default} takes it back after",
+            )
         taint = f"{FENCE_TAINT_KEY}={run_id}:NoSchedule"
-        fence = (f"fenced: {taint}" if not unfenceable else
-                 f"not fenced: operator pod {unfenceable[0]} does not tolerate {FENCE_TAINT_KEY} (add {{key: "
-                 f"{FENCE_TAINT_KEY}, operator: Exists, effect: NoSchedule}} to the ClusterPolicy's daemonsets."
-                 "tolerations and the NVIDIADriver's tolerations); tenant pods are checked again before the policy")
-        notes = handed + ((f"opted out of NVSentinel for the run: {neighbours.NVSENTINEL_LABEL}=false, put back as "
-                           "it was after",) if opt_out else ())
+        fence = (
+            f"fenced: {taint}"
+            if not unfenceable
+            else f"not fenced: operator pod {unfenceable[0]} does not tolerate {FENCE_TAINT_KEY} (add {{key: "
+            f"{FENCE_TAINT_KEY}, operator: Exists, effect: NoSchedule}} to the ClusterPolicy's daemonsets."
+            "tolerations and the NVIDIADriver's tolerations); tenant pods are checked again before the policy"
+        )
+        notes = handed + (
+            (f"opted out of NVSentinel for the run: {neighbours.NVSENTINEL_LABEL}=false, put back as it was after",)
+            if opt_out
+            else ()
+        )
         return Pool(names, driver, checked[0][0], fence=fence, notes=notes)
 
     def _check(self, kube: Kube, cluster: ClusterInfo, node: dict) -> tuple[str, list[str]]:
         """The node's driver version, and the operator's DaemonSet pods there that would not tolerate a fence."""
         name = node["metadata"]["name"]
         if node["metadata"].get("labels", {}).get(GPU_PRESENT_LABEL) != "true":
-            raise ConfigError(f"node {name} is not a GPU node (no {GPU_PRESENT_SELECTOR} label)",
-                              hint="pick a node the GPU Operator manages")
+            raise ConfigError(
+                f"node {name} is not a GPU node (no {GPU_PRESENT_SELECTOR} label)",
+                hint="pick a node the GPU Operator manages",
+            )
         on_node = kube.list("v1", "Pod", field_selector=f"spec.nodeName={name}")
         drivers = [p for p in on_node if is_driver_pod(p["metadata"].get("labels", {}))]
         if not drivers:
             raise ConfigError(f"node {name} has no GPU Operator driver pod", hint="pick a node the operator drives")
         foreign = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node if not _expected(p, None)]
         if foreign and not self.allow_foreign_pods:
-            raise ConfigError(f"node {name} runs {len(foreign)} pods the canary did not put there ({foreign[0]}...)",
-                              hint=f"drain it first or pass {flag('allow_foreign_pods')}")
+            raise ConfigError(
+                f"node {name} runs {len(foreign)} pods the canary did not put there ({foreign[0]}...)",
+                hint=f"drain it first or pass {flag('allow_foreign_pods')}",
+            )
         _check_marks(node)
         probe = fence_taint("any-run")
-        unfenceable = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in on_node
-                       if p["metadata"]["namespace"] == cluster.operator_namespace
-                       and of_daemonset(p["metadata"])
-                       and not tolerated(probe, (p.get("spec") or {}).get("tolerations") or [])]
+        unfenceable = [
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+            for p in on_node
+            if p["metadata"]["namespace"] == cluster.operator_namespace
+            and of_daemonset(p["metadata"])
+            and not tolerated(probe, (p.get("spec") or {}).get("tolerations") or [])
+        ]
         return driver_version_of(drivers[0]), unfenceable
 
     def recheck(self, kube: Kube) -> None:
@@ -155,13 +203,17 @@ class ExistingNodeProvider:
         if self.allow_foreign_pods:
             return
         for name in self.carved:
-            foreign = [f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-                       for p in kube.list("v1", "Pod", field_selector=f"spec.nodeName={name}")
-                       if not _expected(p, self.run_id) and not p["metadata"].get("deletionTimestamp")]
+            foreign = [
+                f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                for p in kube.list("v1", "Pod", field_selector=f"spec.nodeName={name}")
+                if not _expected(p, self.run_id) and not p["metadata"].get("deletionTimestamp")
+            ]
             if foreign:
-                raise EnvError(f"pod {foreign[0]} landed on pool node {name} after it was carved out "
-                               f"({len(foreign)} such pods): the policy under test would take it down",
-                               hint="keep tenants off the node (cordon or taint it), then run again")
+                raise EnvError(
+                    f"pod {foreign[0]} landed on pool node {name} after it was carved out "
+                    f"({len(foreign)} such pods): the policy under test would take it down",
+                    hint="keep tenants off the node (cordon or taint it), then run again",
+                )
 
     def _pool_driver(self, kube: Kube, names: tuple[str, ...]) -> tuple[str, str]:
         """The NVIDIADriver that drives the pool, and only it: the one the operator names in each pool node's owner
@@ -171,53 +223,80 @@ class ExistingNodeProvider:
         owners = {(kube.get("v1", "Node", n)["metadata"].get("labels") or {}).get(DRIVER_OWNER_LABEL) for n in names}
         if owners != {None}:
             if len(owners) != 1 or None in owners:
-                raise ConfigError(f"the pool {list(names)} is driven by different NVIDIADrivers ({sorted(map(str, owners))})",
-                                  hint="give the canary pool an NVIDIADriver whose nodeSelector picks only it")
+                raise ConfigError(
+                    f"the pool {list(names)} is driven by different NVIDIADrivers ({sorted(map(str, owners))})",
+                    hint="give the canary pool an NVIDIADriver whose nodeSelector picks only it",
+                )
             [name] = owners
             driver = kube.get(*NVIDIADRIVER, name)
-            selected = {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=f"{DRIVER_OWNER_LABEL}={name}")}
+            selected = {
+                n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=f"{DRIVER_OWNER_LABEL}={name}")
+            }
         else:
-            found = ((d, {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=driver_node_selector(d))})
-                     for d in kube.list(*NVIDIADRIVER))      # lazily: nodes are listed up to the pool's driver
+            found = (
+                (d, {n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=driver_node_selector(d))})
+                for d in kube.list(*NVIDIADRIVER)
+            )  # lazily: nodes are listed up to the pool's driver
             driver, selected = next(((d, s) for d, s in found if set(names) & s), (None, set()))
             if driver is None:
                 raise ConfigError(f"no NVIDIADriver selects the pool {list(names)}", hint="is the GPU Operator ready?")
             name = driver["metadata"]["name"]
         if is_default_driver(driver) and set(names) <= selected:
             if (driver["metadata"].get("labels") or {}).get(HANDOVER_ELIGIBLE_LABEL) != "true":
-                raise ConfigError(f"the pool {list(names)} is driven by the default NVIDIADriver {name}, which is not "
-                                  f"marked for handing nodes to a canary run (no {HANDOVER_ELIGIBLE_LABEL}=true)",
-                                  hint=f"an administrator allows it: kubectl label nvidiadriver {name} "
-                                       f"{HANDOVER_ELIGIBLE_LABEL}=true; or give the pool an NVIDIADriver of its own")
+                raise ConfigError(
+                    f"the pool {list(names)} is driven by the default NVIDIADriver {name}, which is not "
+                    f"marked for handing nodes to a canary run (no {HANDOVER_ELIGIBLE_LABEL}=true)",
+                    hint=f"an administrator allows it: kubectl label nvidiadriver {name} "
+                    f"{HANDOVER_ELIGIBLE_LABEL}=true; or give the pool an NVIDIADriver of its own",
+                )
             return "", name
         if selected != set(names):
-            raise ConfigError(f"NVIDIADriver {name} drives {len(selected)} nodes, not only the pool "
-                              f"{list(names)}", hint="give the canary pool an NVIDIADriver whose nodeSelector picks only "
-                              "it, and wait for its driver pod: the node changing owner is a driver restart of its own, "
-                              "which a canary run must not judge")
+            raise ConfigError(
+                f"NVIDIADriver {name} drives {len(selected)} nodes, not only the pool {list(names)}",
+                hint="give the canary pool an NVIDIADriver whose nodeSelector picks only "
+                "it, and wait for its driver pod: the node changing owner is a driver restart of its own, "
+                "which a canary run must not judge",
+            )
         if (driver["metadata"].get("labels") or {}).get(POOL_ELIGIBLE_LABEL) != "true":
-            raise ConfigError(f"NVIDIADriver {name} of the pool is not marked eligible for canary pools "
-                              f"(no {POOL_ELIGIBLE_LABEL}=true)",
-                              hint=f"an administrator marks the NVIDIADrivers a canary may change: kubectl "
-                                   f"label nvidiadriver {name} {POOL_ELIGIBLE_LABEL}=true")
+            raise ConfigError(
+                f"NVIDIADriver {name} of the pool is not marked eligible for canary pools "
+                f"(no {POOL_ELIGIBLE_LABEL}=true)",
+                hint=f"an administrator marks the NVIDIADrivers a canary may change: kubectl "
+                f"label nvidiadriver {name} {POOL_ELIGIBLE_LABEL}=true",
+            )
         return name, ""
 
     def _hand_over(self, kube: Kube, names: tuple[str, ...], default: str) -> tuple[str, float]:
         """Create the run's own NVIDIADriver, the default one's spec at the pool's driver picking the run's nodes,
         and wait until each pool node runs that driver under it. Its name and how long the handover took."""
-        spec = {k: v for k, v in kube.get(*NVIDIADRIVER, default)["spec"].items()
-                if k not in ("default", "nodeSelector")}
+        spec = {
+            k: v for k, v in kube.get(*NVIDIADRIVER, default)["spec"].items() if k not in ("default", "nodeSelector")
+        }
         name = handover_driver(self.run_id)
-        kube.create({"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1],
-                     "metadata": {"name": name, "labels": owned_labels(self.run_id)},
-                     "spec": {**spec, "version": self.driver_from, "nodeSelector": {RUN_ID_LABEL: self.run_id}}})
+        kube.create(
+            {
+                "apiVersion": NVIDIADRIVER[0],
+                "kind": NVIDIADRIVER[1],
+                "metadata": {"name": name, "labels": owned_labels(self.run_id)},
+                "spec": {**spec, "version": self.driver_from, "nodeSelector": {RUN_ID_LABEL: self.run_id}},
+            }
+        )
         started = time.monotonic()
         for node in names:
             wait_for_driver(kube, node, self.driver_from, owner=name, timeout_s=self.restore_timeout_s)
         return name, time.monotonic() - started
 
-    def _mark(self, kube: Kube, node: dict, run_id: str, driver: str, *, fence: bool,
-              nvsentinel_opt_out: bool = False, handover_from: str = "") -> None:
+    def _mark(
+        self,
+        kube: Kube,
+        node: dict,
+        run_id: str,
+        driver: str,
+        *,
+        fence: bool,
+        nvsentinel_opt_out: bool = False,
+        handover_from: str = "",
+    ) -> None:
         """Label, annotate and fence the node in one patch against the version read; the kubelet and the
         operator change a node often, so a 409 reads it again and checks its marks again. With
         `nvsentinel_opt_out` the node leaves NVSentinel's care for the run, its label's value saved to restore;
@@ -234,7 +313,7 @@ class ExistingNodeProvider:
                 saved["nvsentinel"] = (node["metadata"].get("labels") or {}).get(neighbours.NVSENTINEL_LABEL)
                 labels[neighbours.NVSENTINEL_LABEL] = "false"
             body: dict = {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: json.dumps(saved)}}}
-            if fence:   # a merge patch replaces the list: safe against the version just read
+            if fence:  # a merge patch replaces the list: safe against the version just read
                 body["spec"] = {"taints": [*((node.get("spec") or {}).get("taints") or []), fence_taint(run_id)]}
             return body, True
 
@@ -255,18 +334,23 @@ def _check_marks(node: dict) -> None:
     """The node is marked eligible for canary pools and carries nothing of another run."""
     name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
     if other := labels.get(RUN_ID_LABEL):
-        raise EnvError(f"node {name} is already in canary run {other}",
-                       hint=f"wait for it, or run `gpucanary cleanup --run-id {other}` if it was killed")
+        raise EnvError(
+            f"node {name} is already in canary run {other}",
+            hint=f"wait for it, or run `gpucanary cleanup --run-id {other}` if it was killed",
+        )
     for annotation in (SAVED_STATE_ANNOTATION, SKIP_SET_ANNOTATION):
         refuse_foreign({"kind": "Node", **node}, annotation, run_id="")
     if labels.get(POOL_ELIGIBLE_LABEL) != "true":
-        raise ConfigError(f"node {name} is not marked eligible for canary pools (no {POOL_ELIGIBLE_LABEL}=true)",
-                          hint=f"an administrator marks the nodes a canary may carve out: "
-                               f"kubectl label node {name} {POOL_ELIGIBLE_LABEL}=true")
+        raise ConfigError(
+            f"node {name} is not marked eligible for canary pools (no {POOL_ELIGIBLE_LABEL}=true)",
+            hint=f"an administrator marks the nodes a canary may carve out: "
+            f"kubectl label node {name} {POOL_ELIGIBLE_LABEL}=true",
+        )
 
 
-def give_back(kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: float,
-              report: Callable[[str], None] = print) -> bool:
+def give_back(
+    kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: float, report: Callable[[str], None] = print
+) -> bool:
     """Wait for `driver` on the node, then drop the run's label and annotation (only while they name `run_id`).
     A node the run took from the default NVIDIADriver goes back to it first: the run's own NVIDIADriver is
     deleted and the default one's driver pod waited for. False when the node carries nothing of the run."""
@@ -277,12 +361,14 @@ def give_back(kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: flo
     saved = _saved(node)
     owner = str(saved.get("handover_from") or "") if str(saved.get("run_id")) == run_id else ""
     if owner:
-        with contextlib.suppress(NotFound):     # gone already: given back another node of the run
+        with contextlib.suppress(NotFound):  # gone already: given back another node of the run
             own = kube.get(*NVIDIADRIVER, handover_driver(run_id))
             if (own["metadata"].get("labels") or {}).get(RUN_ID_LABEL) == run_id:
                 kube.delete(*NVIDIADRIVER, handover_driver(run_id), uid=own["metadata"]["uid"])
-                report(f"deleted NVIDIADriver {handover_driver(run_id)}: the default NVIDIADriver {owner} takes the "
-                       "pool back")
+                report(
+                    f"deleted NVIDIADriver {handover_driver(run_id)}: the default NVIDIADriver {owner} takes the "
+                    "pool back"
+                )
     if driver:
         try:
             wait_for_driver(kube, name, driver, owner=owner, timeout_s=timeout_s, report=report)
@@ -307,13 +393,14 @@ def carved_driver(node: dict) -> str:
 def restore_node(kube: Kube, name: str, run_id: str) -> bool:
     """Remove the run's label, annotation and fence from the node and put back the NVSentinel label it changed
     (unless someone changed it since), and nothing else; False when they are not the run's."""
+
     def decide(node: dict) -> tuple[dict | None, bool]:
         if saved_run(node, SAVED_STATE_ANNOTATION) != run_id:
             return None, False
         now = node["metadata"].get("labels") or {}
         labels = {RUN_ID_LABEL: None} if now.get(RUN_ID_LABEL) == run_id else {}
         saved = json.loads(node["metadata"]["annotations"][SAVED_STATE_ANNOTATION])
-        if "nvsentinel" in saved and now.get(neighbours.NVSENTINEL_LABEL) == "false":   # still what the run wrote
+        if "nvsentinel" in saved and now.get(neighbours.NVSENTINEL_LABEL) == "false":  # still what the run wrote
             labels[neighbours.NVSENTINEL_LABEL] = saved["nvsentinel"]
         body: dict = {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: None}}}
         taints = (node.get("spec") or {}).get("taints") or []
@@ -337,12 +424,13 @@ def _expected(pod: dict, run_id: str | None) -> bool:
 # to be in sync (k8s-operator-libs, ProcessValidationRequiredNodes and ProcessUpgradeFailedNodes). A target
 # driver that loaded but never validated, or whose upgrade failed, would stay after its version went back.
 STRANDED_STATES = (VALIDATION_REQUIRED, UPGRADE_FAILED)
-UNSTRAND_TRIES = 3     # once more if the first came before the operator had put the DaemonSet back
-LOOK_EVERY_S = 15      # a stranded node may not change: it is looked at again this often
+UNSTRAND_TRIES = 3  # once more if the first came before the operator had put the DaemonSet back
+LOOK_EVERY_S = 15  # a stranded node may not change: it is looked at again this often
 
 
-def wait_for_driver(kube: Kube, node: str, version: str, *, owner: str = "", timeout_s: float,
-                    report: Callable[[str], None] = print) -> None:
+def wait_for_driver(
+    kube: Kube, node: str, version: str, *, owner: str = "", timeout_s: float, report: Callable[[str], None] = print
+) -> None:
     """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done (with
     `owner`, also until that NVIDIADriver owns the node and the running driver pod is its DaemonSet's). A node
     stranded on another driver (STRANDED_STATES) is put back into upgrade-required, the state the operator
@@ -353,14 +441,19 @@ def wait_for_driver(kube: Kube, node: str, version: str, *, owner: str = "", tim
     def back(nodes: dict[str, dict]) -> bool | None:
         labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
         state = labels.get(UPGRADE_STATE_LABEL)
-        if state == UPGRADE_DONE and (not owner or labels.get(DRIVER_OWNER_LABEL) == owner) \
-                and _driver_version_on(kube, node, owner) == version:
+        if (
+            state == UPGRADE_DONE
+            and (not owner or labels.get(DRIVER_OWNER_LABEL) == owner)
+            and _driver_version_on(kube, node, owner) == version
+        ):
             return True
         if state in STRANDED_STATES and tries["unstrand"] and (stale := _other_drivers_on(kube, node, version)):
             tries["unstrand"] -= 1
             if _unstrand(kube, node):
-                report(f"node {node} stayed in {state} on driver {', '.join(stale)}, which GPU Operator does not "
-                       f"restart there: put it back into {UPGRADE_REQUIRED} to roll it back to {version}")
+                report(
+                    f"node {node} stayed in {state} on driver {', '.join(stale)}, which GPU Operator does not "
+                    f"restart there: put it back into {UPGRADE_REQUIRED} to roll it back to {version}"
+                )
         if tries["unplaced"] and _replace_unplaced(kube, node, version, report):
             tries["unplaced"] -= 1
         return None
@@ -368,14 +461,17 @@ def wait_for_driver(kube: Kube, node: str, version: str, *, owner: str = "", tim
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         try:
-            kube.watch_until("v1", "Node", back, timeout_s=min(left, LOOK_EVERY_S),
-                             field_selector=f"metadata.name={node}")
+            kube.watch_until(
+                "v1", "Node", back, timeout_s=min(left, LOOK_EVERY_S), field_selector=f"metadata.name={node}"
+            )
             return
         except TimeoutError:
             continue
     under = f" under NVIDIADriver {owner}" if owner else ""
-    raise EnvError(f"node {node} did not return to driver {version}{under} within {timeout_s:.0f} s",
-                   hint="check it, then run `gpucanary cleanup` to restore its labels and taints")
+    raise EnvError(
+        f"node {node} did not return to driver {version}{under} within {timeout_s:.0f} s",
+        hint="check it, then run `gpucanary cleanup` to restore its labels and taints",
+    )
 
 
 def _replace_unplaced(kube: Kube, node: str, version: str, report: Callable[[str], None]) -> bool:
@@ -387,17 +483,24 @@ def _replace_unplaced(kube: Kube, node: str, version: str, report: Callable[[str
     deleted = False
     for pod in kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector="spec.nodeName="):
         meta, why, its_version = pod["metadata"], unplaced(pod), driver_version_of(pod)
-        if daemonset_node(pod.get("spec") or {}) != node or not of_daemonset(meta) or why is None \
-                or meta.get("deletionTimestamp") or its_version in ("", version):
+        if (
+            daemonset_node(pod.get("spec") or {}) != node
+            or not of_daemonset(meta)
+            or why is None
+            or meta.get("deletionTimestamp")
+            or its_version in ("", version)
+        ):
             continue
         try:
             kube.delete("v1", "Pod", meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         except (NotFound, Conflict):
             continue
         deleted = True
-        report(f"driver pod {meta['namespace']}/{meta['name']} of {its_version} could not be placed on "
-               f"node {node} ({' '.join(str(why.get('message', '')).split())[:200]}), and GPU Operator passes over "
-               f"a node whose driver pod has no node: deleted it, so that its DaemonSet makes one of {version}")
+        report(
+            f"driver pod {meta['namespace']}/{meta['name']} of {its_version} could not be placed on "
+            f"node {node} ({' '.join(str(why.get('message', '')).split())[:200]}), and GPU Operator passes over "
+            f"a node whose driver pod has no node: deleted it, so that its DaemonSet makes one of {version}"
+        )
     return deleted
 
 
@@ -415,7 +518,7 @@ def _other_drivers_on(kube: Kube, node: str, version: str) -> list[str]:
 def _unstrand(kube: Kube, node: str) -> bool:
     def decide(obj: dict) -> tuple[dict | None, bool]:
         if (obj["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL) not in STRANDED_STATES:
-            return None, False           # the operator moved it on meanwhile
+            return None, False  # the operator moved it on meanwhile
         return {"metadata": {"labels": {UPGRADE_STATE_LABEL: UPGRADE_REQUIRED}}}, True
 
     return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}"))
@@ -424,6 +527,10 @@ def _unstrand(kube: Kube, node: str) -> bool:
 def _driver_version_on(kube: Kube, node: str, owner: str = "") -> str:
     """The version of the node's one running driver pod (of `owner`'s DaemonSets, whose pods select the nodes
     that NVIDIADriver owns), or ''."""
-    ready = [p for p in _driver_pods_on(kube, node) if p.get("status", {}).get("phase") == "Running"
-             and (not owner or ((p.get("spec") or {}).get("nodeSelector") or {}).get(DRIVER_OWNER_LABEL) == owner)]
+    ready = [
+        p
+        for p in _driver_pods_on(kube, node)
+        if p.get("status", {}).get("phase") == "Running"
+        and (not owner or ((p.get("spec") or {}).get("nodeSelector") or {}).get(DRIVER_OWNER_LABEL) == owner)
+    ]
     return driver_version_of(ready[0]) if len(ready) == 1 else ""

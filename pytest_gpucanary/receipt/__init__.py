@@ -18,10 +18,20 @@ from pytest_gpucanary.receipt.junit import render_stage_junit
 from pytest_gpucanary.receipt.markdown import render_markdown
 from pytest_gpucanary.receipt.verdict import METRICS_FILE, render_metrics
 
-FILES = {"json": "receipt.json", "markdown": "receipt.md", "html": "receipt.html", "junit": "stages.junit.xml",
-         "metrics": METRICS_FILE}
-RENDERERS = {"json": render_json, "markdown": render_markdown, "html": render_html, "junit": render_stage_junit,
-             "metrics": render_metrics}
+FILES = {
+    "json": "receipt.json",
+    "markdown": "receipt.md",
+    "html": "receipt.html",
+    "junit": "stages.junit.xml",
+    "metrics": METRICS_FILE,
+}
+RENDERERS = {
+    "json": render_json,
+    "markdown": render_markdown,
+    "html": render_html,
+    "junit": render_stage_junit,
+    "metrics": render_metrics,
+}
 
 
 def write_receipt(report_dir: Path, result: LadderResult, evidence: RunEvidence) -> dict[str, Path]:
@@ -32,6 +42,8 @@ def write_receipt(report_dir: Path, result: LadderResult, evidence: RunEvidence)
         for key, render in RENDERERS.items():
             paths[key].write_text(render(result, evidence), encoding="utf-8")
     except OSError as err:
-        raise EnvError(f"cannot write the receipt into {str(report_dir)!r}: {err.strerror}",
-                       hint=f"point {flag('reports_dir')} at a writable directory") from err
+        raise EnvError(
+            f"cannot write the receipt into {str(report_dir)!r}: {err.strerror}",
+            hint=f"point {flag('reports_dir')} at a writable directory",
+        ) from err
     return paths

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pytest_gpucanary.ladder import Evidence, LadderResult, RunEvidence, timeline
 from pytest_gpucanary.ladder.timeline import NeighbourAct
@@ -11,7 +11,7 @@ from pytest_gpucanary.ladder.timeline import NeighbourAct
 def utc(wall_ns: int | None) -> str:
     if wall_ns is None:
         return "-"
-    return datetime.fromtimestamp(wall_ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(wall_ns / 1e9, tz=UTC).isoformat(timespec="seconds")
 
 
 def headline(result: LadderResult) -> str:
@@ -26,14 +26,23 @@ def offset(evidence: Evidence) -> str:
 
 def run_rows(ev: RunEvidence) -> list[tuple[str, str]]:
     ci = ", ".join(f"{k}={v}" for k, v in ev.ci.items()) or "not in CI"
-    return [("run id", ev.run_id), ("pool", ", ".join(ev.pool_nodes)), *(("pool setup", line) for line in ev.pool_setup),
-            ("driver", f"{ev.driver_from} -> {ev.driver_to}"), ("upgrade policy", ev.policy_path),
-            ("GPU Operator", ev.operator_release or "release unknown (no app.kubernetes.io/version label)"),
-            ("applied to", ev.policy_applied_to or "-"), *(("policy render", line) for line in ev.policy_rendering),
-            ("GPU job", f"{ev.gpu_job.name} (uid {ev.gpu_job.uid or 'unknown'})"),
-            ("started", utc(ev.upgrade_started_wall_ns)), ("finished", utc(ev.finished_wall_ns)), ("CI", ci),
-            *(("exposure", line) for line in ev.exposure), *(("not proven", line) for line in ev.unproven),
-            *(("others on the pool", f"{ev.offset_s(act.wall_ns):+.1f} s {act.line()}") for act in neighbour_acts(ev))]
+    return [
+        ("run id", ev.run_id),
+        ("pool", ", ".join(ev.pool_nodes)),
+        *(("pool setup", line) for line in ev.pool_setup),
+        ("driver", f"{ev.driver_from} -> {ev.driver_to}"),
+        ("upgrade policy", ev.policy_path),
+        ("GPU Operator", ev.operator_release or "release unknown (no app.kubernetes.io/version label)"),
+        ("applied to", ev.policy_applied_to or "-"),
+        *(("policy render", line) for line in ev.policy_rendering),
+        ("GPU job", f"{ev.gpu_job.name} (uid {ev.gpu_job.uid or 'unknown'})"),
+        ("started", utc(ev.upgrade_started_wall_ns)),
+        ("finished", utc(ev.finished_wall_ns)),
+        ("CI", ci),
+        *(("exposure", line) for line in ev.exposure),
+        *(("not proven", line) for line in ev.unproven),
+        *(("others on the pool", f"{ev.offset_s(act.wall_ns):+.1f} s {act.line()}") for act in neighbour_acts(ev)),
+    ]
 
 
 def neighbour_acts(ev: RunEvidence) -> list[NeighbourAct]:

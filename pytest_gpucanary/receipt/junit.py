@@ -16,18 +16,30 @@ def render_stage_junit(result: LadderResult, evidence: RunEvidence) -> str:
     """junit-xml drops a failure without text, so every failure carries its summary."""
     cases = []
     for v in result.verdicts:
-        case = TestCase(v.stage.value, classname=JUNIT_CLASSNAME,
-                        stdout="\n".join(f"{offset(e)} {e.kind} {e.ref}: {e.text}".strip() for e in v.evidence))
+        case = TestCase(
+            v.stage.value,
+            classname=JUNIT_CLASSNAME,
+            stdout="\n".join(f"{offset(e)} {e.kind} {e.ref}: {e.text}".strip() for e in v.evidence),
+        )
         if v.outcome in (Outcome.FAIL, Outcome.INCONCLUSIVE):
             case.add_failure_info(message=v.summary, output=v.summary, failure_type=v.outcome.value)
         elif v.outcome is Outcome.SKIPPED:
             case.add_skipped_info(message=v.summary)
         cases.append(case)
-    properties = {"run_id": evidence.run_id, "pool": ",".join(evidence.pool_nodes),
-                  "driver_from": evidence.driver_from, "driver_to": evidence.driver_to}
+    properties = {
+        "run_id": evidence.run_id,
+        "pool": ",".join(evidence.pool_nodes),
+        "driver_from": evidence.driver_from,
+        "driver_to": evidence.driver_to,
+    }
     others = [f"{evidence.offset_s(a.wall_ns):+.1f} s others on the pool: {a.line()}" for a in neighbour_acts(evidence)]
-    suite = TestSuite("gpucanary ladder", cases, properties=properties, timestamp=utc(evidence.upgrade_started_wall_ns),
-                      stdout="\n".join(others) or None)
+    suite = TestSuite(
+        "gpucanary ladder",
+        cases,
+        properties=properties,
+        timestamp=utc(evidence.upgrade_started_wall_ns),
+        stdout="\n".join(others) or None,
+    )
     return junit_document(suite)
 
 

@@ -65,18 +65,23 @@ class EvictRestart:
         return Step(e.find(e.cold_pool(src), e.workloads[w].gpus), MoveKind.COLD_START)
 
 
-def compare_strategies(fleet: Fleet, change: Change, limits: SweepLimits, *,
-                       outcome: SweepPlan | Infeasible | None = None) -> tuple[StrategyCost, ...]:
+def compare_strategies(
+    fleet: Fleet, change: Change, limits: SweepLimits, *, outcome: SweepPlan | Infeasible | None = None
+) -> tuple[StrategyCost, ...]:
     """The three costs; pass the checkpoint-migrate `outcome` if it is already planned."""
     if outcome is None:
         outcome = plan_or_infeasible(fleet, change, limits)
-    return (evict_restart_cost(fleet, change, limits), wait_for_completion_cost(fleet, change, limits),
-            checkpoint_migrate_cost(outcome))
+    return (
+        evict_restart_cost(fleet, change, limits),
+        wait_for_completion_cost(fleet, change, limits),
+        checkpoint_migrate_cost(outcome),
+    )
 
 
 def _from_plan(strategy: Strategy, plan: SweepPlan) -> StrategyCost:
-    return StrategyCost(strategy, plan.duration_s, plan.lost_gpu_h, plan.cold_starts, plan.idle_gpu_h,
-                        plan.downtime_gpu_h)
+    return StrategyCost(
+        strategy, plan.duration_s, plan.lost_gpu_h, plan.cold_starts, plan.idle_gpu_h, plan.downtime_gpu_h
+    )
 
 
 def checkpoint_migrate_cost(outcome: SweepPlan | Infeasible) -> StrategyCost:

@@ -5,14 +5,15 @@ Fixtures only: the planner itself never imports pytest.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import pytest
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.sweep.model import Change, Fleet, SweepLimits, SweepPlan, parse_change
 from pytest_gpucanary.sweep.inventory import Inventory, inventory_from_dict, load_inventory
+from pytest_gpucanary.sweep.model import Change, Fleet, SweepLimits, SweepPlan, parse_change
 
 InventoryInput = str | Path | Inventory | Fleet | Mapping[str, Any]
 ChangeInput = Change | str | Sequence[str] | None

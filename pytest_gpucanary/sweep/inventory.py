@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.sweep.model import Change, Component, Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
@@ -46,7 +47,7 @@ NODE_VERSION_KEYS = {c: f"gpucanary.io/{c.value}-version" for c in Component}
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GPU_RESOURCE = "nvidia.com/gpu"
-DEFAULT_RESTORE_S = 60.0       # order of the field note's 63 s restore of a 670 GiB checkpoint on 8x B200
+DEFAULT_RESTORE_S = 60.0  # order of the field note's 63 s restore of a 670 GiB checkpoint on 8x B200
 DEFAULT_COLD_START_S = 1200.0  # order of its 20.3 min native start of the same workload
 
 
@@ -69,8 +70,10 @@ def load_inventory(path: str | Path) -> Inventory:
 
     docs = yaml_documents(read_text(Path(path), what="inventory"), source=f"inventory {str(path)!r}")
     if len(docs) != 1:
-        raise ConfigError(f"inventory {str(path)!r} holds {len(docs)} YAML documents",
-                          hint="give one; the schema is in fixtures/sweep/inventory.yaml")
+        raise ConfigError(
+            f"inventory {str(path)!r} holds {len(docs)} YAML documents",
+            hint="give one; the schema is in fixtures/sweep/inventory.yaml",
+        )
     data = docs[0]
     return inventory_from_dict(data, source=str(path))
 
@@ -79,8 +82,9 @@ def inventory_from_dict(data: Any, *, source: str = "inventory") -> Inventory:
     top = _mapping(data, source, TOP_KEYS)
     defaults = _mapping(top.get("defaults") or {}, f"{source}: defaults", {"restore_s", "cold_start_s"})
     nodes = tuple(_node(item, f"{source}: nodes[{i}]") for i, item in enumerate(_list(top, "nodes", source)))
-    workloads = tuple(_workload(item, f"{source}: workloads[{i}]", defaults)
-                      for i, item in enumerate(_list(top, "workloads", source)))
+    workloads = tuple(
+        _workload(item, f"{source}: workloads[{i}]", defaults) for i, item in enumerate(_list(top, "workloads", source))
+    )
     change = _change(top["change"], f"{source}: change") if top.get("change") else None
     limits = _mapping(top.get("limits") or {}, f"{source}: limits", LIMIT_KEYS)
     return Inventory(
@@ -137,24 +141,33 @@ def _seconds(raw: Mapping[str, Any], key: str, where: str, default: float | None
 
 def _versions(raw: Any, where: str, *, extra: set[str] = frozenset()) -> VersionSet:
     versions = _mapping(raw, where, {c.value for c in Component} | extra)
-    return VersionSet(**{c.value: _str(versions, c.value, where) for c in Component if versions.get(c.value) is not None})
+    return VersionSet(
+        **{c.value: _str(versions, c.value, where) for c in Component if versions.get(c.value) is not None}
+    )
 
 
 def _node(raw: Any, where: str) -> Node:
     node = _mapping(raw, where, NODE_KEYS)
-    return Node(name=_str(node, "name", where), gpu_model=_str(node, "gpu_model", where),
-                gpus=_int(node, "gpus", where), versions=_versions(node.get("versions") or {}, f"{where}: versions"))
+    return Node(
+        name=_str(node, "name", where),
+        gpu_model=_str(node, "gpu_model", where),
+        gpus=_int(node, "gpus", where),
+        versions=_versions(node.get("versions") or {}, f"{where}: versions"),
+    )
 
 
 def _workload(raw: Any, where: str, defaults: Mapping[str, Any]) -> Workload:
     w = _mapping(raw, where, WORKLOAD_KEYS)
     checkpoint = w.get("checkpoint")
     return Workload(
-        name=_str(w, "name", where), node=_str(w, "node", where), gpus=_int(w, "gpus", where),
+        name=_str(w, "name", where),
+        node=_str(w, "node", where),
+        gpus=_int(w, "gpus", where),
         checkpoint=None if checkpoint is None else _versions(checkpoint, f"{where}: checkpoint"),
         restore_s=_seconds(w, "restore_s", where, _seconds(defaults, "restore_s", "defaults", DEFAULT_RESTORE_S)),
-        cold_start_s=_seconds(w, "cold_start_s", where,
-                              _seconds(defaults, "cold_start_s", "defaults", DEFAULT_COLD_START_S)),
+        cold_start_s=_seconds(
+            w, "cold_start_s", where, _seconds(defaults, "cold_start_s", "defaults", DEFAULT_COLD_START_S)
+        ),
         since_start_s=_seconds(w, "since_start_s", where, 0.0),
         remaining_s=_seconds(w, "remaining_s", where, None),
     )
@@ -166,8 +179,9 @@ def _change(raw: Any, where: str) -> Change:
     return Change(target=target, node_upgrade_s=_seconds(change, "node_upgrade_s", where, 900.0))
 
 
-def fleet_from_cluster(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], *,
-                       now: datetime) -> Fleet:
+def fleet_from_cluster(
+    nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], *, now: datetime
+) -> Fleet:
     """A fleet from fetched Node and Pod dicts; `now` (timezone-aware) dates the pods' in-memory work."""
     fleet_nodes = [node for raw in nodes if (node := _cluster_node(raw)) is not None]
     by_name = {n.name: n for n in fleet_nodes}
@@ -190,9 +204,14 @@ def _meta(obj: Mapping[str, Any], key: str) -> Mapping[str, str]:
 
 def _node_version(labels: Mapping[str, str], annotations: Mapping[str, str], component: Component) -> str | None:
     key = NODE_VERSION_KEYS[component]
-    gfd = {Component.DRIVER: ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
-                              "nvidia.com/cuda.driver.rev"),
-           Component.CUDA: ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")}.get(component)
+    gfd = {
+        Component.DRIVER: (
+            "nvidia.com/cuda.driver.major",
+            "nvidia.com/cuda.driver.minor",
+            "nvidia.com/cuda.driver.rev",
+        ),
+        Component.CUDA: ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor"),
+    }.get(component)
     gfd_parts = [labels.get(k) for k in gfd] if gfd else [None]
     gfd_value = ".".join(gfd_parts) if all(gfd_parts) else None
     for value in (annotations.get(key), labels.get(key), gfd_value):
@@ -225,21 +244,26 @@ def _cluster_workload(raw: Mapping[str, Any], nodes: Mapping[str, Node], now: da
     if node is None or _get(raw, "status", "phase") in ("Succeeded", "Failed"):
         return None
     containers = _get(raw, "spec", "containers") or []
-    gpus = sum(_whole((_get(c, "resources", "limits") or {}).get(GPU_RESOURCE, 0), "pod GPU limit")
-               for c in containers)
+    gpus = sum(_whole((_get(c, "resources", "limits") or {}).get(GPU_RESOURCE, 0), "pod GPU limit") for c in containers)
     if gpus < 1:
         return None
     name = f"{_get(raw, 'metadata', 'namespace') or 'default'}/{_get(raw, 'metadata', 'name')}"
     notes = _meta(raw, "annotations")
-    seconds = {key: _annotation_seconds(notes, key, name)
-               for key in (RESTORE_SECONDS_ANNOTATION, COLD_START_SECONDS_ANNOTATION, REMAINING_SECONDS_ANNOTATION)}
+    seconds = {
+        key: _annotation_seconds(notes, key, name)
+        for key in (RESTORE_SECONDS_ANNOTATION, COLD_START_SECONDS_ANNOTATION, REMAINING_SECONDS_ANNOTATION)
+    }
     started = _get(raw, "status", "startTime")
     since_start_s = max(0.0, (now - _timestamp(started, name)).total_seconds()) if started else 0.0
     return Workload(
-        name=name, node=node.name, gpus=gpus, checkpoint=_checkpoint(notes, name, node.gpu_model),
+        name=name,
+        node=node.name,
+        gpus=gpus,
+        checkpoint=_checkpoint(notes, name, node.gpu_model),
         restore_s=_or(seconds[RESTORE_SECONDS_ANNOTATION], DEFAULT_RESTORE_S),
         cold_start_s=_or(seconds[COLD_START_SECONDS_ANNOTATION], DEFAULT_COLD_START_S),
-        since_start_s=since_start_s, remaining_s=seconds[REMAINING_SECONDS_ANNOTATION],
+        since_start_s=since_start_s,
+        remaining_s=seconds[REMAINING_SECONDS_ANNOTATION],
     )
 
 
@@ -283,8 +307,14 @@ def _checkpoint(notes: Mapping[str, str], pod: str, gpu_model: str) -> VersionSe
     return versions
 
 
-def apply_overrides(inventory: Inventory, *, change: list[str] | None = None, max_parallel: str | int | None = None,
-                    max_unavailable: str | None = None, hold_back_gpus: str | int | None = None) -> Inventory:
+def apply_overrides(
+    inventory: Inventory,
+    *,
+    change: list[str] | None = None,
+    max_parallel: str | int | None = None,
+    max_unavailable: str | None = None,
+    hold_back_gpus: str | int | None = None,
+) -> Inventory:
     """The inventory with command-line values taking precedence; it must end up with a change."""
     upgrade_s = inventory.change.node_upgrade_s if inventory.change else 900.0
     planned = parse_change(change, node_upgrade_s=upgrade_s) if change else inventory.change
@@ -294,7 +324,9 @@ def apply_overrides(inventory: Inventory, *, change: list[str] | None = None, ma
     limits = SweepLimits(
         max_parallel=limits.max_parallel if max_parallel is None else _option_int("--max-parallel", max_parallel),
         max_unavailable=limits.max_unavailable if max_unavailable is None else max_unavailable,
-        hold_back_gpus=limits.hold_back_gpus if hold_back_gpus is None else _option_int("--hold-back-gpus", hold_back_gpus),
+        hold_back_gpus=limits.hold_back_gpus
+        if hold_back_gpus is None
+        else _option_int("--hold-back-gpus", hold_back_gpus),
     )
     return Inventory(inventory.fleet, planned, limits)
 

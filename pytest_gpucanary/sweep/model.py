@@ -110,8 +110,9 @@ def _check_fleet(fleet: Fleet) -> None:
             raise ConfigError(f"workload {w.name!r} asks for {w.gpus} GPUs", hint="list only GPU workloads")
         free[w.node] -= w.gpus
         if free[w.node] < 0:
-            raise ConfigError(f"node {w.node!r} runs more GPUs than it has",
-                              hint="fix the workloads' gpus or the node's gpus")
+            raise ConfigError(
+                f"node {w.node!r} runs more GPUs than it has", hint="fix the workloads' gpus or the node's gpus"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +124,10 @@ class Change:
 
     def __post_init__(self) -> None:
         if not self.target.recorded():
-            raise ConfigError("the change moves no component",
-                              hint=f"name at least one, e.g. driver=580.95.05 (components: {COMPONENTS})")
+            raise ConfigError(
+                "the change moves no component",
+                hint=f"name at least one, e.g. driver=580.95.05 (components: {COMPONENTS})",
+            )
         if not self.node_upgrade_s > 0:
             raise ConfigError(f"node upgrade time {self.node_upgrade_s} s is not positive", hint="give seconds > 0")
 
@@ -184,9 +187,8 @@ def _unavailable_fraction(value: str) -> int | float:
     try:
         number = float(text[:-1]) / 100.0 if text.endswith("%") else int(text)
     except ValueError:
-        raise ConfigError(f"max unavailable {value!r} is not a count or a percentage",
-                          hint="e.g. 2 or 25%") from None
-    if not number > 0:   # also NaN
+        raise ConfigError(f"max unavailable {value!r} is not a count or a percentage", hint="e.g. 2 or 25%") from None
+    if not number > 0:  # also NaN
         raise ConfigError(f"max unavailable {value!r} lets no node upgrade", hint="use at least 1 or 1%")
     if isinstance(number, float) and not number <= 1.0:
         raise ConfigError(f"max unavailable {value!r} is over 100%", hint="use a percentage up to 100% or a count")
@@ -196,10 +198,10 @@ def _unavailable_fraction(value: str) -> int | float:
 class CheckpointFate(enum.StrEnum):
     """What the change does to a workload's checkpoint: one value per row of the field note's table."""
 
-    OLD_SET_ONLY = "old-set-only"          # driver / CUDA / engine changed: restores on old nodes only
+    OLD_SET_ONLY = "old-set-only"  # driver / CUDA / engine changed: restores on old nodes only
     NEW_VERSION_COLD_START = "new-version-cold-start"  # model changed: invalid everywhere
     RESTORES_ANYWHERE = "restores-anywhere"  # nothing recorded changed
-    NO_CHECKPOINT = "no-checkpoint"        # none held: it can only cold start
+    NO_CHECKPOINT = "no-checkpoint"  # none held: it can only cold start
 
 
 def checkpoint_fate(checkpoint: VersionSet | None, change: Change) -> CheckpointFate:
@@ -247,9 +249,9 @@ class Wave:
     end_s: float
     nodes: tuple[str, ...]
     moves: tuple[Move, ...]
-    finished: tuple[str, ...]      # workloads that completed on their own before this wave started
-    old_gpus_left: int             # GPUs on nodes still on the old versions after this wave
-    old_gpus_used: int             # of which held by running workloads
+    finished: tuple[str, ...]  # workloads that completed on their own before this wave started
+    old_gpus_left: int  # GPUs on nodes still on the old versions after this wave
+    old_gpus_used: int  # of which held by running workloads
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,15 +262,15 @@ class SweepPlan:
     waves: tuple[Wave, ...]
     cold_starts: int
     restores: int
-    duration_s: float              # plan clock: seconds from the first wave's start to the last ready workload
+    duration_s: float  # plan clock: seconds from the first wave's start to the last ready workload
     lost_gpu_h: float
-    downtime_gpu_h: float          # GPU-hours of workload demand not running (stopped until ready)
-    idle_gpu_h: float              # upgrading nodes plus GPUs held by restores and cold starts
+    downtime_gpu_h: float  # GPU-hours of workload demand not running (stopped until ready)
+    idle_gpu_h: float  # upgrading nodes plus GPUs held by restores and cold starts
 
 
 class ShortfallKind(enum.StrEnum):
-    NO_OLD_CAPACITY = "no-old-capacity"   # the checkpoint restores only on the old set, and it is full
-    NO_NEW_CAPACITY = "no-new-capacity"   # nothing on the new stack fits, even after this wave's upgrade
+    NO_OLD_CAPACITY = "no-old-capacity"  # the checkpoint restores only on the old set, and it is full
+    NO_NEW_CAPACITY = "no-new-capacity"  # nothing on the new stack fits, even after this wave's upgrade
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +278,7 @@ class Shortfall:
     wave: int
     kind: ShortfallKind
     gpu_model: str
-    versions: VersionSet           # the set the workloads needed (checkpoint set, or the new stack)
+    versions: VersionSet  # the set the workloads needed (checkpoint set, or the new stack)
     workloads: tuple[str, ...]
     gpus: int
 

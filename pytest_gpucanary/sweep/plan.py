@@ -33,8 +33,21 @@ import math
 from typing import NamedTuple, Protocol
 
 from pytest_gpucanary.sweep.model import (
-    Change, CheckpointFate, Fleet, Infeasible, Move, MoveKind, NoSweepPlanError, Shortfall, ShortfallKind,
-    SweepLimits, SweepPlan, VersionSet, Wave, checkpoint_fate, restores_on,
+    Change,
+    CheckpointFate,
+    Fleet,
+    Infeasible,
+    Move,
+    MoveKind,
+    NoSweepPlanError,
+    Shortfall,
+    ShortfallKind,
+    SweepLimits,
+    SweepPlan,
+    VersionSet,
+    Wave,
+    checkpoint_fate,
+    restores_on,
 )
 
 NEW, HELD, MOVING = 0, 1, 2  # pool tiers, in the order a restore prefers them
@@ -52,7 +65,7 @@ class _Pool:
 
 
 class Step(NamedTuple):
-    node: int                      # -1: no node now
+    node: int  # -1: no node now
     kind: MoveKind | None
     short: ShortfallKind | None = None
 
@@ -87,7 +100,7 @@ class Engine:
         for position, n in enumerate(order):
             self.rank[n] = position
         self.wave_size = limits.wave_size(len(nodes))
-        self.waves = [order[i:i + self.wave_size] for i in range(0, len(order), self.wave_size)]
+        self.waves = [order[i : i + self.wave_size] for i in range(0, len(order), self.wave_size)]
         self._build_pools()
         # per workload, as of ready_at: in-memory work built so far, and seconds of running left
         self.ready_at = [0.0] * len(self.workloads)
@@ -128,8 +141,10 @@ class Engine:
             self.pool_of.append(self.pools[keys[0]])
             self.pools[keys[0]].standing += 1
             self._index(i)
-        self._cold_pools = [[self.pools[(n.gpu_model, t, NEW)]] if (n.gpu_model, t, NEW) in self.pools else []
-                            for n, t in zip(nodes, self.target)]
+        self._cold_pools = [
+            [self.pools[(n.gpu_model, t, NEW)]] if (n.gpu_model, t, NEW) in self.pools else []
+            for n, t in zip(nodes, self.target)
+        ]
 
     def _index(self, n: int) -> None:
         pool = self.pool_of[n]
@@ -158,10 +173,11 @@ class Engine:
         key = (self.gpu_model[w], self.workloads[w].checkpoint)
         found = self._restore_cache.get(key)
         if found is None:
-            fits = [p for p in self.pools.values()
-                    if p.key[0] == key[0] and restores_on(key[1], p.key[1], self.change)]
-            found = ([p for p in fits if p.key[2] == NEW],
-                     sorted((p for p in fits if p.key[2] != NEW), key=lambda p: p.key[2]))
+            fits = [p for p in self.pools.values() if p.key[0] == key[0] and restores_on(key[1], p.key[1], self.change)]
+            found = (
+                [p for p in fits if p.key[2] == NEW],
+                sorted((p for p in fits if p.key[2] != NEW), key=lambda p: p.key[2]),
+            )
             self._restore_cache[key] = found
         self._restore_of[w] = found
         return found
@@ -189,14 +205,35 @@ class Engine:
             back = t + self.change.node_upgrade_s
             for w, src in waiting:
                 self._take(policy.later(self, w, src), k, w, src, t, moves, None, shortfalls, start=back)
-            waves.append(Wave(k, t, back, tuple(self.fleet.nodes[n].name for n in wave), tuple(moves),
-                              finished, self.old_total, self.old_used))
+            waves.append(
+                Wave(
+                    k,
+                    t,
+                    back,
+                    tuple(self.fleet.nodes[n].name for n in wave),
+                    tuple(moves),
+                    finished,
+                    self.old_total,
+                    self.old_used,
+                )
+            )
             if shortfalls:
                 break
         return waves, shortfalls
 
-    def _take(self, step: Step, k: int, w: int, src: int, t: float, moves: list[Move],
-              waiting: list[tuple[int, int]] | None, shortfalls: list[Shortfall], *, start: float = -1.0) -> None:
+    def _take(
+        self,
+        step: Step,
+        k: int,
+        w: int,
+        src: int,
+        t: float,
+        moves: list[Move],
+        waiting: list[tuple[int, int]] | None,
+        shortfalls: list[Shortfall],
+        *,
+        start: float = -1.0,
+    ) -> None:
         if step.node >= 0 and step.kind is not None:
             moves.append(self._move(k, w, src, step.node, step.kind, t, max(t, start)))
         elif step.short is None and waiting is not None:
@@ -205,8 +242,11 @@ class Engine:
             short = step.short or ShortfallKind.NO_NEW_CAPACITY
             workload = self.workloads[w]
             needs = workload.checkpoint if short is ShortfallKind.NO_OLD_CAPACITY else self.target[src]
-            shortfalls.append(Shortfall(k, short, self.fleet.nodes[src].gpu_model, needs or VersionSet(),
-                                        (workload.name,), workload.gpus))
+            shortfalls.append(
+                Shortfall(
+                    k, short, self.fleet.nodes[src].gpu_model, needs or VersionSet(), (workload.name,), workload.gpus
+                )
+            )
 
     def _finish_until(self, t: float) -> tuple[str, ...]:
         done = []
@@ -296,8 +336,9 @@ def _drain_order(fleet: Fleet, is_old: list[bool], free: list[int], hold_back_gp
             else:
                 tier[i] = HELD
                 held_gpus += fleet.nodes[i].gpus
-    order = sorted((i for i in range(len(fleet.nodes)) if is_old[i]),
-                   key=lambda i: (tier[i] == HELD, used[i], fleet.nodes[i].name))
+    order = sorted(
+        (i for i in range(len(fleet.nodes)) if is_old[i]), key=lambda i: (tier[i] == HELD, used[i], fleet.nodes[i].name)
+    )
     return order, tier
 
 
@@ -310,8 +351,7 @@ class CheckpointMigrate:
         node = e.find(new_pools if leaving_held else new_pools + old_pools, e.workloads[w].gpus)
         if node >= 0:
             return Step(node, MoveKind.RESTORE)
-        if (not leaving_held and e.fates[w] is CheckpointFate.OLD_SET_ONLY
-                and any(p.standing for p in old_pools)):
+        if not leaving_held and e.fates[w] is CheckpointFate.OLD_SET_ONLY and any(p.standing for p in old_pools):
             return Step(-1, None, ShortfallKind.NO_OLD_CAPACITY)
         if new_pools:
             return WAIT
@@ -350,10 +390,15 @@ def summarize(e: Engine, waves: list[Wave]) -> SweepPlan:
     upgrade_gpu_s = sum(e.fleet.nodes[i].gpus for wave in e.waves for i in wave) * e.change.node_upgrade_s
     duration = max([waves[-1].end_s if waves else 0.0] + [m.ready_s for m in moves])
     return SweepPlan(
-        change=e.change, limits=e.limits, wave_size=e.wave_size, waves=tuple(waves),
+        change=e.change,
+        limits=e.limits,
+        wave_size=e.wave_size,
+        waves=tuple(waves),
         cold_starts=sum(m.kind is MoveKind.COLD_START for m in moves),
         restores=sum(m.kind is MoveKind.RESTORE for m in moves),
-        duration_s=duration, lost_gpu_h=e.lost_gpu_s / 3600, downtime_gpu_h=e.downtime_gpu_s / 3600,
+        duration_s=duration,
+        lost_gpu_h=e.lost_gpu_s / 3600,
+        downtime_gpu_h=e.downtime_gpu_s / 3600,
         idle_gpu_h=(upgrade_gpu_s + e.busy_gpu_s) / 3600,
     )
 
@@ -362,9 +407,17 @@ def _grouped(shortfalls: list[Shortfall]) -> tuple[Shortfall, ...]:
     groups: dict[tuple, list[Shortfall]] = {}
     for s in shortfalls:
         groups.setdefault((s.wave, s.kind, s.gpu_model, s.versions), []).append(s)
-    return tuple(Shortfall(s[0].wave, s[0].kind, s[0].gpu_model, s[0].versions,
-                           tuple(x for one in s for x in one.workloads), sum(one.gpus for one in s))
-                 for s in groups.values())
+    return tuple(
+        Shortfall(
+            s[0].wave,
+            s[0].kind,
+            s[0].gpu_model,
+            s[0].versions,
+            tuple(x for one in s for x in one.workloads),
+            sum(one.gpus for one in s),
+        )
+        for s in groups.values()
+    )
 
 
 def _hold_back_fix(fleet: Fleet, change: Change, limits: SweepLimits) -> int | None:

@@ -5,9 +5,9 @@ compatible capacity), with the nodes it does not name (already current in its in
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from pytest_gpucanary.errors import ConfigError
 
@@ -18,7 +18,7 @@ STRATEGIES = ("fixed", "linear", "exponential")
 class Strategy:
     kind: str
     size: int = 0
-    source: str = ""                                            # plan: the file
+    source: str = ""  # plan: the file
     planned: tuple[tuple[str, ...], ...] = field(default=(), repr=False)
 
     @classmethod
@@ -27,9 +27,11 @@ class Strategy:
         if kind == "plan" and size:
             return cls(kind, source=size, planned=_planned(Path(size)))
         if kind not in STRATEGIES or not size.isdigit() or int(size) < 1:
-            raise ConfigError(f"--waves={text!r} is not a wave strategy",
-                              hint="fixed:N, linear:N or exponential:N, with N the first wave's size (e.g. fixed:2), "
-                                   "or plan:FILE from `gpucanary plan-sweep --json`")
+            raise ConfigError(
+                f"--waves={text!r} is not a wave strategy",
+                hint="fixed:N, linear:N or exponential:N, with N the first wave's size (e.g. fixed:2), "
+                "or plan:FILE from `gpucanary plan-sweep --json`",
+            )
         return cls(kind, int(size))
 
     def __str__(self) -> str:
@@ -40,7 +42,7 @@ class Strategy:
         if self.kind == "linear":
             return self.size * (wave + 1)
         if self.kind == "exponential":
-            return self.size * 2 ** wave
+            return self.size * 2**wave
         return self.size
 
 
@@ -49,11 +51,14 @@ def _planned(path: Path) -> tuple[tuple[str, ...], ...]:
         waves = json.loads(path.read_text())["plan"]["waves"]
         return tuple(tuple(str(n) for n in wave["nodes"]) for wave in waves)
     except OSError as err:
-        raise ConfigError(f"--waves=plan:{path}: cannot read it ({err.strerror})", hint="the file of "
-                          "`gpucanary plan-sweep --json`") from None
+        raise ConfigError(
+            f"--waves=plan:{path}: cannot read it ({err.strerror})", hint="the file of `gpucanary plan-sweep --json`"
+        ) from None
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"--waves=plan:{path} is not the JSON of `gpucanary plan-sweep --json`",
-                          hint="plan the sweep with --json and pass that file") from None
+        raise ConfigError(
+            f"--waves=plan:{path} is not the JSON of `gpucanary plan-sweep --json`",
+            hint="plan the sweep with --json and pass that file",
+        ) from None
 
 
 def waves(nodes: Sequence[str], strategy: Strategy) -> list[list[str]]:
@@ -61,9 +66,11 @@ def waves(nodes: Sequence[str], strategy: Strategy) -> list[list[str]]:
     if strategy.kind == "plan":
         named = {n for wave in strategy.planned for n in wave}
         if unknown := sorted(named - set(nodes)):
-            raise ConfigError(f"the sweep plan {strategy.source} names nodes this change does not reach: "
-                              f"{', '.join(unknown[:5])}" + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
-                              hint="plan the sweep from an inventory of exactly these nodes")
+            raise ConfigError(
+                f"the sweep plan {strategy.source} names nodes this change does not reach: "
+                f"{', '.join(unknown[:5])}" + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
+                hint="plan the sweep from an inventory of exactly these nodes",
+            )
         rest = sorted(set(nodes) - named)
         return [list(wave) for wave in strategy.planned if wave] + ([rest] if rest else [])
     ordered, planned = sorted(nodes), []

@@ -46,20 +46,28 @@ def render_json(sweep: Sweep) -> str:
 def _wave_line(wave: Wave) -> str:
     removed = ", ".join(d.line() + ("" if d.allowed else " (not allowed)") for d in wave.disruptions) or "none"
     took = f"{(wave.ended_wall_ns - wave.started_wall_ns) / 1e9:.0f} s" if wave.ended_wall_ns else "-"
-    return f"| {wave.outcome} | {', '.join(wave.nodes)} | {utc(wave.started_wall_ns) if wave.started_wall_ns else '-'} " \
-           f"| {took} | {removed} | {wave.probes or '-'} | {wave.signal or '-'} |"
+    return (
+        f"| {wave.outcome} | {', '.join(wave.nodes)} | {utc(wave.started_wall_ns) if wave.started_wall_ns else '-'} "
+        f"| {took} | {removed} | {wave.probes or '-'} | {wave.signal or '-'} |"
+    )
 
 
 def render_markdown(sweep: Sweep) -> str:
-    lines = [f"# {headline(sweep)}", "",
-             f"- sweep `{sweep.run_id}`: {sweep.target[1]} {sweep.target[2]}, driver {sweep.prior_version} to "
-             f"{sweep.key.target}, GPU Operator {sweep.key.release or 'unknown'}",
-             f"- policy `{sweep.key.policy_digest}`, on the verdict of canary run `{sweep.verdict_run}`",
-             f"- waves: {sweep.strategy}, soak {sweep.soak_s:g} s", ""]
+    lines = [
+        f"# {headline(sweep)}",
+        "",
+        f"- sweep `{sweep.run_id}`: {sweep.target[1]} {sweep.target[2]}, driver {sweep.prior_version} to "
+        f"{sweep.key.target}, GPU Operator {sweep.key.release or 'unknown'}",
+        f"- policy `{sweep.key.policy_digest}`, on the verdict of canary run `{sweep.verdict_run}`",
+        f"- waves: {sweep.strategy}, soak {sweep.soak_s:g} s",
+        "",
+    ]
     if sweep.rollback:
         lines += [f"Rolled back: {sweep.rollback}.", ""]
-    lines += ["| # | outcome | nodes | started | took | pods removed | start probes | signal |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| # | outcome | nodes | started | took | pods removed | start probes | signal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     lines += [f"| {i + 1} " + _wave_line(w) for i, w in enumerate(sweep.waves)]
     return "\n".join(lines) + "\n"
 
@@ -69,8 +77,9 @@ STATE_COLOURS = {"upgrade-done": "#2e7d32", "upgrade-failed": "#c62828", "upgrad
 
 def render_html(sweep: Sweep) -> str:
     """The waves on one time axis: a band per node, coloured by its upgrade state, and a tick per pod removed."""
-    stamps = [t for w in sweep.waves for seen in w.states.values() for t, _ in seen] + \
-        [t for w in sweep.waves for t in (w.started_wall_ns, w.ended_wall_ns) if t]
+    stamps = [t for w in sweep.waves for seen in w.states.values() for t, _ in seen] + [
+        t for w in sweep.waves for t in (w.started_wall_ns, w.ended_wall_ns) if t
+    ]
     start, end = (min(stamps), max(stamps)) if stamps else (0, 1)
     width, left, row = 900.0, 160.0, 18.0
 
@@ -86,37 +95,60 @@ def render_html(sweep: Sweep) -> str:
             seen = wave.states.get(node, [])
             for (t, label), nxt in zip(seen, [*seen[1:], (wave.ended_wall_ns or end, "")]):
                 colour = STATE_COLOURS.get(label, "#f9a825")
-                parts.append(f'<rect x="{x(t):.1f}" y="{y + 2}" width="{max(1.0, x(nxt[0]) - x(t)):.1f}" '
-                             f'height="{row - 4}" fill="{colour}"><title>{html.escape(label or "no state")} '
-                             f'from {utc(t)}</title></rect>')
+                parts.append(
+                    f'<rect x="{x(t):.1f}" y="{y + 2}" width="{max(1.0, x(nxt[0]) - x(t)):.1f}" '
+                    f'height="{row - 4}" fill="{colour}"><title>{html.escape(label or "no state")} '
+                    f"from {utc(t)}</title></rect>"
+                )
             for d in wave.disruptions:
                 if d.node == node:
-                    parts.append(f'<line x1="{x(d.wall_ns):.1f}" x2="{x(d.wall_ns):.1f}" y1="{y}" y2="{y + row}" '
-                                 f'stroke="{"#000" if d.allowed else "#d50000"}" stroke-width="2">'
-                                 f'<title>{html.escape(d.line())}</title></line>')
+                    parts.append(
+                        f'<line x1="{x(d.wall_ns):.1f}" x2="{x(d.wall_ns):.1f}" y1="{y}" y2="{y + row}" '
+                        f'stroke="{"#000" if d.allowed else "#d50000"}" stroke-width="2">'
+                        f"<title>{html.escape(d.line())}</title></line>"
+                    )
             y += row
-    svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{y + 10:.0f}" ' \
-          f'font-family="sans-serif" font-size="11">{"".join(parts)}</svg>'
-    rows = "".join(f"<tr><td>{i + 1}</td>" + "".join(f"<td>{html.escape(cell.strip())}</td>"
-                                                     for cell in _wave_line(w).strip("|").split("|")) + "</tr>"
-                   for i, w in enumerate(sweep.waves))
-    return (f"<!doctype html><meta charset=utf-8><title>{html.escape(headline(sweep))}</title>"
-            f"<h1>{html.escape(headline(sweep))}</h1>{svg}"
-            "<table border=1><tr><th>#</th><th>outcome</th><th>nodes</th><th>started</th><th>took</th>"
-            f"<th>pods removed</th><th>start probes</th><th>signal</th></tr>{rows}</table>\n")
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{y + 10:.0f}" '
+        f'font-family="sans-serif" font-size="11">{"".join(parts)}</svg>'
+    )
+    rows = "".join(
+        f"<tr><td>{i + 1}</td>"
+        + "".join(f"<td>{html.escape(cell.strip())}</td>" for cell in _wave_line(w).strip("|").split("|"))
+        + "</tr>"
+        for i, w in enumerate(sweep.waves)
+    )
+    return (
+        f"<!doctype html><meta charset=utf-8><title>{html.escape(headline(sweep))}</title>"
+        f"<h1>{html.escape(headline(sweep))}</h1>{svg}"
+        "<table border=1><tr><th>#</th><th>outcome</th><th>nodes</th><th>started</th><th>took</th>"
+        f"<th>pods removed</th><th>start probes</th><th>signal</th></tr>{rows}</table>\n"
+    )
 
 
 def render_junit(sweep: Sweep) -> str:
     cases = []
     for i, wave in enumerate(sweep.waves):
-        case = TestCase(f"wave {i + 1}", classname=JUNIT_CLASSNAME, stdout=_wave_line(wave),
-                        elapsed_sec=(wave.ended_wall_ns - wave.started_wall_ns) / 1e9 if wave.ended_wall_ns else None)
+        case = TestCase(
+            f"wave {i + 1}",
+            classname=JUNIT_CLASSNAME,
+            stdout=_wave_line(wave),
+            elapsed_sec=(wave.ended_wall_ns - wave.started_wall_ns) / 1e9 if wave.ended_wall_ns else None,
+        )
         if wave.outcome == FAILED:
             case.add_failure_info(message=wave.signal, output=wave.signal, failure_type="failed")
         elif wave.outcome == PENDING:
             case.add_skipped_info(message="held on the old driver: an earlier wave failed or the sweep stopped")
         cases.append(case)
-    suite = TestSuite("gpucanary widen", cases, timestamp=utc(sweep.started_wall_ns),
-                      properties={"run_id": sweep.run_id, "driver_from": sweep.prior_version,
-                                  "driver_to": sweep.key.target, "status": sweep.status})
+    suite = TestSuite(
+        "gpucanary widen",
+        cases,
+        timestamp=utc(sweep.started_wall_ns),
+        properties={
+            "run_id": sweep.run_id,
+            "driver_from": sweep.prior_version,
+            "driver_to": sweep.key.target,
+            "status": sweep.status,
+        },
+    )
     return junit_document(suite)

@@ -5,8 +5,8 @@ answer with no series, is not a pass: three looks in a row without one fail the 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.metrics import MetricsError, Prometheus, Series
@@ -25,8 +25,11 @@ class Slo:
     def parse(cls, text: str) -> Slo:
         found = _SLO.match(text.strip())
         if not found:
-            raise ConfigError(f"--slo={text!r} is not a query and a threshold",
-                              hint="e.g. --slo='histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket[1m]))) < 0.5'")
+            raise ConfigError(
+                f"--slo={text!r} is not a query and a threshold",
+                hint="e.g. --slo='histogram_quantile(0.99, sum by (le) "
+                "(rate(http_request_duration_seconds_bucket[1m]))) < 0.5'",
+            )
         try:
             threshold = float(found["threshold"])
         except ValueError:

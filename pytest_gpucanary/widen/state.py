@@ -28,7 +28,7 @@ class Disruption:
     gpus: int
     allowed: bool
     wall_ns: int
-    how: str            # "deleted", or the reason the kubelet gave (Evicted)
+    how: str  # "deleted", or the reason the kubelet gave (Evicted)
 
     def line(self) -> str:
         kind = f"GPU pod ({self.gpus} GPUs)" if self.gpus else "pod that uses no GPU"
@@ -40,28 +40,28 @@ class Wave:
     nodes: list[str]
     outcome: str = PENDING
     started_wall_ns: int = 0
-    done_wall_ns: int = 0         # every node upgraded; its soak starts
+    done_wall_ns: int = 0  # every node upgraded; its soak starts
     ended_wall_ns: int = 0
-    signal: str = ""              # why it failed, one line naming the node and the signal
-    states: dict[str, list[tuple[int, str]]] = field(default_factory=dict)   # node -> (wall ns, upgrade state)
+    signal: str = ""  # why it failed, one line naming the node and the signal
+    states: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # node -> (wall ns, upgrade state)
     disruptions: list[Disruption] = field(default_factory=list)
-    probes: str = ""              # what its customer start probes showed, in one line
+    probes: str = ""  # what its customer start probes showed, in one line
 
 
 @dataclass
 class Sweep:
     run_id: str
     key: VerdictKey
-    target: tuple[str, str, str]      # api version, kind, name of what carries the version and the policy
+    target: tuple[str, str, str]  # api version, kind, name of what carries the version and the policy
     prior_version: str
     strategy: str
     soak_s: float
     waves: list[Wave]
-    verdict_run: str                  # the canary run whose verdict let it start
+    verdict_run: str  # the canary run whose verdict let it start
     status: str = RUNNING
     started_wall_ns: int = 0
     ended_wall_ns: int = 0
-    rollback: str = ""                # what --rollback did, in words
+    rollback: str = ""  # what --rollback did, in words
 
     def current(self) -> int | None:
         """The first wave not passed; None when every wave passed."""
@@ -80,8 +80,21 @@ class Sweep:
         """Inverse of `data`; ValueError, KeyError or TypeError when it is not one."""
         record = json.loads(data["sweep"])
         key = record.pop("key")
-        waves = [Wave(**{**w, "states": {n: [tuple(s) for s in seen] for n, seen in w["states"].items()},
-                         "disruptions": [Disruption(**d) for d in w["disruptions"]]})
-                 for w in record.pop("waves")]
-        return cls(**{**record, "key": VerdictKey(key["policy_digest"], key["target"], key["release"]),
-                      "target": tuple(record["target"]), "waves": waves})
+        waves = [
+            Wave(
+                **{
+                    **w,
+                    "states": {n: [tuple(s) for s in seen] for n, seen in w["states"].items()},
+                    "disruptions": [Disruption(**d) for d in w["disruptions"]],
+                }
+            )
+            for w in record.pop("waves")
+        ]
+        return cls(
+            **{
+                **record,
+                "key": VerdictKey(key["policy_digest"], key["target"], key["release"]),
+                "target": tuple(record["target"]),
+                "waves": waves,
+            }
+        )

@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.gpu_operator import (
-    DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_STATE_LABEL, VALIDATOR_SELECTOR,
-    driver_version_of, gpus_requested, of_daemonset,
+    DRIVER_COMPONENT_SELECTOR,
+    GPU_RESOURCE,
+    UPGRADE_DONE,
+    UPGRADE_FAILED,
+    UPGRADE_STATE_LABEL,
+    VALIDATOR_SELECTOR,
+    driver_version_of,
+    gpus_requested,
+    of_daemonset,
 )
 from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.ladder.application import allows_eviction
 from pytest_gpucanary.ladder.timeline import Record
 from pytest_gpucanary.widen.slo import SloLook
 from pytest_gpucanary.widen.state import Disruption
-
 
 UNSEEN_LOOKS = 3
 
@@ -28,11 +34,11 @@ UNSEEN_LOOKS = 3
 class NodeSeen:
     state: str
     ready: bool
-    driver: str          # the version its driver pod runs; "" when it has none
+    driver: str  # the version its driver pod runs; "" when it has none
     driver_ready: bool
-    validated: bool = True     # the operator's validator pod on the node is Ready
-    gpus: int = 0              # nvidia.com/gpu allocatable
-    gpus_before: int = 0       # nvidia.com/gpu capacity: what allocatable must be back to
+    validated: bool = True  # the operator's validator pod on the node is Ready
+    gpus: int = 0  # nvidia.com/gpu allocatable
+    gpus_before: int = 0  # nvidia.com/gpu capacity: what allocatable must be back to
 
     def trouble(self, target: str) -> str:
         """What keeps the node from counting as upgraded and serving ("" when nothing does)."""
@@ -57,7 +63,7 @@ class PodWatch:
     def __init__(self, kube: Kube, settings: Settings) -> None:
         self.kube, self.settings = kube, settings
         self._nodes: frozenset[str] = frozenset()
-        self._known: dict[str, dict] = {}       # uid -> a pod not of a DaemonSet, as last seen
+        self._known: dict[str, dict] = {}  # uid -> a pod not of a DaemonSet, as last seen
         self._seen_gone: set[str] = set()
         self._found: list[Disruption] = []
         self._probe_namespace = ""
@@ -113,7 +119,7 @@ class PodWatch:
                 self._stop.wait(2)
 
     def _see(self, kind: str, obj: dict, wall_ns: int, mono_ns: int = 0) -> None:
-        if kind == "RELISTED":            # what vanished while the watch was down was deleted
+        if kind == "RELISTED":  # what vanished while the watch was down was deleted
             present = {p["metadata"]["uid"] for p in obj["items"]}
             for uid, pod in list(self._known.items()):
                 if uid not in present:
@@ -123,8 +129,9 @@ class PodWatch:
             return
         meta = obj["metadata"]
         if self._probe_namespace and meta.get("namespace") == self._probe_namespace:
-            self._probe_records.append(Record("pods", kind, "Pod", meta["namespace"], meta.get("name"), mono_ns,
-                                              wall_ns, obj))
+            self._probe_records.append(
+                Record("pods", kind, "Pod", meta["namespace"], meta.get("name"), mono_ns, wall_ns, obj)
+            )
         if of_daemonset(meta):
             return
         if kind == "DELETED" or meta.get("deletionTimestamp"):
@@ -142,25 +149,32 @@ class PodWatch:
         self._known.pop(meta["uid"], None)
         first = meta["uid"] not in self._seen_gone
         self._seen_gone.add(meta["uid"])
-        if not first or spec.get("nodeName") not in self._nodes \
-                or meta.get("namespace") == self._probe_namespace:      # the sweep's own probes are no customer's
+        if (
+            not first or spec.get("nodeName") not in self._nodes or meta.get("namespace") == self._probe_namespace
+        ):  # the sweep's own probes are no customer's
             return
         gpus = gpus_requested(spec.get("containers") or [])
         allowed = allows_eviction(self.settings, gpus=gpus, labels=meta.get("labels") or {})
-        self._found.append(Disruption(spec.get("nodeName", ""), meta.get("namespace", ""), meta["name"], gpus,
-                                      allowed, wall_ns, how))
+        self._found.append(
+            Disruption(spec.get("nodeName", ""), meta.get("namespace", ""), meta["name"], gpus, allowed, wall_ns, how)
+        )
 
 
 def operand_pods(kube: Kube, selector: str, namespace: str | None) -> list[dict]:
     """The operator's pods of one kind (`selector`) that are not going."""
-    return [pod for pod in kube.list("v1", "Pod", label_selector=selector, namespace=namespace)
-            if not pod["metadata"].get("deletionTimestamp")]
+    return [
+        pod
+        for pod in kube.list("v1", "Pod", label_selector=selector, namespace=namespace)
+        if not pod["metadata"].get("deletionTimestamp")
+    ]
 
 
-def nodes_seen(kube: Kube, nodes: list[str], namespace: str | None,
-               driver_pods: list[dict] | None = None) -> dict[str, NodeSeen]:
+def nodes_seen(
+    kube: Kube, nodes: list[str], namespace: str | None, driver_pods: list[dict] | None = None
+) -> dict[str, NodeSeen]:
     """Each node's upgrade state, readiness and driver pod (from `driver_pods` when the caller read them); a node
     gone is not in the answer."""
+
     def by_node(pods: list[dict]) -> dict[str, dict]:
         return {pod["spec"]["nodeName"]: pod for pod in pods if (pod.get("spec") or {}).get("nodeName") in nodes}
 
@@ -174,10 +188,15 @@ def nodes_seen(kube: Kube, nodes: list[str], namespace: str | None,
         except NotFound:
             continue
         pod, status = drivers.get(name), node.get("status") or {}
-        seen[name] = NodeSeen((node["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL, ""),
-                              _ready(node), driver_version_of(pod) if pod else "", bool(pod) and _ready(pod),
-                              name in validators and _ready(validators[name]),
-                              _count(status.get("allocatable"), GPU_RESOURCE), _count(status.get("capacity"), GPU_RESOURCE))
+        seen[name] = NodeSeen(
+            (node["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL, ""),
+            _ready(node),
+            driver_version_of(pod) if pod else "",
+            bool(pod) and _ready(pod),
+            name in validators and _ready(validators[name]),
+            _count(status.get("allocatable"), GPU_RESOURCE),
+            _count(status.get("capacity"), GPU_RESOURCE),
+        )
     return seen
 
 
@@ -189,12 +208,15 @@ def _count(resources: dict | None, name: str) -> int:
 
 
 def _ready(obj: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (obj.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
 
 
-def judge(nodes: list[str], seen: dict[str, NodeSeen], disruptions: list[Disruption], *, target: str,
-          soaking: bool) -> tuple[bool, str]:
+def judge(
+    nodes: list[str], seen: dict[str, NodeSeen], disruptions: list[Disruption], *, target: str, soaking: bool
+) -> tuple[bool, str]:
     """(every node upgraded and healthy, why the wave failed or ""). Rolling, a node may pass through any state;
     soaking, it must stay upgrade-done, Ready, on the target driver."""
     for d in disruptions:
@@ -221,28 +243,41 @@ def left_hold(driver_pods: list[dict], held: Sequence[str], target: str) -> str:
     for pod in sorted(driver_pods, key=lambda p: p["metadata"]["name"]):
         node = (pod.get("spec") or {}).get("nodeName")
         if node in held and driver_version_of(pod) == target:
-            return (f"node {node}, held for a later wave, runs driver {target} outside its wave: its driver pod "
-                    f"{pod['metadata']['name']} came back from the new template (deleted while held?)")
+            return (
+                f"node {node}, held for a later wave, runs driver {target} outside its wave: its driver pod "
+                f"{pod['metadata']['name']} came back from the new template (deleted while held?)"
+            )
     return ""
 
 
-def wait_and_judge(kube: Kube, pods: PodWatch, slos: SloLook, nodes: list[str], namespace: str | None, *,
-                   target: str, seconds: float, soaking: bool,
-                   record: Callable[[dict[str, NodeSeen], list[Disruption]], None],
-                   customers: Callable[[], str], held: Sequence[str] = (), tick_s: float = 2.0) -> str:
+def wait_and_judge(
+    kube: Kube,
+    pods: PodWatch,
+    slos: SloLook,
+    nodes: list[str],
+    namespace: str | None,
+    *,
+    target: str,
+    seconds: float,
+    soaking: bool,
+    record: Callable[[dict[str, NodeSeen], list[Disruption]], None],
+    customers: Callable[[], str],
+    held: Sequence[str] = (),
+    tick_s: float = 2.0,
+) -> str:
     """Judge the wave every tick for up to `seconds`, `customers` saying why its start probes fail it and
     `held` naming the nodes that must stay on their old driver meanwhile. Rolling: returns "" once every node is
     upgraded, the failure when one shows, "timeout" at the end. Soaking: "" at the end unless a failure shows
     first."""
     deadline, unseen = time.monotonic() + seconds, 0
     while True:
-        drivers = operand_pods(kube, DRIVER_COMPONENT_SELECTOR, namespace)     # one read for both questions
+        drivers = operand_pods(kube, DRIVER_COMPONENT_SELECTOR, namespace)  # one read for both questions
         seen = nodes_seen(kube, nodes, namespace, drivers)
         found = pods.take()
         record(seen, found)
         done, failure = judge(nodes, seen, found, target=target, soaking=soaking)
         unseen = unseen + 1 if (why := pods.unseen()) else 0
-        if not failure and unseen >= UNSEEN_LOOKS:      # a removal it cannot see is not a pass
+        if not failure and unseen >= UNSEEN_LOOKS:  # a removal it cannot see is not a pass
             failure = f"{why} ({UNSEEN_LOOKS} looks in a row)"
         failure = failure or left_hold(drivers, held, target) or slos.failure() or customers()
         if failure:
