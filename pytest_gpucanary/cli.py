@@ -8,14 +8,15 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_gpucanary import target
 from pytest_gpucanary.config import BY_NAME, KNOBS, Knob, Settings, env_source, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 
 if TYPE_CHECKING:
-    from pytest_gpucanary.kube import Kube
     from pytest_gpucanary.policy.helm import HelmChart
 
 
@@ -29,46 +30,8 @@ class ExitCode(enum.IntEnum):
     ENVIRONMENT = 6
 
 
+COMMANDS_GROUP = "gpucanary.commands"  # entry points: (subparsers) -> None, adding subcommands
 EXIT_CODES_HELP = ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}" for code in ExitCode)
-
-
-def _add_fleet(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("fleet", help="Run the local GPU fleet (real control plane, KWOK GPU nodes)")
-    actions = parser.add_subparsers(dest="fleet_action", required=True)
-    up = actions.add_parser("up", help="Build (if needed) and start the fleet; idempotent")
-    up.add_argument(
-        "--gpu-nodes",
-        type=int,
-        default=None,
-        help="Number of simulated GPU nodes (env GPUCANARY_FLEET_GPU_NODES, default 4)",
-    )
-    actions.add_parser("status", help="Print the kubeconfig path and the state of each component")
-    actions.add_parser("down", help="Stop every fleet process and free its ports")
-    parser.set_defaults(handler=_cmd_fleet)
-
-
-def _cmd_fleet(args: argparse.Namespace) -> ExitCode:
-    from pytest_gpucanary.fleet import Fleet
-
-    fleet = Fleet.from_env()
-    if args.fleet_action == "up":
-        if args.gpu_nodes is not None:
-            fleet = fleet.with_gpu_nodes(args.gpu_nodes)
-        fleet.up(progress=_progress)
-        print(fleet.kubeconfig)
-    elif args.fleet_action == "status":
-        status = fleet.status()
-        print(f"kubeconfig: {fleet.kubeconfig}")
-        for name, state in status.items():
-            print(f"{name:<24} {state}")
-        if "nodes" not in status:
-            return ExitCode.ENVIRONMENT
-        print(f"\n{'NODE':<14} {'READY':<6} {'GPUS':<5} {'PRODUCT':<24} UPGRADE STATE")
-        for row in fleet.nodes():
-            print(f"{row['name']:<14} {row['ready']:<6} {row['gpus']:<5} {row['product']:<24} {row['upgrade']}")
-    else:
-        fleet.down(progress=_progress)
-    return ExitCode.OK
 
 
 def _add_plan_sweep(sub: argparse._SubParsersAction) -> None:
@@ -205,27 +168,16 @@ def _add_preflight(sub: argparse._SubParsersAction) -> None:
 def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
     import json
 
-    from pytest_gpucanary import preflight
-    from pytest_gpucanary.kube import Kube
-    from pytest_gpucanary.plugin import default_pool_provider
-    from pytest_gpucanary.run import check_inputs
+    from pytest_gpucanary.canary import preflight
+    from pytest_gpucanary.canary.run import check_inputs
 
     settings = Settings.resolve(lambda knob: getattr(args, knob.name), env_source(os.environ))
-    check_inputs(settings, fleet_chart=fleet_chart(settings))
-    prometheus_url = settings.prometheus_url
-    if settings.kubeconfig:
-        kube = Kube.connect(settings.kubeconfig, context=settings.context)
-    else:
-        from pytest_gpucanary.fleet import Fleet
-
-        fleet = Fleet.from_env()
-        kube = Kube.connect(fleet.kubeconfig)
-        prometheus_url = prometheus_url or fleet.prometheus_url
+    check_inputs(settings, fleet_chart=target.chart(settings))
     report = preflight.check(
-        kube,
-        default_pool_provider(settings),
+        target.connect(settings),
+        target.pool_provider(settings),
         target=settings.driver_version or "",
-        prometheus_url=prometheus_url,
+        prometheus_url=target.prometheus_url(settings),
         service_url=settings.service_url,
         longest_run_s=settings.longest_run_s(),
         pushgateway_url=settings.pushgateway_url,
@@ -270,7 +222,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> ExitCode:
-    from pytest_gpucanary.outcome import replay
+    from pytest_gpucanary.canary.outcome import replay
 
     overrides = {k.name: getattr(args, k.name) for k in KNOBS if k.threshold and getattr(args, k.name) is not None}
     outcome = replay(Path(args.report_dir), overrides)
@@ -291,17 +243,6 @@ def _change_settings(args: argparse.Namespace, what: str) -> Settings:
             what, hint=f"pass {flag('policy')} PATH and {flag('driver_version')} VERSION, as the canary run had"
         )
     return settings
-
-
-def _connect(settings: Settings) -> Kube:
-    """The cluster the settings name, or the local fleet."""
-    from pytest_gpucanary.kube import Kube
-
-    if settings.kubeconfig:
-        return Kube.connect(settings.kubeconfig, context=settings.context)
-    from pytest_gpucanary.fleet import Fleet
-
-    return Kube.connect(Fleet.from_env().kubeconfig)
 
 
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
@@ -330,7 +271,8 @@ def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
     import dataclasses
     import json
 
-    from pytest_gpucanary import preflight, publish
+    from pytest_gpucanary.canary import publish
+    from pytest_gpucanary.cluster import operator_release
     from pytest_gpucanary.policy.parse import load_policy
     from pytest_gpucanary.receipt.verdict import VerdictKey
 
@@ -338,8 +280,8 @@ def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
     if not (args.max_age_h > 0 and math.isfinite(args.max_age_h)):
         raise ConfigError(f"--max-age-h={args.max_age_h} is not a positive number of hours", hint="e.g. --max-age-h=24")
     policy = load_policy(settings.policy, helm=_helm(settings))
-    kube = _connect(settings)
-    key = VerdictKey.of(policy.to_cr(), settings.driver_version, preflight.operator_release(kube))
+    kube = target.connect(settings)
+    key = VerdictKey.of(policy.to_cr(), settings.driver_version, operator_release(kube))
     found = publish.read(kube, key)
     print(json.dumps(dataclasses.asdict(found) if found else None, indent=1))
     if why := publish.refusal(found, key, max_age_s=args.max_age_h * 3600):
@@ -434,7 +376,7 @@ def _add_widen(sub: argparse._SubParsersAction) -> None:
 def _cmd_widen(args: argparse.Namespace) -> ExitCode:
     import signal
 
-    from pytest_gpucanary.metrics import Prometheus
+    from pytest_gpucanary.canary.metrics import Prometheus
     from pytest_gpucanary.policy.parse import load_policy
     from pytest_gpucanary.widen import plan, receipt
     from pytest_gpucanary.widen.rollout import Refused, WidenOptions, widen
@@ -451,14 +393,10 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
     strategy = plan.Strategy.parse(args.waves)
     slos = tuple(Slo.parse(text) for text in args.slo)
     policy = load_policy(settings.policy, helm=_helm(settings))
-    prometheus_url = settings.prometheus_url
-    if slos and not prometheus_url and not settings.kubeconfig:
-        from pytest_gpucanary.fleet import Fleet
-
-        prometheus_url = Fleet.from_env().prometheus_url
+    prometheus_url = target.prometheus_url(settings) if slos else settings.prometheus_url
     if slos and not prometheus_url:
         raise ConfigError("--slo is read from a Prometheus", hint=f"pass {flag('prometheus_url')} URL")
-    kube = _connect(settings)
+    kube = target.connect(settings)
     opts = WidenOptions(
         policy.to_cr(),
         settings.driver_version,
@@ -540,11 +478,11 @@ def _cmd_cleanup(args: argparse.Namespace) -> ExitCode:
         raise ConfigError("--force needs --run-id", hint="name the run whose process is surely gone")
     if not (args.wait_s > 0 and math.isfinite(args.wait_s)):
         raise ConfigError(f"--wait-s={args.wait_s} is not a positive number of seconds", hint="e.g. --wait-s=1200")
-    from pytest_gpucanary.cleanup import cleanup
-    from pytest_gpucanary.fleet import Fleet
+    from pytest_gpucanary.canary.cleanup import cleanup
     from pytest_gpucanary.kube import Kube
 
-    kube = Kube.connect(args.kubeconfig or Fleet.from_env().kubeconfig, context=args.context, option="--kubeconfig")
+    kubeconfig = args.kubeconfig or target.test_bed().kubeconfig
+    kube = Kube.connect(kubeconfig, context=args.context, option="--kubeconfig")
     result = cleanup(kube, run_id=args.run_id, force=args.force, wait_s=args.wait_s, report=_progress)
     _progress(f"cleanup: {result.restored} objects deleted or restored")
     if result.problems:
@@ -575,24 +513,10 @@ def _add_lint(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_cmd_lint)
 
 
-def fleet_chart(settings: Settings) -> Callable[[], Path] | None:
-    """With the local fleet as the target, where its release's gpu-operator chart is (found only when
-    a Helm values policy needs it); None for a real cluster, which names its chart."""
-    if settings.kubeconfig is not None:
-        return None
-
-    def chart() -> Path:
-        from pytest_gpucanary.fleet import Fleet
-
-        return Fleet.from_env().helm_chart()
-
-    return chart
-
-
 def _helm(settings: Settings) -> HelmChart:
     from pytest_gpucanary.policy.helm import HelmChart
 
-    return HelmChart.from_settings(settings, fleet_chart=fleet_chart(settings))
+    return HelmChart.from_settings(settings, fleet_chart=target.chart(settings))
 
 
 def _cmd_lint(args: argparse.Namespace) -> ExitCode:
@@ -648,10 +572,9 @@ def _gate_settings(run_args: list[str]) -> Settings:
 
 
 def _cmd_gate(args: argparse.Namespace) -> ExitCode:
-    from pytest_gpucanary import gate, preflight
-    from pytest_gpucanary.kube import Kube
-    from pytest_gpucanary.plugin import default_pool_provider
-    from pytest_gpucanary.run import new_run_id
+    from pytest_gpucanary.canary.run import new_run_id
+    from pytest_gpucanary.cluster import discover
+    from pytest_gpucanary.premerge import gate
 
     settings = _gate_settings(args.pytest_args)
     planned = gate.plan(
@@ -662,19 +585,14 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
         gate_id=settings.run_id or new_run_id(),
         helm=_helm(settings),
     )
-    env, fleet = dict(os.environ), None
-    if settings.kubeconfig:
-        kube = Kube.connect(settings.kubeconfig, context=settings.context)
-    else:
-        from pytest_gpucanary.fleet import Fleet
-
-        fleet = Fleet.from_env()
-        fleet.up(progress=_progress)  # once here: two runs starting it at once would race
+    env, bed = dict(os.environ), None
+    if settings.kubeconfig is None:
+        bed = target.test_bed()
+        bed.up(progress=_progress)  # once here: two runs starting it at once would race
         env["GPUCANARY_FLEET_KEEP"] = "1"
-        kube = Kube.connect(fleet.kubeconfig)
     try:
-        cluster = preflight.discover(kube)
-        per_run_pool = type(default_pool_provider(settings)).__name__ == "KwokPoolProvider"
+        cluster = discover(target.connect(settings))
+        per_run_pool = getattr(target.pool_provider(settings), "fresh_per_run", False)
         parallel = cluster.nvidiadriver_mode and cluster.per_driver_policy and per_run_pool and not args.sequential
         if not parallel and not args.sequential:
             _progress(
@@ -683,8 +601,8 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
             )
         outcome = gate.gate(planned, run_args=args.pytest_args, parallel=parallel, env=env, progress=_progress)
     finally:
-        if fleet is not None and not settings.fleet_keep:
-            fleet.down(progress=_progress)
+        if bed is not None and not settings.fleet_keep:
+            bed.down(progress=_progress)
     if outcome.comparison is None:
         failed = {label: code for label, code in outcome.exit_codes.items() if code not in (0, 1)}
         _progress(
@@ -702,7 +620,6 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
 
 
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_fleet,
     _add_run,
     _add_preflight,
     _add_evaluate,
@@ -729,6 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
+    for extra in sorted(entry_points(group=COMMANDS_GROUP), key=lambda ep: ep.name):
+        extra.load()(sub)  # a test bed's own commands (the local fleet's `gpucanary fleet`)
     return parser
 
 

@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from pytest_gpucanary import target
 from pytest_gpucanary.config import KNOBS, Knob, Settings, env_source
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 
 if TYPE_CHECKING:
-    from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
+    from pytest_gpucanary.canary.outcome import RunOutcome
+    from pytest_gpucanary.canary.pool import PoolProvider
     from pytest_gpucanary.kube import Kube
-    from pytest_gpucanary.outcome import RunOutcome
-    from pytest_gpucanary.pool import PoolProvider
+    from pytest_gpucanary.target import TestBed
 
 pytest_plugins = ["pytest_gpucanary.sweep.fixtures"]
 
@@ -99,15 +100,15 @@ class GpucanarySession:
             return self.outcome
         if self.error is not None:
             self.fail(self.error)
+        from pytest_gpucanary.canary.run import CanaryRun
         from pytest_gpucanary.progress import ProgressLine
-        from pytest_gpucanary.run import CanaryRun
 
         settings = self.settings
         provider = self.config.hook.pytest_gpucanary_make_pool(config=self.config, settings=settings)
-        fleet = None if settings.kubeconfig else request.getfixturevalue("gpucanary_fleet").fleet
+        bed = None if settings.kubeconfig else request.getfixturevalue("gpucanary_test_bed")
         try:
             self.outcome = CanaryRun(
-                settings, kube, provider, fleet=fleet, progress=ProgressLine(self.progress_writer())
+                settings, kube, provider, fleet=bed, progress=ProgressLine(self.progress_writer())
             ).execute()
         except GpucanaryError as err:
             self.fail(err)
@@ -138,11 +139,10 @@ class GpucanarySession:
         """Refuse bad gate input before any test runs or the cluster is touched: exit 4, one line."""
         if not any("gpucanary_run" in getattr(item, "fixturenames", ()) for item in items):
             return
-        from pytest_gpucanary.cli import fleet_chart
-        from pytest_gpucanary.run import check_inputs
+        from pytest_gpucanary.canary.run import check_inputs
 
         try:
-            check_inputs(self.settings, fleet_chart=fleet_chart(self.settings))
+            check_inputs(self.settings, fleet_chart=target.chart(self.settings))
         except ConfigError as err:
             raise pytest.UsageError(f"gpucanary: {err}") from None
 
@@ -171,20 +171,19 @@ def gpucanary_settings(request: pytest.FixtureRequest) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def gpucanary_fleet(request: pytest.FixtureRequest) -> Iterator[FleetClusterManager]:
-    """A ready local GPU fleet, started once per run (left running if it was up before)."""
-    from pytest_gpucanary.fleet import Fleet
-    from pytest_gpucanary.fleet.cluster_manager import FleetClusterManager
-
+def gpucanary_test_bed(request: pytest.FixtureRequest) -> Iterator[TestBed]:
+    """The local test bed (the run's target without --gpucanary-kubeconfig), started once per session and
+    stopped after it unless it was up before or --gpucanary-fleet-keep."""
     session = _session(request)
-    manager = FleetClusterManager(Fleet.from_env(), progress=session.progress_writer())
     try:
-        manager.create()
+        bed = target.test_bed()
+        was_up = bed.is_up()
+        bed.up(progress=session.progress_writer())
     except GpucanaryError as err:
-        session.fail(EnvError(f"local fleet could not start: {err}"))
-    yield manager
-    if not session.settings.fleet_keep:
-        manager.delete()
+        session.fail(EnvError(f"local test bed could not start: {err}"))
+    yield bed
+    if not was_up and not session.settings.fleet_keep:
+        bed.down(progress=session.progress_writer())
 
 
 @pytest.fixture(scope="session")
@@ -194,7 +193,7 @@ def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings)
 
     kubeconfig = gpucanary_settings.kubeconfig
     if kubeconfig is None:
-        kubeconfig = request.getfixturevalue("gpucanary_fleet").fleet.kubeconfig
+        kubeconfig = request.getfixturevalue("gpucanary_test_bed").kubeconfig
     try:
         return Kube.connect(kubeconfig, context=gpucanary_settings.context)
     except GpucanaryError as err:
@@ -203,31 +202,8 @@ def gpucanary_kube(request: pytest.FixtureRequest, gpucanary_settings: Settings)
 
 @pytest.hookimpl(trylast=True)
 def pytest_gpucanary_make_pool(config: pytest.Config, settings: Settings) -> PoolProvider:
-    """The default: the local fleet's kubelet node or fresh KWOK nodes (or where asked for), else carve out
-    existing nodes."""
-    return default_pool_provider(settings)
-
-
-def default_pool_provider(settings: Settings) -> PoolProvider:
-    """The pool a run gets without a hook of its own (also what `gpucanary preflight` checks): on the
-    local fleet its real kubelet node where it has one as a pool, else a fresh KWOK node."""
-    provider = settings.pool_provider
-    if provider is None and settings.kubeconfig is None:
-        from pytest_gpucanary.fleet import Fleet
-
-        provider = "kubelet" if Fleet.from_env().has_kubelet_pool() else "kwok"
-    if provider == "kwok":
-        from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider  # the local fleet's own pools
-
-        return KwokPoolProvider(size=settings.pool_size)
-    if provider == "kubelet":
-        from pytest_gpucanary.fleet import Fleet
-        from pytest_gpucanary.fleet.kubelet_pool import KubeletPoolProvider
-
-        return KubeletPoolProvider.for_fleet(settings, Fleet.from_env().layout)
-    from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
-
-    return ExistingNodeProvider.from_settings(settings)
+    """The default: the test bed's own pool where it is the target, else existing nodes carved out."""
+    return target.pool_provider(settings)
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
-from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE
-from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
+from pytest_gpucanary.canary.lease import CLUSTER_LOCK_NAMESPACE
+from pytest_gpucanary.canary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.receipt.verdict import CONFIGMAP_PREFIX as VERDICT_PREFIX
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})

@@ -16,10 +16,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from pytest_gpucanary import metrics
+from pytest_gpucanary.canary import metrics
+from pytest_gpucanary.canary.publish import NAMESPACE as VERDICT_NAMESPACE
+from pytest_gpucanary.canary.workloads import PRIORITY_CLASS_MANIFEST
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, operator, processes, waits
 from pytest_gpucanary.fleet.binaries import (
@@ -35,8 +38,10 @@ from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
-from pytest_gpucanary.workloads import PRIORITY_CLASS_MANIFEST
+
+if TYPE_CHECKING:
+    from pytest_gpucanary.canary.pool import PoolProvider
+    from pytest_gpucanary.config import Settings
 
 Progress = Callable[[str], None]
 USER_AGENT = "gpucanary-fleet"  # not gpucanary/<version>: the audit log tells the canary apart by it
@@ -168,6 +173,19 @@ class Fleet:
             return bool(json.loads(self.layout.state_file.read_text())["kubelet_pool"])
         except (OSError, ValueError, KeyError):
             return self.layout.kubelet_pool and self.layout.kubelet_nodes > 0
+
+    def pool_provider(self, settings: Settings) -> PoolProvider | None:
+        """The fleet's own pool (its kubelet node where it has one as a pool, else a fresh KWOK node), or None
+        for `--gpucanary-pool-provider=existing`."""
+        from pytest_gpucanary.fleet.kubelet_pool import KubeletPoolProvider
+        from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
+
+        provider = settings.pool_provider or ("kubelet" if self.has_kubelet_pool() else "kwok")
+        if provider == "kwok":
+            return KwokPoolProvider(size=settings.pool_size)
+        if provider == "kubelet":
+            return KubeletPoolProvider.for_fleet(settings, self.layout)
+        return None
 
     def bin_dir(self) -> Path | None:
         binaries = self.binaries()

@@ -23,7 +23,7 @@ import json
 import threading
 from urllib.parse import urlsplit
 
-from pytest_gpucanary.collective import is_kwok_node
+from pytest_gpucanary.canary.collective import is_kwok_node
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube, WatchEvent
 

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import yaml
 
+from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.components import Component
 from pytest_gpucanary.fleet.images import NVML_STATE_SCRIPT, PAUSE_IMAGE, nvml_gpus
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL
 
 GPUS_PER_NODE = 8
 TAINT_KEY = "gpucanary.io/kubelet-node"  # keeps KWOK-era workloads off the real node until they opt in

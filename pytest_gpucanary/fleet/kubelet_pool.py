@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, Pool
+from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
+from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL, node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.fleet.manifests import host_network_service
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL, Pool
-from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
-from pytest_gpucanary.preflight import ClusterInfo
 
 KUBELET_POOL_SELECTOR = f"{NODE_KIND_LABEL}=kubelet,{DRIVER_POOL_LABEL}"
 

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL, Pool
+from pytest_gpucanary.canary.preflight import Permission
+from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
 from pytest_gpucanary.fleet.operator import gpus_allocatable
 from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, NVIDIADRIVER, driver_version_of
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL, Pool
-from pytest_gpucanary.preflight import ClusterInfo, Permission
 
 FLEET_DRIVER = "fleet"  # the NVIDIADriver of the fleet's own nodes (fixtures/fleet/nvidiadriver.yaml)
 NETWORKING_KEYS = ("rdma", "gds", "gdrcopy")
@@ -112,6 +113,7 @@ KWOK_POOL_PERMISSIONS = tuple(
 class KwokPoolProvider:
     size: int = 1
     name: str = "kwok"
+    fresh_per_run: bool = True  # nodes of its own per run, so a gate's base and head can run at once
     pool: KwokPool | None = None
     driver_from: str | None = None
     permissions: tuple[Permission, ...] = KWOK_POOL_PERMISSIONS

@@ -46,13 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary.collective import is_kwok_node
+from pytest_gpucanary.canary.collective import is_kwok_node
+from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL
+from pytest_gpucanary.canary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
 from pytest_gpucanary.fleet.manifests import DCGM_SERIES, KUBELET_DCGM_PATH
 from pytest_gpucanary.kube import Kube, WatchEvent
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL
-from pytest_gpucanary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 
 DRIVER_VERSION_LABELS = (
     op.DRIVER_VERSION_LABEL,

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import waits
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
@@ -22,7 +23,6 @@ from pytest_gpucanary.fleet.images import NVML_STATE_PATH
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 from pytest_gpucanary.gpu_operator import GPU_COUNT_LABEL, GPU_RESOURCE
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL, HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL
 
 Kubectl = Callable[..., str]
 # v26.7.0 keeps the ClusterPolicy notReady, with only this reason, while any NVIDIADriver-owned node

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pytest_gpucanary.canary.load import sigint_default
 from pytest_gpucanary.fleet.audit import read_log
 from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fence, new_run_id
 from pytest_gpucanary.fleet.fleet import Fleet
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
 from pytest_gpucanary.kube import OWNER_LABEL, Kube
-from pytest_gpucanary.load import sigint_default
 
 Snapshot = dict[str, object]
 

@@ -31,8 +31,7 @@ from pytest_gpucanary.ladder.model import (
 from pytest_gpucanary.ladder.timeline import Record
 
 if TYPE_CHECKING:
-    from pytest_gpucanary.config import Settings
-    from pytest_gpucanary.ladder.model import Eviction
+    pass
 
 EVIDENCE_FILE = "evidence.json"
 TIMELINE_FILE = "timeline.jsonl"
@@ -108,12 +107,6 @@ class RunEvidence:
         return max(self.finished_wall_ns, self.end_wall_ns())
 
     # --- what a gate test asks -------------------------------------------------------------------------
-
-    def evictions(self, settings: Settings | None = None) -> list[Eviction]:
-        """Non-DaemonSet pods removed from pool nodes during the upgrade, judged against `settings`."""
-        from pytest_gpucanary.ladder.application import evictions  # the rule lives with its stage
-
-        return evictions(self, settings)
 
     def pods_gone(self) -> list[timeline.PodGone]:
         """Every pod removed from the pool nodes during the recording, in the order first seen."""

@@ -18,7 +18,7 @@ from pytest_gpucanary.ladder.model import PhaseStats, RatePoint, UpgradePhase, s
 from pytest_gpucanary.ladder.timeline import Record, phase_windows
 
 if TYPE_CHECKING:
-    from pytest_gpucanary.load import Sample
+    from pytest_gpucanary.canary.load import Sample
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def _driver_holders_not_freed(p: UpgradePolicy) -> _Flag | None:
 )
 def _dra_claims_not_deleted(p: UpgradePolicy) -> _Flag | None:
     # the operator's pod deletion filter (gpuPodSpecFilter) before v26.7 matches extended resources only;
-    # v26.7.0 also counts a pod with an allocated gpu.nvidia.com ResourceClaim (pytest_gpucanary/dra.py)
+    # v26.7.0 also counts a pod with an allocated gpu.nvidia.com ResourceClaim (pytest_gpucanary/canary/dra.py)
     then = (
         "a drain evicts them only after a GPU pod deletion failed"
         if p.drain.enable

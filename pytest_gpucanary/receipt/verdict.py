@@ -2,7 +2,7 @@
 
 A verdict is keyed by exactly what the run proved: the digest of the upgrade policy as applied (its CR
 form, so a Helm values file and the ClusterPolicy it renders are one policy), the target driver and the
-GPU Operator release. `pytest_gpucanary.publish` keeps it in the cluster and pushes the metrics.
+GPU Operator release. `pytest_gpucanary.canary.publish` keeps it in the cluster and pushes the metrics.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from pytest_gpucanary import workloads
+from pytest_gpucanary.canary import workloads
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import EnvError, GpucanaryError
 from pytest_gpucanary.kube import Conflict, Kube, owned_namespace

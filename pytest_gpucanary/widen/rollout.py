@@ -15,8 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pytest_gpucanary import lease, preflight, publish
-from pytest_gpucanary.cleanup import RunLeftovers, leftovers
+from pytest_gpucanary.canary import apply as upgrade
+from pytest_gpucanary.canary import lease, publish
+from pytest_gpucanary.canary.cleanup import RunLeftovers, leftovers
+from pytest_gpucanary.canary.metrics import MetricsError, Prometheus
+from pytest_gpucanary.canary.pool import Pool
+from pytest_gpucanary.canary.pool.existing_node import SAVED_STATE_ANNOTATION
+from pytest_gpucanary.cluster import ClusterInfo, discover, operator_release
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.gpu_operator import (
@@ -29,10 +34,6 @@ from pytest_gpucanary.gpu_operator import (
     driver_node_selector,
 )
 from pytest_gpucanary.kube import OWNER, OWNER_LABEL, Conflict, Kube, NotFound, patch_as_read, saved_run
-from pytest_gpucanary.metrics import MetricsError, Prometheus
-from pytest_gpucanary.policy import apply as upgrade
-from pytest_gpucanary.pool import Pool
-from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.receipt.verdict import VerdictKey
 from pytest_gpucanary.widen import plan, state
 from pytest_gpucanary.widen.probes import StartProbes
@@ -72,7 +73,7 @@ def widen(
 ) -> Sweep:
     """Run (or resume) the sweep to its end: every wave passed (status done), or one failed (halted, or
     rolled back). `on_sweep` sees the record each time it is written."""
-    key = VerdictKey.of(opts.upgrade_policy, opts.target, preflight.operator_release(kube))
+    key = VerdictKey.of(opts.upgrade_policy, opts.target, operator_release(kube))
     found = publish.read(kube, key)
     if why := publish.refusal(found, key, max_age_s=opts.max_age_s):
         raise Refused(why)
@@ -85,7 +86,7 @@ def widen(
             raise EnvError(
                 f"SLO `{slo}` cannot be read: {err}", hint="check the query and the Prometheus URL"
             ) from None
-    cluster = preflight.discover(kube)
+    cluster = discover(kube)
     before = read(kube, key)
     # what an earlier sweep of this change that did not finish still has in the cluster: read once
     left = (
@@ -245,7 +246,7 @@ def _resume(
 
 def _start(
     kube: Kube,
-    cluster: preflight.ClusterInfo,
+    cluster: ClusterInfo,
     opts: WidenOptions,
     key: VerdictKey,
     verdict_run: str,
@@ -288,7 +289,7 @@ WIDEN_ELIGIBLE_LABEL = "gpucanary.io/widen-eligible"
 
 
 def _target(
-    kube: Kube, cluster: preflight.ClusterInfo, name: str | None, report: Callable[[str], None]
+    kube: Kube, cluster: ClusterInfo, name: str | None, report: Callable[[str], None]
 ) -> tuple[tuple[str, str, str], str, list[str]]:
     """What carries the version (the NVIDIADriver, or the ClusterPolicy), the version it is at, and its nodes
     less those held by someone else or carved out as a canary pool."""
@@ -337,7 +338,7 @@ def _target(
     return target, prior, ours
 
 
-def _applied(cluster: preflight.ClusterInfo, sweep: Sweep, left: RunLeftovers | None) -> upgrade.AppliedUpgrade:
+def _applied(cluster: ClusterInfo, sweep: Sweep, left: RunLeftovers | None) -> upgrade.AppliedUpgrade:
     """What the sweep changed, as the canary's restore reads it: rebuilt from the sweep's record and what its
     run id marks in the cluster (`left`, on a resume), so a resumed sweep undoes what the killed one wrote."""
     applied = upgrade.AppliedUpgrade(
@@ -355,7 +356,7 @@ def _applied(cluster: preflight.ClusterInfo, sweep: Sweep, left: RunLeftovers | 
 
 def _apply(
     kube: Kube,
-    cluster: preflight.ClusterInfo,
+    cluster: ClusterInfo,
     opts: WidenOptions,
     sweep: Sweep,
     applied: upgrade.AppliedUpgrade,
@@ -385,7 +386,7 @@ def _apply(
 
 def _waves(
     kube: Kube,
-    cluster: preflight.ClusterInfo,
+    cluster: ClusterInfo,
     opts: WidenOptions,
     sweep: Sweep,
     pods: PodWatch,
@@ -507,9 +508,7 @@ class _Progress:
             self.said, self.at = text, time.monotonic()
 
 
-def _take_joined(
-    kube: Kube, cluster: preflight.ClusterInfo, sweep: Sweep, index: int, report: Callable[[str], None]
-) -> None:
+def _take_joined(kube: Kube, cluster: ClusterInfo, sweep: Sweep, index: int, report: Callable[[str], None]) -> None:
     """A node the change reaches that joined since the sweep started gets its first driver pod from the driver
     DaemonSet's current template, which is the target version: the skip label holds an upgrade, not a first
     install. It is judged with the wave about to start."""
@@ -548,7 +547,7 @@ def _forget_saved_spec(kube: Kube, kind: tuple[str, str], name: str, run_id: str
 
 def _roll_back(
     kube: Kube,
-    cluster: preflight.ClusterInfo,
+    cluster: ClusterInfo,
     sweep: Sweep,
     applied: upgrade.AppliedUpgrade,
     report: Callable[[str], None],

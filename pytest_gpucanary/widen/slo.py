@@ -8,8 +8,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pytest_gpucanary.canary.metrics import MetricsError, Prometheus, Series
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.metrics import MetricsError, Prometheus, Series
 
 UNANSWERED_LOOKS = 3
 _SLO = re.compile(r"^(?P<query>.+?)\s*(?P<op><=|>=|<|>)\s*(?P<threshold>[-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*$")

@@ -14,7 +14,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from pytest_gpucanary import recorder
+from pytest_gpucanary.canary import recorder
 from pytest_gpucanary.ladder import timeline
 
 def durations(path: Path) -> tuple[dict[str, list[float]], dict[str, list[float]]]:

@@ -59,7 +59,7 @@ class CrashAfterWrite:
 
 
 def install(environ: dict[str, str] | os._Environ = os.environ) -> None:
-    from pytest_gpucanary import lease
+    from pytest_gpucanary.canary import lease
     from pytest_gpucanary.kube import Kube
 
     if (spec := environ.get(CRASH_AFTER_WRITE_ENV, "")).strip():

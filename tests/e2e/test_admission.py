@@ -19,9 +19,9 @@ from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.audit import read_log
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER, unplaced
 from pytest_gpucanary.kube import Kube, NotFound, owned_labels, owned_namespace
-from pytest_gpucanary.neighbours import NVSENTINEL_LABEL
-from pytest_gpucanary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
-from pytest_gpucanary.preflight import discover
+from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL
+from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
+from pytest_gpucanary.cluster import discover
 
 pytestmark = [pytest.mark.e2e]
 

@@ -16,7 +16,7 @@ from pytest_gpucanary.fleet.audit import Scope, outside
 from pytest_gpucanary.fleet.audit_run import run_canary
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.preflight import discover
+from pytest_gpucanary.cluster import discover
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

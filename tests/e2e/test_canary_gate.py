@@ -24,7 +24,7 @@ import pytest
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.config import FIXTURES
-from pytest_gpucanary.load import sigint_default
+from pytest_gpucanary.canary.load import sigint_default
 from pytest_gpucanary.policy.parse import load_policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -246,7 +246,7 @@ def test_prometheus_stopped_mid_run_makes_metric_checks_inconclusive_and_fails_t
                                    f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
     try:
-        from pytest_gpucanary import metrics
+        from pytest_gpucanary.canary import metrics
 
         deadline = time.monotonic() + 120        # the run's preflight wants every series the checks read
         while (missing := metrics.missing_series(f"http://127.0.0.1:{port}")) and time.monotonic() < deadline:

@@ -41,7 +41,7 @@ from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.gpu_operator import daemonset_node, unplaced
 from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
-from pytest_gpucanary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
+from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
 from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
 from test_rollout_diagnosis import refused_drain_options
 

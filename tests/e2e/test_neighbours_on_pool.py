@@ -13,7 +13,7 @@ from canary_process import run_until_applied
 
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
-from pytest_gpucanary.neighbours import NODE_MAINTENANCE
+from pytest_gpucanary.canary.neighbours import NODE_MAINTENANCE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

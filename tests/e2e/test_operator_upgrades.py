@@ -22,8 +22,8 @@ from pytest_gpucanary.fleet.kwok_pool import KwokPool
 from pytest_gpucanary.gpu_operator import NVIDIADRIVER
 from pytest_gpucanary.kube import Kube, NotFound
 from pytest_gpucanary.ladder import timeline
-from pytest_gpucanary.preflight import discover
-from pytest_gpucanary.recorder import Record, Recorder, StreamSpec
+from pytest_gpucanary.cluster import discover
+from pytest_gpucanary.canary.recorder import Record, Recorder, StreamSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -227,7 +227,7 @@ def test_shm_emptydir_with_drain_enabled_drains_the_non_gpu_pod_too(drain_phase:
 
 def test_dcgm_driver_version_follows_the_new_driver_pod(no_drain_phase: dict[str, Scenario], gpucanary_fleet) -> None:
     """The simulated DCGM series relabel once the node's new driver pod is Ready (the node agent's GFD labels)."""
-    from pytest_gpucanary import metrics
+    from pytest_gpucanary.canary import metrics
 
     node = no_drain_phase["plain"].node
     deadline = time.monotonic() + 60
@@ -243,7 +243,7 @@ def test_dcgm_driver_version_follows_the_new_driver_pod(no_drain_phase: dict[str
 
 def test_operator_metric_counts_the_failed_pool_nodes(no_drain_phase: dict[str, Scenario], gpucanary_fleet) -> None:
     """gpu_operator_nodes_upgrades_failed is set in NVIDIADriver mode too, on every release: the shm and PDB pools."""
-    from pytest_gpucanary import metrics
+    from pytest_gpucanary.canary import metrics
 
     deadline = time.monotonic() + 60
     peak = 0.0

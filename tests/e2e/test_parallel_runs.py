@@ -18,8 +18,8 @@ import pytest
 from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.gpu_operator import NVIDIADRIVER
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.policy.apply import SAVED_SPEC_ANNOTATION
-from pytest_gpucanary.preflight import discover
+from pytest_gpucanary.canary.apply import SAVED_SPEC_ANNOTATION
+from pytest_gpucanary.cluster import discover
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

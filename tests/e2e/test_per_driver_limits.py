@@ -19,8 +19,8 @@ from pytest_gpucanary.fleet.manifests import gpu_node_name
 from pytest_gpucanary.gpu_operator import NVIDIADRIVER, UPGRADE_STATE_LABEL
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.ladder import timeline
-from pytest_gpucanary.preflight import discover
-from pytest_gpucanary.recorder import Recorder, StreamSpec
+from pytest_gpucanary.cluster import discover
+from pytest_gpucanary.canary.recorder import Recorder, StreamSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -25,13 +25,15 @@ import yaml
 
 from kubernetes.client.exceptions import ApiException
 
-from pytest_gpucanary import preflight, publish
+from pytest_gpucanary.canary import preflight, publish
+
+from pytest_gpucanary.cluster import operator_release
 from pytest_gpucanary.config import FIXTURES, REPO_ROOT
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.gpu_operator import NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL, driver_version_of
 from pytest_gpucanary.kube import Conflict, Kube
-from pytest_gpucanary.load import LoadRun
-from pytest_gpucanary.metrics import Prometheus
+from pytest_gpucanary.canary.load import LoadRun
+from pytest_gpucanary.canary.metrics import Prometheus
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from test_clusterpolicy_mode import gpucanary, second_fleet   # tests/e2e is on sys.path (rootdir import mode)
@@ -111,7 +113,7 @@ def policy_file(tmp_path: Path, source: str, **changes: object) -> Path:
 
 
 def record_verdict(kube: Kube, policy: Path, target: str, *, passed: bool) -> None:
-    key = VerdictKey.of(load_policy(policy).to_cr(), target, preflight.operator_release(kube))
+    key = VerdictKey.of(load_policy(policy).to_cr(), target, operator_release(kube))
     assert publish.record(kube, Verdict(key, passed, "canary-e2e", time.time_ns(), "" if passed else "application",
                                         {"rollout": "pass", "application": "pass" if passed else "fail"}))
 
@@ -178,7 +180,7 @@ def mark_for_widen(kube: Kube) -> None:
 
 
 def load_key(kube: Kube, policy: Path, target: str) -> VerdictKey:
-    return VerdictKey.of(load_policy(policy).to_cr(), target, preflight.operator_release(kube))
+    return VerdictKey.of(load_policy(policy).to_cr(), target, operator_release(kube))
 
 
 def deployment(name: str, spec: dict, *, node: str = NODES[0]) -> dict:

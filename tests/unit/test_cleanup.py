@@ -15,17 +15,17 @@ import pytest
 
 from kube_double import FakeKube
 
-from pytest_gpucanary import lease
-from pytest_gpucanary.cleanup import cleanup
+from pytest_gpucanary.canary import lease
+from pytest_gpucanary.canary.cleanup import cleanup
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, GPU_PRESENT_LABEL, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
 )
 from pytest_gpucanary.kube import owned_labels
-from pytest_gpucanary.policy import apply as upgrade
-from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL, Pool
-from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
-from pytest_gpucanary.preflight import ClusterInfo
+from pytest_gpucanary.canary import apply as upgrade
+from pytest_gpucanary.canary.pool import POOL_ELIGIBLE_LABEL, Pool
+from pytest_gpucanary.canary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
+from pytest_gpucanary.cluster import ClusterInfo
 
 OPERATOR_NS = "gpu-operator"
 POLICY = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "25%",

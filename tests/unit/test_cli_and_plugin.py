@@ -48,8 +48,8 @@ def test_fleet_fixture_fails_in_one_line_when_the_fleet_cannot_start(pytester: p
     pytester.makepyfile("def test_needs_fleet(gpucanary_fleet):\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:locust")
     assert result.ret == 6                    # could not run, which is not "the gate said no"
-    result.stdout.fnmatch_lines(["*local fleet could not start: missing binary*"])
-    assert result.stdout.str().count("local fleet could not start") == 1
+    result.stdout.fnmatch_lines(["*local test bed could not start: missing binary*"])
+    assert result.stdout.str().count("local test bed could not start") == 1
     assert "Traceback" not in result.stdout.str()
 
 

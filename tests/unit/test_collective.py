@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from kube_double import FakeKube
 
-from pytest_gpucanary.collective import busbw_of, check_peer, choose_pair
+from pytest_gpucanary.canary.collective import busbw_of, check_peer, choose_pair
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import DRIVER_VERSION_LABEL, GPU_RESOURCE
 from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL
-from pytest_gpucanary.pool import Pool
-from pytest_gpucanary.workloads import Placement, collective_pod
+from pytest_gpucanary.canary.pool import Pool
+from pytest_gpucanary.canary.workloads import Placement, collective_pod
 
 OLD = "580.82.07"
 

@@ -27,19 +27,19 @@ from pathlib import Path
 import pytest
 from kube_double import Crashed, FakeKube
 
-from pytest_gpucanary import lease, publish
-from pytest_gpucanary.cleanup import cleanup
+from pytest_gpucanary.canary import lease, publish
+from pytest_gpucanary.canary.cleanup import cleanup
 from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_RESOURCE, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
 )
-from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
-from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL
+from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
+from pytest_gpucanary.canary.pool import POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.progress import ProgressLine
-from pytest_gpucanary.run import CanaryRun
-from pytest_gpucanary.workloads import IMAGE_PULL_ROLE, PRIORITY_CLASS_MANIFEST, ROLE_LABEL
+from pytest_gpucanary.canary.run import CanaryRun
+from pytest_gpucanary.canary.workloads import IMAGE_PULL_ROLE, PRIORITY_CLASS_MANIFEST, ROLE_LABEL
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.95.05"
 OPERATOR_NS = "gpu-operator"
@@ -260,7 +260,7 @@ def test_clusterpolicy_mode_fails_at_rollout_naming_a_gpu_node_that_joins_mid_up
 
 
 def test_a_driver_pod_at_the_target_outside_the_pool_is_a_breach() -> None:
-    from pytest_gpucanary.blast_radius import BlastRadiusWatch
+    from pytest_gpucanary.canary.blast_radius import BlastRadiusWatch
 
     fake = cluster(nvidiadriver_mode=False)
     fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {SKIP_LABEL: "true"}}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kube_double import FakeKube
 
-from pytest_gpucanary import dra
+from pytest_gpucanary.canary import dra
 from pytest_gpucanary.kube import Forbidden
 
 

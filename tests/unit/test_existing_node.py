@@ -13,15 +13,15 @@ import threading
 import pytest
 from kube_double import FakeKube
 
-from pytest_gpucanary import neighbours
+from pytest_gpucanary.canary import neighbours
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
 from pytest_gpucanary.kube import RUN_ID_LABEL, Forbidden, NotFound
-from pytest_gpucanary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
+from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.pool import POOL_ELIGIBLE_LABEL
-from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider, restore_node
-from pytest_gpucanary.preflight import ClusterInfo
+from pytest_gpucanary.canary.pool import POOL_ELIGIBLE_LABEL
+from pytest_gpucanary.canary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider, restore_node
+from pytest_gpucanary.cluster import ClusterInfo
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.82.07"
 POOL_LABEL = "gpucanary.io/driver-pool"
@@ -320,7 +320,7 @@ def test_an_operator_pod_that_would_not_tolerate_the_fence_leaves_the_pool_unfen
 
 
 def test_every_canary_workload_tolerates_its_own_runs_fence_and_no_other() -> None:
-    from pytest_gpucanary import workloads
+    from pytest_gpucanary.canary import workloads
     from pytest_gpucanary.config import Settings
 
     placement = workloads.Placement("gpucanary-r1", "r1", "canary-0")
@@ -428,7 +428,7 @@ def test_a_node_stranded_on_the_target_is_put_back_into_upgrade_required_to_roll
     """GPU Operator leaves an out-of-date driver pod alone in validation-required and upgrade-failed: the give-back
     puts the node into upgrade-required (what the operator does for an out-of-date pod), once; the operator then
     restarts the pod at the restored version."""
-    from pytest_gpucanary.pool.existing_node import wait_for_driver
+    from pytest_gpucanary.canary.pool.existing_node import wait_for_driver
 
     fake = FakeKube()
     fake.create(node("canary-0", **{UPGRADE_STATE_LABEL: state}))
@@ -454,7 +454,7 @@ def test_a_node_stranded_on_the_target_is_put_back_into_upgrade_required_to_roll
 
 
 def test_a_node_in_validation_on_its_own_driver_is_left_to_the_operator() -> None:
-    from pytest_gpucanary.pool.existing_node import wait_for_driver
+    from pytest_gpucanary.canary.pool.existing_node import wait_for_driver
 
     fake = FakeKube()
     fake.create(node("canary-0", **{UPGRADE_STATE_LABEL: "validation-required"}))
@@ -468,7 +468,7 @@ def test_a_node_in_validation_on_its_own_driver_is_left_to_the_operator() -> Non
 def test_a_driver_pod_no_node_took_is_deleted_so_its_daemonset_makes_one_of_the_restored_driver() -> None:
     """GPU Operator passes over a node whose driver pod is unbound: the give-back deletes a pool node's driver pod
     of the target that the scheduler could not place (and only that one), so the DaemonSet makes a new one."""
-    from pytest_gpucanary.pool.existing_node import wait_for_driver
+    from pytest_gpucanary.canary.pool.existing_node import wait_for_driver
 
     def unplaced(name: str, node_name: str, version: str) -> dict:
         obj = driver_pod(node_name, version=version)
@@ -506,7 +506,7 @@ def test_a_driver_pod_no_node_took_is_deleted_so_its_daemonset_makes_one_of_the_
 def test_cleanup_of_a_killed_run_hands_its_pool_back_to_the_default_nvidiadriver() -> None:
     """A run killed after the handover left its NVIDIADriver and its marks: cleanup deletes that NVIDIADriver and
     waits for the default one's driver pod before it takes the marks off, as the run's own restore does."""
-    from pytest_gpucanary.cleanup import cleanup
+    from pytest_gpucanary.canary.cleanup import cleanup
 
     fake = with_default_driver(good_cluster())
     fake.patch(*NVIDIADRIVER, "all", {"metadata": {"labels": {"gpucanary.io/handover-eligible": "true"}}})

@@ -11,8 +11,8 @@ from pytest_gpucanary.config import Settings
 from pytest_gpucanary.fleet.kubelet_pool import KubeletPoolProvider
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
 from pytest_gpucanary.fleet.node_agent import dcgm_text
-from pytest_gpucanary.plugin import default_pool_provider
-from pytest_gpucanary.pool.existing_node import ExistingNodeProvider
+from pytest_gpucanary.target import pool_provider as default_pool_provider
+from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
 
 
 @pytest.fixture

@@ -69,7 +69,7 @@ CONFTEST = '''
 import pytest
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.ladder import Outcome, RunEvidence, Stage, StageVerdict, WorkloadRef, decide
-from pytest_gpucanary.outcome import RunOutcome
+from pytest_gpucanary.canary.outcome import RunOutcome
 
 SUMMARIES = {
     "rollout": (Outcome.PASS, "rollout: canary-0 reached upgrade-done in 50.7 s <= budget 1200 s"),

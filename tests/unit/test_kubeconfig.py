@@ -239,7 +239,7 @@ def _jwt(exp: datetime) -> str:
 def test_a_static_token_that_ends_before_a_run_could_is_a_preflight_problem(tmp_path: Path) -> None:
     from pytest_gpucanary.config import Settings
     from pytest_gpucanary.kube import Kube
-    from pytest_gpucanary.preflight import token_life_problem
+    from pytest_gpucanary.canary.preflight import token_life_problem
 
     longest_s = Settings().longest_run_s()
     assert longest_s == 600 + 30 + 2 * 1200 + 600                        # the defaults: about 60 min

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary.ladder import Outcome, Stage
-from pytest_gpucanary.metrics import (
+from pytest_gpucanary.canary.metrics import (
     MetricsError, Prometheus, Series, default_checks, judge_driver_version, judge_upgrade_failed, judge_xid,
     latest_versions, node_regex, query, window,
 )

@@ -16,7 +16,7 @@ from pytest_gpucanary.ladder.timeline import NeighbourAct, Record, neighbour_act
 from pytest_gpucanary.receipt.json import render_json
 from pytest_gpucanary.receipt.junit import render_stage_junit
 from pytest_gpucanary.receipt.markdown import render_markdown
-from pytest_gpucanary.recorder import spec_writers, trim
+from pytest_gpucanary.canary.recorder import spec_writers, trim
 
 QUARANTINE = {"key": "nvsentinel.dgxc.nvidia.com/quarantine", "value": "true", "effect": "NoSchedule"}
 FENCE = {"key": "gpucanary.io/run", "value": "r-1", "effect": "NoSchedule"}

@@ -14,7 +14,7 @@ from test_ladder import NEW, OLD, T0, at, clean_run, field_note_run, probes  # c
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.ladder import LadderResult, PhaseStats, RunEvidence, Stage, WorkloadRef, evaluate
-from pytest_gpucanary.metrics import MetricsError, query
+from pytest_gpucanary.canary.metrics import MetricsError, query
 from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.receipt import write_receipt
 from pytest_gpucanary.receipt.ci import ci_identity

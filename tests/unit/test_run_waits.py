@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from pytest_gpucanary.run import RestoringStack
+from pytest_gpucanary.canary.run import RestoringStack
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -69,8 +69,8 @@ def test_the_progress_line_says_a_v26_release_waits_for_its_requeue_once_the_new
     from test_ladder import HAPPY, NODE, operands, states
 
     from pytest_gpucanary.config import Settings
-    from pytest_gpucanary.pool import Pool
-    from pytest_gpucanary.run import CanaryRun
+    from pytest_gpucanary.canary.pool import Pool
+    from pytest_gpucanary.canary.run import CanaryRun
 
     records = sorted(states(list(zip([5, 10, 12, 14, 26], HAPPY[:5]))) + operands(), key=lambda r: r.received_wall_ns)
     run, pool = SimpleNamespace(settings=Settings()), Pool((NODE,), None, "580.82.07")
@@ -85,9 +85,9 @@ def test_a_log_the_kubelet_cannot_give_while_it_replaces_the_container_is_read_a
     it has no log; a moment later it has."""
     from types import SimpleNamespace
 
-    from pytest_gpucanary import run as run_module
+    from pytest_gpucanary.canary import run as run_module
     from pytest_gpucanary.ladder import stall
-    from pytest_gpucanary.run import CanaryRun
+    from pytest_gpucanary.canary.run import CanaryRun
 
     monkeypatch.setattr(run_module.time, "sleep", lambda s: None)
     cause = stall.Cause("gpu-kubelet-0", "driver pod", "CrashLoopBackOff", "", 0, 1, "gpu-operator", "driver-x",
@@ -110,7 +110,7 @@ def test_the_newest_warning_of_a_pod_without_a_sandbox_is_recorded_once_and_read
     from types import SimpleNamespace
 
     from pytest_gpucanary.ladder import stall
-    from pytest_gpucanary.run import CanaryRun
+    from pytest_gpucanary.canary.run import CanaryRun
 
     cause = stall.Cause("gpu-kubelet-0", "driver pod", stall.SANDBOX_NOT_READY, "", 0, None, "gpu-operator",
                         "driver-x")

@@ -13,7 +13,7 @@ import pytest
 from kube_double import FakeKube
 from test_ladder import NEW, T0, clean_run, field_note_run   # canned runs, shared
 
-from pytest_gpucanary import publish
+from pytest_gpucanary.canary import publish
 from pytest_gpucanary.cli import main
 from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.errors import EnvError

@@ -12,14 +12,14 @@ import pytest
 from kube_double import FakeKube
 from test_policy_apply import ORIGINAL_POLICY, OPERATOR_NS, cluster_policy, driver_daemonset, node   # the same shapes
 
-from pytest_gpucanary import publish
+from pytest_gpucanary.canary import publish
 from pytest_gpucanary.cli import main
 from pytest_gpucanary.config import FIXTURES, Settings
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, SKIP_LABEL, UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder.model import ProbeSeen
-from pytest_gpucanary.metrics import MetricsError, Series
-from pytest_gpucanary.policy import apply as upgrade
+from pytest_gpucanary.canary.metrics import MetricsError, Series
+from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from pytest_gpucanary.sweep.inventory import load_inventory
 from pytest_gpucanary.widen import plan, receipt, state
@@ -489,7 +489,7 @@ def test_a_held_node_whose_driver_pod_comes_back_at_the_target_halts_the_sweep_n
 
 def test_a_sweep_whose_start_probes_cannot_start_writes_nothing_that_stays() -> None:
     from pytest_gpucanary.kube import Forbidden
-    from pytest_gpucanary.lease import LEASE
+    from pytest_gpucanary.canary.lease import LEASE
 
     fake = FakeKube()
     fleet(fake)
@@ -538,7 +538,7 @@ def test_holds_on_an_nvidiadrivers_nodes_wait_only_for_its_own_daemonsets() -> N
                                      nvidiadriver="fleet")
     upgrade.hold_back(fake, fake.get("v1", "Node", "gpu-0"), applied, "widen-1")
     held = [{"kind": "Node", "metadata": fake.get("v1", "Node", "gpu-0")["metadata"]}]
-    from pytest_gpucanary.cleanup import _release_holds
+    from pytest_gpucanary.canary.cleanup import _release_holds
 
     assert _release_holds(fake, "widen-1", held, lambda line: None) == 1
     assert SKIP_LABEL not in fake.get("v1", "Node", "gpu-0")["metadata"]["labels"]
@@ -599,7 +599,7 @@ def test_a_new_sweep_replaces_the_record_of_a_finished_one_and_never_a_running_o
 
 def test_an_nvidiadriver_an_administrator_did_not_mark_for_widen_is_refused_in_one_line() -> None:
     from pytest_gpucanary.gpu_operator import NVIDIADRIVER
-    from pytest_gpucanary.preflight import ClusterInfo
+    from pytest_gpucanary.cluster import ClusterInfo
     from pytest_gpucanary.widen.rollout import WIDEN_ELIGIBLE_LABEL, _target
 
     fake = FakeKube()
@@ -620,7 +620,7 @@ def test_a_resume_before_v26_7_writes_the_nvidiadrivers_version_the_killed_sweep
     killed between them is resumed with the second, and the first one's saved copy of the prior policy kept."""
     from test_policy_apply import DRIVER_FROM, content, nvidiadriver_cluster
 
-    from pytest_gpucanary.cleanup import leftovers
+    from pytest_gpucanary.canary.cleanup import leftovers
     from pytest_gpucanary.gpu_operator import NVIDIADRIVER
     from pytest_gpucanary.widen.rollout import _applied, _apply
 
@@ -650,7 +650,7 @@ def test_a_resume_before_v26_7_writes_the_nvidiadrivers_version_the_killed_sweep
 @pytest.mark.parametrize("pool_nodes", [(), ("canary-x-0",)])
 def test_a_fleet_probe_keeps_off_canary_pools_with_an_affinity_the_apiserver_accepts(pool_nodes: tuple[str, ...]) -> None:
     """The apiserver refuses an In or NotIn expression without values (422): widen's probes have no pool."""
-    from pytest_gpucanary import workloads
+    from pytest_gpucanary.canary import workloads
 
     job = workloads.probe(None, workloads.Placement("gpucanary-widen-1", "widen-1", ""), scope="fleet", seq=3,
                           pool_nodes=pool_nodes)

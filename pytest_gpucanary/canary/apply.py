@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY,
@@ -41,8 +42,9 @@ from pytest_gpucanary.gpu_operator import (
     image_at_version,
 )
 from pytest_gpucanary.kube import Kube, NotFound, patch_as_read, saved_run
-from pytest_gpucanary.pool import Pool
-from pytest_gpucanary.preflight import ClusterInfo
+
+if TYPE_CHECKING:
+    from pytest_gpucanary.canary.pool import Pool
 
 SAVED_SPEC_ANNOTATION = "gpucanary.io/saved-spec"  # JSON: run id, the prior spec values, the values written
 SKIP_SET_ANNOTATION = "gpucanary.io/skip-label-set-by"  # JSON: run id, prior upgrade state, prior driver version

@@ -24,12 +24,12 @@ from typing import TextIO
 from pytest_gpucanary.config import RUN_ID_MAX, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.ladder import RunEvidence
-from pytest_gpucanary.ladder.compare import Comparison, Side, compare
 from pytest_gpucanary.policy import lint as policy_lint
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.policy.render import ValuesRenderer
+from pytest_gpucanary.premerge.compare import Comparison, Side, compare
+from pytest_gpucanary.premerge.receipt import write_gate_receipt
 from pytest_gpucanary.receipt import FILES as RUN_FILES
-from pytest_gpucanary.receipt.gate import write_gate_receipt
 from pytest_gpucanary.receipt.json import parse_json
 
 GIT_PREFIX = "git:"

@@ -35,10 +35,19 @@ from pathlib import Path
 from typing import Protocol
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary import lease, metrics, neighbours, preflight, publish, workloads
-from pytest_gpucanary.blast_radius import BlastRadiusWatch
-from pytest_gpucanary.cleanup import leftovers
-from pytest_gpucanary.collective import CollectiveProbe, check_peer, choose_pair
+from pytest_gpucanary.canary import apply as upgrade
+from pytest_gpucanary.canary import lease, metrics, neighbours, preflight, publish, workloads
+from pytest_gpucanary.canary.blast_radius import BlastRadiusWatch
+from pytest_gpucanary.canary.cleanup import leftovers
+from pytest_gpucanary.canary.collective import CollectiveProbe, check_peer, choose_pair
+from pytest_gpucanary.canary.lease import RunLease
+from pytest_gpucanary.canary.load import LoadRun, check_locustfile
+from pytest_gpucanary.canary.outcome import RunOutcome, judge
+from pytest_gpucanary.canary.pool import Pool, PoolProvider
+from pytest_gpucanary.canary.pool.existing_node import SAVED_STATE_ANNOTATION
+from pytest_gpucanary.canary.recorder import Recorder, StreamSpec
+from pytest_gpucanary.canary.workloads import ProbeLoop
+from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_namespace
@@ -46,20 +55,12 @@ from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvide
 from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
-from pytest_gpucanary.lease import RunLease
-from pytest_gpucanary.load import LoadRun, check_locustfile
-from pytest_gpucanary.outcome import RunOutcome, judge
-from pytest_gpucanary.policy import apply as upgrade
 from pytest_gpucanary.policy.helm import HelmChart
 from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
-from pytest_gpucanary.pool import Pool, PoolProvider
-from pytest_gpucanary.pool.existing_node import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
 from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.receipt.verdict import Verdict
-from pytest_gpucanary.recorder import Recorder, StreamSpec
 from pytest_gpucanary.safe_text import redact_url
-from pytest_gpucanary.workloads import ProbeLoop
 
 
 class LocalEndpoints(Protocol):
@@ -171,7 +172,7 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def refuse_other_runs(kube: Kube, cluster: preflight.ClusterInfo, *, allow_shared_policy: bool = False) -> None:
+def refuse_other_runs(kube: Kube, cluster: ClusterInfo, *, allow_shared_policy: bool = False) -> None:
     """Before the first write: exit 6 when another run's saved state or hold is on an object this run would
     write (the ClusterPolicy; in its mode, every node the driver reaches). Never adopt, never overlap. Before
     v26.7 in NVIDIADriver mode, also while another NVIDIADriver's nodes are mid-upgrade (unless allowed): they

@@ -17,17 +17,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from pytest_gpucanary import dra, metrics, neighbours
 from pytest_gpucanary import gpu_operator as op
+from pytest_gpucanary.canary import dra, metrics, neighbours
+from pytest_gpucanary.canary.lease import CLUSTER_LOCK_NAMESPACE, LEASE_NAME
+from pytest_gpucanary.canary.publish import NAMESPACE as VERDICT_NAMESPACE
+from pytest_gpucanary.canary.workloads import PRIORITY_CLASS
+from pytest_gpucanary.cluster import ClusterInfo, discover
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Forbidden, Kube, NotFound
-from pytest_gpucanary.lease import CLUSTER_LOCK_NAMESPACE, LEASE_NAME
-from pytest_gpucanary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.safe_text import redact_url
-from pytest_gpucanary.workloads import PRIORITY_CLASS
 
 if TYPE_CHECKING:
-    from pytest_gpucanary.pool import PoolProvider
+    from pytest_gpucanary.canary.pool import PoolProvider
 
 RBAC_FILE = "deploy/rbac.yaml"
 RBAC_CLUSTER_POLICY_FILE = "deploy/rbac-clusterpolicy-mode.yaml"
@@ -194,91 +195,6 @@ class PreflightReport:
             f" (and {len(self.problems) - 1} more: `gpucanary preflight` lists them)" if len(self.problems) > 1 else ""
         )
         raise (ConfigError if first.usage else EnvError)(first.line + more)
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    cluster_policy: str  # name of the ClusterPolicy
-    nvidiadriver_mode: bool  # spec.driver.useNvidiaDriverCRD
-    per_driver_policy: bool  # NVIDIADriver has spec.upgradePolicy (operator v26.7+)
-    operator_namespace: str
-    gpu_nodes: tuple[str, ...]  # nodes labelled nvidia.com/gpu.present=true
-    operator_release: str | None = None  # from the ClusterPolicy's Helm labels; None when it carries none
-
-    @property
-    def mode(self) -> str:
-        return "NVIDIADriver" if self.nvidiadriver_mode else "ClusterPolicy"
-
-    @property
-    def writes_cluster_policy(self) -> bool:
-        """Whether a change of the policy writes the ClusterPolicy: in its mode, and for the cluster-wide policy
-        before v26.7."""
-        return not self.nvidiadriver_mode or not self.per_driver_policy
-
-
-def _cluster_policy(kube: Kube) -> dict:
-    try:
-        policies = kube.list(*op.CLUSTER_POLICY)
-    except NotFound as err:
-        raise EnvError("the cluster has no ClusterPolicy API", hint="install the NVIDIA GPU Operator first") from err
-    if len(policies) != 1:
-        raise EnvError(
-            f"expected one ClusterPolicy, found {len(policies)}", hint="the GPU Operator manages exactly one"
-        )
-    return policies[0]
-
-
-def operator_release(kube: Kube) -> str | None:
-    """The GPU Operator release, as the ClusterPolicy's Helm labels name it (None when they name none)."""
-    return op.release_of(_cluster_policy(kube)["metadata"].get("labels") or {})
-
-
-def discover(kube: Kube) -> ClusterInfo:
-    policy = _cluster_policy(kube)
-    # one operand pod names the operator's namespace: a request of constant size on any cluster
-    operand = kube.list("v1", "Pod", label_selector=op.DRIVER_COMPONENT_SELECTOR, limit=1) or kube.list(
-        "v1", "Pod", label_selector=op.VALIDATOR_SELECTOR, limit=1
-    )
-    if not operand:
-        raise EnvError(
-            "cannot tell the GPU Operator's namespace (no driver or validator pod)",
-            hint="is the GPU Operator running and ready?",
-        )
-    nvidiadriver_mode = bool(policy.get("spec", {}).get("driver", {}).get("useNvidiaDriverCRD"))
-    # only ClusterPolicy mode holds the other GPU nodes back, so only it needs them all
-    nodes = [] if nvidiadriver_mode else kube.each("v1", "Node", label_selector=op.GPU_PRESENT_SELECTOR)
-    return ClusterInfo(
-        cluster_policy=policy["metadata"]["name"],
-        nvidiadriver_mode=nvidiadriver_mode,
-        per_driver_policy=_nvidiadriver_has_upgrade_policy(kube),
-        operator_namespace=operand[0]["metadata"]["namespace"],
-        gpu_nodes=tuple(sorted(n["metadata"]["name"] for n in nodes)),
-        operator_release=_drivable(op.release_of(policy["metadata"].get("labels") or {})),
-    )
-
-
-def _drivable(release: str | None) -> str | None:
-    """The release, unless it is one the canary cannot drive: then one line, before anything is touched."""
-    series = op.release_series(release) if release else None
-    if series is not None and series < op.OLDEST_DRIVABLE:
-        raise EnvError(
-            f"GPU Operator {release} is older than the releases the canary knows how to drive",
-            hint=f"upgrade the operator to v25.3 or later (proven: {', '.join(op.PROVEN_RELEASES)})",
-        )
-    return release
-
-
-def _nvidiadriver_has_upgrade_policy(kube: Kube) -> bool:
-    try:
-        crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", op.NVIDIADRIVER_CRD)
-    except NotFound:
-        return False
-    versions = crd["spec"]["versions"]
-    return any(
-        "upgradePolicy"
-        in v.get("schema", {}).get("openAPIV3Schema", {}).get("properties", {}).get("spec", {}).get("properties", {})
-        for v in versions
-    )
 
 
 def missing_permissions(kube: Kube, permissions: Iterable[Permission], cluster: ClusterInfo) -> list[Problem]:

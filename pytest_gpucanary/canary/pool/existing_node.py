@@ -32,7 +32,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pytest_gpucanary import neighbours
+from pytest_gpucanary.canary import neighbours
+from pytest_gpucanary.canary.apply import SKIP_SET_ANNOTATION, refuse_foreign
+from pytest_gpucanary.canary.pool import HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL, Pool
+from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
@@ -66,9 +69,6 @@ from pytest_gpucanary.kube import (
     saved_run,
     tolerated,
 )
-from pytest_gpucanary.policy.apply import SKIP_SET_ANNOTATION, refuse_foreign
-from pytest_gpucanary.pool import HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL, Pool
-from pytest_gpucanary.preflight import ClusterInfo
 
 SAVED_STATE_ANNOTATION = "gpucanary.io/saved-node-state"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from pytest_gpucanary.cluster import ClusterInfo
     from pytest_gpucanary.kube import Kube
-    from pytest_gpucanary.preflight import ClusterInfo
 
 DRIVER_POOL_LABEL = "gpucanary.io/driver-pool"
 # An existing node may be carved out as a pool only when an administrator set this label to "true" on it,
@@ -37,6 +37,9 @@ class Pool:
 
 
 class PoolProvider(Protocol):
+    """A provider may also set `fresh_per_run = True` when each run gets nodes of its own (then a gate runs
+    base and head at once where the operator allows it)."""
+
     name: str
 
     def check(self, kube: Kube, cluster: ClusterInfo) -> None:

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary import workloads
+from pytest_gpucanary.canary import workloads
+from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Kube, NotFound, tolerated
 from pytest_gpucanary.ladder.model import CollectiveRun
-from pytest_gpucanary.pool import Pool
 
 BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9]+(?:\.[0-9]+)?)", re.MULTILINE)
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # on every node KWOK manages ("fake")
