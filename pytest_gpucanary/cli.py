@@ -520,15 +520,16 @@ def _helm(settings: Settings) -> HelmChart:
 
 
 def _cmd_lint(args: argparse.Namespace) -> ExitCode:
+    from pytest_gpucanary.policy import diff as policy_diff
     from pytest_gpucanary.policy import lint as policy_lint
     from pytest_gpucanary.policy.parse import load_policy
 
     # Helm values render with the named chart, else the local fleet's release chart
     helm = _helm(Settings.resolve(lambda knob: getattr(args, knob.name, None), env_source(os.environ)))
     policy = load_policy(args.policy, helm=helm)
-    changes = policy_lint.diff_policies(load_policy(args.against, helm=helm), policy) if args.against else None
+    changes = policy_diff.diff_policies(load_policy(args.against, helm=helm), policy) if args.against else None
     findings = policy_lint.lint_policy(policy)
-    output = (policy_lint.render_json if args.json else policy_lint.render_lines)(findings, changes, policy=policy)
+    output = (policy_diff.render_json if args.json else policy_diff.render_lines)(findings, changes, policy=policy)
     if output:
         print(output)
     return ExitCode.GATE_FAILED if policy_lint.has_errors(findings) else ExitCode.OK

@@ -24,6 +24,7 @@ from typing import TextIO
 from pytest_gpucanary.config import RUN_ID_MAX, flag, run_id_rule
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.ladder import RunEvidence
+from pytest_gpucanary.policy import diff as policy_diff
 from pytest_gpucanary.policy import lint as policy_lint
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.policy.render import ValuesRenderer
@@ -176,7 +177,7 @@ class GatePlan:
     gate_id: str
     gate_dir: Path
     specs: tuple[RunSpec, ...]
-    changes: tuple[policy_lint.Change, ...]
+    changes: tuple[policy_diff.Change, ...]
     findings: tuple[policy_lint.Finding, ...]  # of head
 
 
@@ -219,7 +220,7 @@ def plan(
         gate_id,
         gate_dir,
         specs,
-        tuple(policy_lint.diff_policies(policies["base"], policies["head"])),
+        tuple(policy_diff.diff_policies(policies["base"], policies["head"])),
         tuple(policy_lint.lint_policy(policies["head"])),
     )
 
@@ -233,7 +234,7 @@ def gate(
     progress: Callable[[str], None],
 ) -> GateOutcome:
     gate_dir, specs, changes, findings = planned.gate_dir, planned.specs, planned.changes, planned.findings
-    for line in policy_lint.render_lines(list(findings), list(changes)).splitlines():
+    for line in policy_diff.render_lines(list(findings), list(changes)).splitlines():
         progress(f"gate: lint: {line}")
     progress(f"gate: running base and head {'in parallel' if parallel else 'one after the other'}")
     codes, wall_s = run_all(specs, run_args=run_args, gate_dir=gate_dir, parallel=parallel, env=env, progress=progress)

@@ -17,7 +17,8 @@ from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.ladder import UpgradePhase
 from pytest_gpucanary.ladder.model import Outcome
-from pytest_gpucanary.policy.lint import Change, Finding
+from pytest_gpucanary.policy.diff import Change
+from pytest_gpucanary.policy.lint import Finding
 from pytest_gpucanary.premerge.compare import Comparison, Side, eviction_diff, stage_pairs
 from pytest_gpucanary.receipt.html import OUTCOME_COLOURS, _badge, scale_of, shared_scale, timeline_svg
 

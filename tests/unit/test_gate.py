@@ -18,7 +18,8 @@ from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.premerge.gate import check_run_args, plan, read_source
 from pytest_gpucanary.ladder import Outcome, PhaseStats, RunEvidence, Stage, StageVerdict
 from pytest_gpucanary.premerge.compare import Side, compare, eviction_diff, workload_of
-from pytest_gpucanary.policy.lint import diff_policies, lint_policy
+from pytest_gpucanary.policy.diff import diff_policies
+from pytest_gpucanary.policy.lint import lint_policy
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.html import timeline_svg
 from pytest_gpucanary.premerge.receipt import render_gate_html, render_gate_json, render_gate_markdown

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.policy.parse import (POLICY_PATHS, Drain, PodDeletion, SourceKind, UpgradePolicy, WaitForCompletion,
                                      load_policy, parse_policy)
-from pytest_gpucanary.policy.lint import Severity, diff_policies, lint_policy
+from pytest_gpucanary.policy.diff import diff_policies
+from pytest_gpucanary.policy.lint import Severity, lint_policy
 
 POLICIES = Path(__file__).resolve().parents[2] / "fixtures" / "policies"
 
