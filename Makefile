@@ -29,6 +29,7 @@ test: setup build
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check pytest_gpucanary
 	$(VENV)/bin/ruff format --check pytest_gpucanary
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every step boundary x SIGINT/SIGTERM/SIGKILL, the crash-after-write samples and the control-plane

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_gpucanary import target
 from pytest_gpucanary.config import BY_NAME, KNOBS, Knob, Settings, env_source, flag, run_id_rule
@@ -87,8 +87,10 @@ def _cmd_plan_sweep(args: argparse.Namespace) -> ExitCode:
         max_unavailable=args.max_unavailable,
         hold_back_gpus=args.hold_back_gpus,
     )
-    outcome = plan_or_infeasible(inventory.fleet, inventory.change, inventory.limits)
-    costs = compare_strategies(inventory.fleet, inventory.change, inventory.limits, outcome=outcome)
+    change = inventory.change
+    assert change is not None  # apply_overrides refuses an inventory without a change
+    outcome = plan_or_infeasible(inventory.fleet, change, inventory.limits)
+    costs = compare_strategies(inventory.fleet, change, inventory.limits, outcome=outcome)
     if args.html:
         sweep_report.write_html(args.html, outcome, costs)
     print(sweep_report.render_json(outcome, costs) if args.json else sweep_report.render_table(outcome, costs))
@@ -147,7 +149,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def add_knob_options(parser: argparse.ArgumentParser, knobs: Iterable[Knob]) -> None:
     """Each knob as its --gpucanary-* option, None when not given (so the environment and defaults resolve it)."""
     for knob in knobs:
-        kwargs = {"action": "store_const", "const": "true"} if knob.type is bool else {"metavar": knob.name.upper()}
+        kwargs: dict[str, Any] = (
+            {"action": "store_const", "const": "true"} if knob.type is bool else {"metavar": knob.name.upper()}
+        )
         parser.add_argument(knob.flag, dest=knob.name, default=None, help=knob.help, **kwargs)
 
 
@@ -235,14 +239,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> ExitCode:
 VERDICT_KNOBS = ("policy", "driver_version", "kubeconfig", "context", "helm_chart", "helm_binary")
 
 
-def _change_settings(args: argparse.Namespace, what: str) -> Settings:
-    """The settings of a command about one change (a policy and a target driver), both given."""
+def _change_settings(args: argparse.Namespace, what: str) -> tuple[Settings, Path, str]:
+    """The settings of a command about one change, with its policy and target driver, both given."""
     settings = Settings.resolve(lambda knob: getattr(args, knob.name, None), env_source(os.environ))
     if settings.policy is None or not settings.driver_version:
         raise ConfigError(
             what, hint=f"pass {flag('policy')} PATH and {flag('driver_version')} VERSION, as the canary run had"
         )
-    return settings
+    return settings, settings.policy, settings.driver_version
 
 
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
@@ -276,17 +280,18 @@ def _cmd_verdict(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.policy.parse import load_policy
     from pytest_gpucanary.receipt.verdict import VerdictKey
 
-    settings = _change_settings(args, "a verdict is of one policy and one target driver")
+    settings, policy_path, driver_to = _change_settings(args, "a verdict is of one policy and one target driver")
     if not (args.max_age_h > 0 and math.isfinite(args.max_age_h)):
         raise ConfigError(f"--max-age-h={args.max_age_h} is not a positive number of hours", hint="e.g. --max-age-h=24")
-    policy = load_policy(settings.policy, helm=_helm(settings))
+    policy = load_policy(policy_path, helm=_helm(settings))
     kube = target.connect(settings)
-    key = VerdictKey.of(policy.to_cr(), settings.driver_version, operator_release(kube))
+    key = VerdictKey.of(policy.to_cr(), driver_to, operator_release(kube))
     found = publish.read(kube, key)
     print(json.dumps(dataclasses.asdict(found) if found else None, indent=1))
     if why := publish.refusal(found, key, max_age_s=args.max_age_h * 3600):
         _progress(f"gpucanary: hold: {why}")
         return ExitCode.GATE_FAILED
+    assert found is not None  # refusal refuses when there is no verdict
     _progress(f"gpucanary: proceed: {found.line()}")
     return ExitCode.OK
 
@@ -382,7 +387,7 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.widen.rollout import Refused, WidenOptions, widen
     from pytest_gpucanary.widen.slo import Slo
 
-    settings = _change_settings(args, "a sweep rolls out one policy and one target driver")
+    settings, policy_path, driver_to = _change_settings(args, "a sweep rolls out one policy and one target driver")
     for name, value, least in (
         ("--soak-s", args.soak_s, 0),
         ("--wave-budget-s", args.wave_budget_s, 1),
@@ -392,14 +397,14 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
             raise ConfigError(f"{name}={value:g} is out of range", hint=f"{least:g} or more")
     strategy = plan.Strategy.parse(args.waves)
     slos = tuple(Slo.parse(text) for text in args.slo)
-    policy = load_policy(settings.policy, helm=_helm(settings))
+    policy = load_policy(policy_path, helm=_helm(settings))
     prometheus_url = target.prometheus_url(settings) if slos else settings.prometheus_url
     if slos and not prometheus_url:
         raise ConfigError("--slo is read from a Prometheus", hint=f"pass {flag('prometheus_url')} URL")
     kube = target.connect(settings)
     opts = WidenOptions(
         policy.to_cr(),
-        settings.driver_version,
+        driver_to,
         strategy,
         soak_s=args.soak_s,
         wave_budget_s=args.wave_budget_s,

@@ -488,7 +488,7 @@ def env_source(environ: Mapping[str, str]) -> Callable[[Knob], Any]:
 # --- the user's YAML files -----------------------------------------------------------------------------
 
 
-def _strict(base: type) -> type:
+def _strict(base: type[yaml.constructor.SafeConstructor]) -> type:
     """Safe loading that refuses a key given twice in one mapping (plain YAML lets the last one win)."""
 
     def construct_mapping(self: Any, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -567,19 +567,23 @@ def parse_selector(text: str) -> tuple[Callable[[Mapping[str, str]], bool], ...]
     return tuple(requirements)
 
 
-def _requirement(m: re.Match) -> Callable[[Mapping[str, str]], bool]:
+def _requirement(m: re.Match[str]) -> Callable[[Mapping[str, str]], bool]:
     if m["nkey"]:
-        return lambda labels, k=m["nkey"]: k not in labels
+        nkey = m["nkey"]
+        return lambda labels: nkey not in labels
     if m["ekey"]:
-        return lambda labels, k=m["ekey"]: k in labels
+        ekey = m["ekey"]
+        return lambda labels: ekey in labels
     if m["skey"]:
+        skey = m["skey"]
         values = frozenset(v.strip() for v in m["values"].split(",") if v.strip())
         if m["sop"] == "in":
-            return lambda labels, k=m["skey"]: labels.get(k) in values
-        return lambda labels, k=m["skey"]: labels.get(k) not in values  # absent key matches, as in Kubernetes
+            return lambda labels: labels.get(skey) in values
+        return lambda labels: labels.get(skey) not in values  # absent key matches, as in Kubernetes
+    key, value = m["key"], m["value"]
     if m["op"] == "!=":
-        return lambda labels, k=m["key"], v=m["value"]: labels.get(k) != v
-    return lambda labels, k=m["key"], v=m["value"]: labels.get(k) == v
+        return lambda labels: labels.get(key) != value
+    return lambda labels: labels.get(key) == value
 
 
 DEFAULTS = Settings()

@@ -90,7 +90,7 @@ _BY_STATUS = {cls.status: cls for cls in (Unauthorized, Forbidden, NotFound, Con
 
 def _message(exc: ApiException) -> str:
     try:
-        return str(json.loads(exc.body).get("message", exc.reason))[:256]
+        return str(json.loads(exc.body or "").get("message", exc.reason))[:256]
     except (TypeError, ValueError, AttributeError):
         return str(exc.reason)[:256]
 

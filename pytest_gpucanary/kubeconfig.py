@@ -238,7 +238,9 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _checked_user(user: dict, what: str, base: Path, hint: str, cluster: dict) -> tuple[dict, ExecToken | None]:
+def _checked_user(
+    user: dict, what: str, base: Path, hint: str, cluster: dict
+) -> tuple[dict, ExecToken | FileToken | None]:
     cert = _pem_or_data(user, "client-certificate", base, what, hint)
     key = _pem_or_data(user, "client-key", base, what, hint)
     if (cert is None) != (key is None):
@@ -306,6 +308,7 @@ def _checked_exec(spec: Any, what: str, base: Path, hint: str) -> ExecSpec:
             hint="use a non-interactive login for CI (a service principal or workload identity)",
         )
     command = str(spec["command"])
+    found: str | None
     if "/" in command:  # kubectl: a relative path is relative to the kubeconfig's folder
         found = str(base / command) if not Path(command).is_absolute() else command
         found = found if os.access(found, os.X_OK) else None
@@ -415,7 +418,7 @@ class ExecToken:
             raise bad("kind is not ExecCredential")
         if doc.get("apiVersion") != self.spec.api_version:
             raise bad(f"apiVersion {doc.get('apiVersion')!r}, asked for {self.spec.api_version}")
-        status = doc.get("status") if isinstance(doc.get("status"), dict) else {}
+        status = doc["status"] if isinstance(doc.get("status"), dict) else {}
         expires = None
         if status.get("expirationTimestamp"):
             try:

@@ -19,6 +19,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary import lease
@@ -30,6 +31,8 @@ from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Conflict, Kube, Not
 
 NAMESPACE_GONE_TIMEOUT_S = 180
 CLEANUP_HOLDER = "cleanup/"  # the holder identity a cleanup writes into a Lease it took over, before host/pid
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -100,6 +103,8 @@ def cleanup(
     found = leftovers(kube, result.problems, only=run_id)
     if run_id is not None:
         found.setdefault(run_id, RunLeftovers())
+    dead: dict[str, lease.LeaseSeen | None]
+    live: dict[str, lease.LeaseSeen]
     if force and run_id is not None:
         dead, live = {run_id: lease.read(kube, run_id)}, {}
     else:
@@ -135,7 +140,7 @@ def _clean_run(
 ) -> None:
     problems_before = len(result.problems)
 
-    def attempt(what: str, step: Callable[[], object]) -> object:
+    def attempt(what: str, step: Callable[[], T]) -> T | bool:
         """The step's answer, or False (and a problem line) when it failed: one object never stops the rest."""
         try:
             return step()
@@ -150,10 +155,10 @@ def _clean_run(
         if kind == "Namespace" and obj["metadata"]["name"] not in (owner, lock)
     ]
     for name in workload_namespaces:  # the canary's pods go before the original policy is back (see run.py)
-        result.restored += bool(attempt(f"namespace {name}", lambda name=name: _delete_and_wait(kube, name, report)))
-    for kind, name in left.specs:
+        result.restored += bool(attempt(f"namespace {name}", functools.partial(_delete_and_wait, kube, name, report)))
+    for spec_kind, name in left.specs:
         if line := attempt(
-            f"{kind[1]} {name}", lambda kind=kind, name=name: upgrade.restore_saved_spec(kube, kind, name, run)
+            f"{spec_kind[1]} {name}", functools.partial(upgrade.restore_saved_spec, kube, spec_kind, name, run)
         ):
             report(str(line))
             result.restored += 1
@@ -165,9 +170,7 @@ def _clean_run(
         name = node["metadata"]["name"]
         if attempt(
             f"node {name} stays the run's",
-            lambda name=name, node=node: give_back(
-                kube, name, run, carved_driver(node), timeout_s=wait_s, report=report
-            ),
+            functools.partial(give_back, kube, name, run, carved_driver(node), timeout_s=wait_s, report=report),
         ):
             report(f"gave node {name} back")
             result.restored += 1
@@ -239,8 +242,8 @@ def _delete_and_wait(kube: Kube, name: str, report: Callable[[str], None]) -> bo
     return True
 
 
-def _list(kube: Kube, api_version: str, kind: str, **selectors: str) -> list[dict]:
+def _list(kube: Kube, api_version: str, kind: str, *, label_selector: str | None = None) -> list[dict]:
     try:
-        return kube.list(api_version, kind, **selectors)
+        return kube.list(api_version, kind, label_selector=label_selector)
     except NotFound:  # the cluster serves no such kind (no NVIDIADriver CRD)
         return []

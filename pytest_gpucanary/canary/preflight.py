@@ -73,8 +73,17 @@ class Permission:
         return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''}{named}{where}"
 
 
-def _perms(verbs: str, resource: str, group: str = "", *, why: str, **kw: str | bool) -> tuple[Permission, ...]:
-    return tuple(Permission(verb, resource, group, why, **kw) for verb in verbs.split())
+def _perms(
+    verbs: str,
+    resource: str,
+    group: str = "",
+    *,
+    why: str,
+    scope: str = "cluster",
+    name: str = "",
+    writes_cluster_policy: bool = False,
+) -> tuple[Permission, ...]:
+    return tuple(Permission(verb, resource, group, why, scope, name, writes_cluster_policy) for verb in verbs.split())
 
 
 PERMISSIONS: tuple[Permission, ...] = (

@@ -25,6 +25,7 @@ tests/e2e/fault_hooks.py is the hook that does it on a real cluster.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -32,7 +33,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from types import FrameType, TracebackType
+from typing import Any, Protocol
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.canary import apply as upgrade
@@ -128,7 +130,7 @@ class RestoringStack(contextlib.ExitStack):
         self.restoring = False
         self._deferred: list[int] = []
         self._stopped_by = 0
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     def __enter__(self) -> RestoringStack:
         if _main_thread():
@@ -149,7 +151,9 @@ class RestoringStack(contextlib.ExitStack):
                 "`gpucanary cleanup` then finishes it)"
             )
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
         self.restoring = True
         if self._stopped_by:  # said here, not in the handler, which may have cut into a write of this stream
             self._say(
@@ -157,11 +161,11 @@ class RestoringStack(contextlib.ExitStack):
                 "waits for the restore)"
             )
         try:
-            suppressed = super().__exit__(*exc)
+            suppressed = super().__exit__(exc_type, exc, tb)
         finally:
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
-        if self._deferred and (exc[0] is None or suppressed):
+        if self._deferred and (exc_type is None or suppressed):
             raise KeyboardInterrupt(f"signal {self._deferred[0]}, deferred until the cluster was restored")
         return suppressed
 
@@ -205,6 +209,7 @@ def check_inputs(settings: Settings, *, fleet_chart: Callable[[], Path] | None =
     values rendered by helm, with `fleet_chart` when the local fleet is the target and no chart is
     given), the workload manifests, the locustfile and the reports directory. Returns the policy."""
     settings.require_gate_inputs()
+    assert settings.policy is not None  # require_gate_inputs refuses a run without one
     policy = load_policy(settings.policy, helm=HelmChart.from_settings(settings, fleet_chart=fleet_chart))
     workloads.check(settings)
     check_locustfile(settings.locustfile)
@@ -231,7 +236,7 @@ class CanaryRun:
         checked = preflight.check(
             self.kube,
             self.provider,
-            target=settings.driver_version,  # read-only
+            target=self._driver_to,  # read-only
             prometheus_url=self._prometheus_url(),
             service_url=settings.service_url,
             longest_run_s=settings.longest_run_s(),
@@ -334,18 +339,18 @@ class CanaryRun:
                     cluster,
                     pool,
                     run.upgrade_policy,
-                    driver_to=settings.driver_version,
+                    driver_to=self._driver_to,
                     run_id=run_id,
                     applied=applied,
                 )
                 if not cluster.nvidiadriver_mode:  # stopped before the restore releases the holds it watches
-                    run.blast_radius = BlastRadiusWatch(self.kube, pool.nodes, settings.driver_version).start()
+                    run.blast_radius = BlastRadiusWatch(self.kube, pool.nodes, self._driver_to).start()
                     cleanup.callback(run.blast_radius.stop)
                 run.upgrade_started_wall_ns = time.time_ns()
                 run.held_nodes = tuple(applied.skipped_nodes)
                 run.policy_applied_to, run.operator_release = applied.describe(), cluster.operator_release or ""
                 run.exposure = preflight.exposure(
-                    cluster, pool_nodes=pool.nodes, target=settings.driver_version, held=run.held_nodes
+                    cluster, pool_nodes=pool.nodes, target=self._driver_to, held=run.held_nodes
                 )
                 if run.held_nodes:
                     self.progress.line(f"exposure: {run.exposure[1]}")
@@ -371,6 +376,12 @@ class CanaryRun:
                 clock.write(report_dir / STEPS_FILE)
             self.progress.line(f"steps: {clock.describe()}")
         return outcome
+
+    @property
+    def _driver_to(self) -> str:
+        """The target driver version: check_inputs, the first step of a run, refuses a run without one."""
+        assert self.settings.driver_version
+        return self.settings.driver_version
 
     def _publish(self, verdict: Verdict) -> None:
         """The verdict where a CD pipeline reads it; a verdict that cannot be kept is said, and gates nothing
@@ -410,7 +421,7 @@ class CanaryRun:
             records=records,
             pool_nodes=pool.nodes,
             driver_from=pool.driver_from,
-            driver_to=settings.driver_version,
+            driver_to=self._driver_to,
             upgrade_started_wall_ns=run.upgrade_started_wall_ns,
             gpu_job=run.gpu_job,
             service=run.service,
@@ -647,7 +658,7 @@ class CanaryRun:
         )
         for role in ("gpu-job", "service", *((workloads.HOLDER_ROLE,) if holders else ())):
             recorder.wait_for(
-                lambda rs, role=role: _running(rs, placement.namespace, role),
+                functools.partial(_running, namespace=placement.namespace, role=role),
                 timeout_s=WORKLOAD_READY_TIMEOUT_S,
                 what=f"the {role} pod Running on {placement.node}",
             )
@@ -707,7 +718,7 @@ class CanaryRun:
         return metrics.default_checks(
             url,
             nodes=pool.nodes,
-            target_driver=self.settings.driver_version,
+            target_driver=self._driver_to,
             start_wall_ns=start_wall_ns,
             end_wall_ns=end_wall_ns,
         )

@@ -177,7 +177,8 @@ def gpu_job(
     """The GPU Job, working until now + `duration_s`: the deadline goes into every container's
     environment and, for KWOK, into the pod template's run-duration annotation as an RFC 3339 time,
     so every pod of the Job (a replacement after an eviction too) ends at the same moment."""
-    [job] = [d for d in load_manifests(path or WORKLOADS / "gpu-job.yaml") if d["kind"] == "Job"] or [None]
+    found: list[dict | None] = [d for d in load_manifests(path or WORKLOADS / "gpu-job.yaml") if d["kind"] == "Job"]
+    [job] = found or [None]
     if job is None:
         raise ConfigError(f"{path} holds no Job", hint="the GPU workload must be a batch/v1 Job")
     job = _with_images(_pin(job, placement, "gpu-job"), images or {})
@@ -237,7 +238,8 @@ def probe(
     pool_nodes: tuple[str, ...],
     images: Mapping[str, str] | None = None,
 ) -> dict:
-    [job] = [d for d in load_manifests(path or WORKLOADS / "probe.yaml") if d["kind"] == "Job"] or [None]
+    found: list[dict | None] = [d for d in load_manifests(path or WORKLOADS / "probe.yaml") if d["kind"] == "Job"]
+    [job] = found or [None]
     if job is None:
         raise ConfigError(f"{path} holds no Job", hint="a probe is a short batch/v1 Job")
     job = _with_images(job, images or {})
@@ -288,7 +290,10 @@ def collective_pod(
 ) -> dict:
     """One rank of the collective probe, on `node`. Rank 0's master address is its own pod IP (the
     downward API) unless the manifest gives one; rank 1 gets `master_addr`, rank 0's IP."""
-    [pod] = [d for d in load_manifests(path or WORKLOADS / "collective-probe.yaml") if d["kind"] == "Pod"] or [None]
+    found: list[dict | None] = [
+        d for d in load_manifests(path or WORKLOADS / "collective-probe.yaml") if d["kind"] == "Pod"
+    ]
+    [pod] = found or [None]
     if pod is None:
         raise ConfigError(f"{path} holds no Pod", hint="the collective probe is one Pod, run once per rank")
     pod = _with_images(_stamp(pod, placement, COLLECTIVE_ROLE), images or {})

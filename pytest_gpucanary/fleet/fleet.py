@@ -291,6 +291,7 @@ class Fleet:
         operator.install_crds(self._kubectl_for(binaries.control_plane), Path(paths["GPU_OPERATOR_CRD_DIR"]))
         for part in self._nfd_master(binaries):  # GFD on a kubelet pool node writes NodeFeatures for it
             progress("fleet: installing NFD's CRDs")
+            assert binaries.nfd_master is not None  # _nfd_master gives a part only then
             self._kubectl_for(binaries.control_plane)(
                 "apply",
                 "--server-side",

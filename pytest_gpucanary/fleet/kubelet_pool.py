@@ -40,11 +40,13 @@ class KubeletPoolProvider(ExistingNodeProvider):
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         pool = super().provision(kube, cluster, run_id=run_id)
-        names = [node_name(i) for i in range(self.layout.kubelet_nodes)] if self.layout else []
-        if pool.nodes[0] not in names:  # not one of the fleet's kubelet nodes: its pods have a network of their own
+        layout = self.layout
+        names = [node_name(i) for i in range(layout.kubelet_nodes)] if layout else []
+        # not one of the fleet's kubelet nodes: its pods have a network of their own
+        if layout is None or pool.nodes[0] not in names:
             return pool
         index = names.index(pool.nodes[0])
-        path = self.layout.run / f"{pool.nodes[0]}-service.yaml"
+        path = layout.run / f"{pool.nodes[0]}-service.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(host_network_service(self.layout.kubelet_service_port(index)))
+        path.write_text(host_network_service(layout.kubelet_service_port(index)))
         return replace(pool, service=path)

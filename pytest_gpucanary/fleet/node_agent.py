@@ -425,12 +425,20 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _watch_forever(kubeconfig: str, kind: str, handler, stop: threading.Event, **selectors: str) -> None:
+def _watch_forever(
+    kubeconfig: str,
+    kind: str,
+    handler,
+    stop: threading.Event,
+    *,
+    namespace: str | None = None,
+    label_selector: str | None = None,
+) -> None:
     """One watch of the agent's, reconnected on any error (the fleet's apiserver restarts in the fault tests)."""
     while not stop.is_set():
         try:
             kube = Kube.connect(kubeconfig, user_agent=USER_AGENT)
-            for event in kube.watch("v1", kind, stop=stop, **selectors):
+            for event in kube.watch("v1", kind, stop=stop, namespace=namespace, label_selector=label_selector):
                 try:
                     handler(event)
                 except GpucanaryError:

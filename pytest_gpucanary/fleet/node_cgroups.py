@@ -34,7 +34,7 @@ def create(root: str) -> None:
 
 def trees(root: str) -> list[Path]:
     """Every cgroup directory at or under `/<root>`, deepest first."""
-    found = []
+    found: list[Path] = []
     for hierarchy in hierarchies():
         top = hierarchy / root
         if top.is_dir():

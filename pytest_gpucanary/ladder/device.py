@@ -107,17 +107,19 @@ def _ready_after(
     """A pod of this operand Ready after the new driver pod was; one line with both times if only older ones were."""
     pods = _pods_on(ev, node, is_operand)
     items = [_pod_evidence(ev, p) for p in pods]
-    driver_ready_s = ev.offset_s(driver.ready_wall_ns)
-    if any(p.ready_wall_ns and p.ready_wall_ns > driver.ready_wall_ns for p in pods):
+    driver_ready_wall_ns = driver.ready_wall_ns
+    assert driver_ready_wall_ns is not None  # _new_driver hands over only a Ready driver pod
+    driver_ready_s = ev.offset_s(driver_ready_wall_ns)
+    if any(p.ready_wall_ns and p.ready_wall_ns > driver_ready_wall_ns for p in pods):
         return Finding(Outcome.PASS, f"{what} Ready after the new driver"), items
-    older = [p for p in pods if p.ready_wall_ns]
+    older = [(p, p.ready_wall_ns) for p in pods if p.ready_wall_ns]
     live = [p for p in pods if p.removed_wall_ns is None]
     if older:
-        p = older[-1]
+        p, ready_wall_ns = older[-1]
         return Finding(
             Outcome.FAIL,
             f"{what} pod {p.namespace}/{p.name} on {node} was Ready at "
-            f"{ev.offset_s(p.ready_wall_ns):+.1f}s, before the new driver pod {driver.name} "
+            f"{ev.offset_s(ready_wall_ns):+.1f}s, before the new driver pod {driver.name} "
             f"at {driver_ready_s:+.1f}s: it checked the old driver, and none was Ready "
             f"after",
         ), items

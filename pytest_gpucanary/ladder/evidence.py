@@ -94,7 +94,7 @@ class RunEvidence:
         ):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
-    def offset_s(self, wall_ns: int) -> float:
+    def offset_s(self, wall_ns: float) -> float:
         return (wall_ns - self.upgrade_started_wall_ns) / 1e9
 
     def end_wall_ns(self) -> int:
@@ -200,7 +200,7 @@ class RunEvidence:
 
 
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if isinstance(value, Mapping):
         return dict(value)

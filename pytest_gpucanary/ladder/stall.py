@@ -191,6 +191,7 @@ def causes(
             key in current
             and track.terminal_wall_ns is None
             and (deadline := track.deadline()) is not None
+            and now_wall_ns is not None
             and now_wall_ns >= deadline
         ):
             track.terminal_wall_ns = deadline

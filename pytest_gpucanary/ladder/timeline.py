@@ -19,7 +19,7 @@ from pytest_gpucanary.gpu_operator import (
     UPGRADE_STATE_LABEL,
     is_validator_pod,
 )
-from pytest_gpucanary.ladder.model import PHASE_OF_STATE, PhaseWindow, ProbeSeen, StateSpan, UpgradePhase
+from pytest_gpucanary.ladder.model import PHASE_OF_STATE, PhaseWindow, ProbeScope, ProbeSeen, StateSpan, UpgradePhase
 
 
 @dataclass(frozen=True)
@@ -455,7 +455,7 @@ def probes_seen(
     return [
         ProbeSeen(
             name,
-            scope,
+            ProbeScope(scope),
             at,
             scheduled.get(name),
             running.get(name),

@@ -110,7 +110,8 @@ def stage_regressions(base: Side, head: Side) -> list[Regression]:
 def eviction_regressions(base: Side, head: Side) -> list[Regression]:
     """Per kind of pod, head's evictions beyond base's count, each named by head's own line."""
     before = Counter(eviction_kind(e) for e in base.result.evictions)
-    found, seen = [], Counter()
+    found: list[Regression] = []
+    seen: Counter[str] = Counter()
     for e in head.result.evictions:
         kind = eviction_kind(e)
         seen[kind] += 1

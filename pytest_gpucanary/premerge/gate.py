@@ -131,7 +131,7 @@ def run_all(
     running: list[tuple[RunSpec, subprocess.Popen, TextIO]] = []
     try:
         for spec in specs:
-            log = open(gate_dir / f"{spec.label}.log", "w", encoding="utf-8")
+            log: TextIO = open(gate_dir / f"{spec.label}.log", "w", encoding="utf-8")
             progress(f"gate: {spec.label} run {spec.run_id} of {spec.source} started (log {log.name})")
             # same process group: a Ctrl-C reaches both runs, and each unwinds its own undo stack
             proc = subprocess.Popen(

@@ -17,6 +17,7 @@ def utc(wall_ns: int | None) -> str:
 def headline(result: LadderResult) -> str:
     if result.gate_passed:
         return "Gate PASSED: wider rollout may proceed"
+    assert result.first_failed is not None  # a failed gate names its first failed stage
     return f"Gate FAILED at stage {result.first_failed.value}: do not roll out wider"
 
 

@@ -372,7 +372,8 @@ def _axis(scale: Scale, y: float) -> list[str]:
 
 def _legend(y: float) -> tuple[list[str], float]:
     """The state colours, wrapped to the picture's width; returns the parts and the last line's y."""
-    parts, x = [], LEFT
+    parts: list[str] = []
+    x: float = LEFT
     for state, colour in STATE_COLOURS.items():
         if not state:
             continue

@@ -130,16 +130,14 @@ def _int(raw: Mapping[str, Any], key: str, where: str, *, default: int | None = 
     return value
 
 
-def _seconds(raw: Mapping[str, Any], key: str, where: str, default: float | None) -> float | None:
+def _seconds(raw: Mapping[str, Any], key: str, where: str, default: float) -> float:
     value = raw.get(key, default)
-    if value is None:
-        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ConfigError(f"{where}: {key} {value!r} is not seconds >= 0", hint="e.g. 600")
     return float(value)
 
 
-def _versions(raw: Any, where: str, *, extra: set[str] = frozenset()) -> VersionSet:
+def _versions(raw: Any, where: str, *, extra: set[str] | frozenset[str] = frozenset()) -> VersionSet:
     versions = _mapping(raw, where, {c.value for c in Component} | extra)
     return VersionSet(
         **{c.value: _str(versions, c.value, where) for c in Component if versions.get(c.value) is not None}
@@ -169,7 +167,7 @@ def _workload(raw: Any, where: str, defaults: Mapping[str, Any]) -> Workload:
             w, "cold_start_s", where, _seconds(defaults, "cold_start_s", "defaults", DEFAULT_COLD_START_S)
         ),
         since_start_s=_seconds(w, "since_start_s", where, 0.0),
-        remaining_s=_seconds(w, "remaining_s", where, None),
+        remaining_s=None if w.get("remaining_s") is None else _seconds(w, "remaining_s", where, 0.0),
     )
 
 
@@ -212,8 +210,8 @@ def _node_version(labels: Mapping[str, str], annotations: Mapping[str, str], com
         ),
         Component.CUDA: ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor"),
     }.get(component)
-    gfd_parts = [labels.get(k) for k in gfd] if gfd else [None]
-    gfd_value = ".".join(gfd_parts) if all(gfd_parts) else None
+    gfd_parts = [labels.get(k) or "" for k in gfd or ()]
+    gfd_value = ".".join(gfd_parts) if gfd_parts and all(gfd_parts) else None
     for value in (annotations.get(key), labels.get(key), gfd_value):
         if value:
             return str(value)

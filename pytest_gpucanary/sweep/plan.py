@@ -112,7 +112,7 @@ class Engine:
         self.old_total = sum(c for c, old in zip(self.cap, self.is_old) if old)
         self.old_used = sum(c - f for c, f, old in zip(self.cap, self.free, self.is_old) if old)
         self._restore_of: list[tuple[list[_Pool], list[_Pool]] | None] = [None] * len(self.workloads)
-        self._restore_cache: dict[tuple[str, VersionSet], tuple[list[_Pool], list[_Pool]]] = {}
+        self._restore_cache: dict[tuple[str, VersionSet | None], tuple[list[_Pool], list[_Pool]]] = {}
         self.lost_gpu_s = self.downtime_gpu_s = self.busy_gpu_s = 0.0
 
     def _place_residents(self) -> None:
@@ -198,7 +198,8 @@ class Engine:
             t = (k - 1) * self.change.node_upgrade_s
             finished = self._finish_until(t)
             displaced = self._drain(wave)
-            moves, waiting = [], []
+            moves: list[Move] = []
+            waiting: list[tuple[int, int]] = []
             for w, src in displaced:
                 self._take(policy.now(self, w, src), k, w, src, t, moves, waiting, shortfalls)
             self._upgrade(wave)
@@ -268,11 +269,13 @@ class Engine:
         self._index(n)
 
     def _drain(self, wave: list[int]) -> list[tuple[int, int]]:
-        displaced = []
+        displaced: list[tuple[int, int]] = []
         for n in wave:
             self.old_total -= self.cap[n]
             self.old_used -= self.cap[n] - self.free[n]
-            self.pool_of[n].standing -= 1
+            pool = self.pool_of[n]
+            assert pool is not None  # a node drains once, and every node starts in a pool
+            pool.standing -= 1
             self.pool_of[n] = None
             displaced.extend((w, n) for w in self.residents[n])
             self.residents[n] = set()
@@ -441,6 +444,7 @@ def _hold_back_fix(fleet: Fleet, change: Change, limits: SweepLimits) -> int | N
         middle = (low + high) // 2
         low, high = (low, middle) if works(middle) else (middle, high)
     engine = works(high)
+    assert engine is not None  # high always works: checked above, and the bisection keeps it so
     held: dict[tuple[str, VersionSet], int] = {}
     for i, n in enumerate(fleet.nodes):
         if engine.tier[i] == HELD:

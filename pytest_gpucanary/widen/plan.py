@@ -73,7 +73,8 @@ def waves(nodes: Sequence[str], strategy: Strategy) -> list[list[str]]:
             )
         rest = sorted(set(nodes) - named)
         return [list(wave) for wave in strategy.planned if wave] + ([rest] if rest else [])
-    ordered, planned = sorted(nodes), []
+    ordered = sorted(nodes)
+    planned: list[list[str]] = []
     while ordered:
         size = strategy.size_of(len(planned))
         planned.append(ordered[:size])

@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary import lease, publish
@@ -173,7 +174,7 @@ def save(
     """Write the record, only over a record of the same sweep (a sweep never takes over another's record), or of
     `replaces`, an earlier sweep of the change judged finished. `on_sweep` sees it once it is in the cluster."""
     name = state.configmap_name(sweep.key)
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {

@@ -192,7 +192,7 @@ def nodes_seen(
             (node["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL, ""),
             _ready(node),
             driver_version_of(pod) if pod else "",
-            bool(pod) and _ready(pod),
+            pod is not None and _ready(pod),
             name in validators and _ready(validators[name]),
             _count(status.get("allocatable"), GPU_RESOURCE),
             _count(status.get("capacity"), GPU_RESOURCE),

@@ -141,7 +141,7 @@ class ExistingNodeProvider:
                 kube, node, run_id, version, fence=not unfenceable, nvsentinel_opt_out=opt_out, handover_from=default
             )
         self.driver_from = checked[0][0]
-        handed = ()
+        handed: tuple[str, ...] = ()
         if default:
             try:
                 driver, took_s = self._hand_over(kube, names, default)
@@ -221,6 +221,7 @@ class ExistingNodeProvider:
         NVIDIADriver (v26.7, NVIDIA/gpu-operator #2518) drives every node no other picks, so it never drives the pool
         alone: for a pool it drives, ("", its name), the pool to be handed over."""
         owners = {(kube.get("v1", "Node", n)["metadata"].get("labels") or {}).get(DRIVER_OWNER_LABEL) for n in names}
+        driver: dict | None
         if owners != {None}:
             if len(owners) != 1 or None in owners:
                 raise ConfigError(
@@ -228,6 +229,7 @@ class ExistingNodeProvider:
                     hint="give the canary pool an NVIDIADriver whose nodeSelector picks only it",
                 )
             [name] = owners
+            assert name is not None  # one owner, and not None: checked just above
             driver = kube.get(*NVIDIADRIVER, name)
             selected = {
                 n["metadata"]["name"] for n in kube.list("v1", "Node", label_selector=f"{DRIVER_OWNER_LABEL}={name}")
