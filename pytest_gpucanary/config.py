@@ -147,6 +147,11 @@ def mirrored(image: str, registry: str) -> str:
     return f"{registry.rstrip('/')}/{rest}"
 
 
+def xid_list(value: str) -> str | None:
+    parts = [p.strip() for p in value.split(",")] if value.strip() else []
+    return None if all(p.isdigit() for p in parts) else "must be XID numbers separated by commas, e.g. 13,31,43"
+
+
 def evictions_rule(value: str) -> str | None:
     return None if value == "gpu" else selector(value)
 
@@ -274,6 +279,13 @@ class Settings:
         check=evictions_rule,
         threshold=True,
     )
+    allowed_xids: str = knob(
+        "",
+        "XID codes the device stage tolerates on the pool, comma-separated (e.g. 13,31,43: errors an application "
+        "causes); any other XID fails it",
+        check=xid_list,
+        threshold=True,
+    )
     allow_inconclusive: bool = knob(False, "Let inconclusive stages pass the gate", threshold=True)
     service_url: str | None = knob(
         None, "URL of the non-GPU service under load (local fleet: its ingress)", check=url_rule
@@ -354,6 +366,9 @@ class Settings:
     @property
     def inconclusive_fails(self) -> bool:
         return not self.allow_inconclusive
+
+    def xids_allowed(self) -> frozenset[int]:
+        return frozenset(int(p) for p in self.allowed_xids.split(",") if p.strip())
 
     def longest_run_s(self) -> float:
         """A run's worst case: every image pull, the baseline, the upgrade budget for the rollout and once

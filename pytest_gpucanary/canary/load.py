@@ -19,11 +19,11 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_gpucanary.config import FIXTURES, read_text
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.ladder.model import Sample
 
 DEFAULT_LOCUSTFILE = FIXTURES / "load" / "locustfile.py"
 
@@ -41,16 +41,6 @@ LOG_ENV = "GPUCANARY_LOAD_LOG"
 SAMPLES_NAME = "samples.jsonl"
 WORKERS_WAIT_S = 30  # the master gives up when its workers have not connected by then
 STOP_GRACE_S = 10.0  # after SIGINT, locust prints its summary and exits; then SIGKILL
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One request, as the load generator saw it."""
-
-    t_ns: int  # wall clock at request start, Unix ns
-    latency_s: float  # request start to response (or error)
-    ok: bool  # locust's verdict: a 2xx/3xx response, no connection error
-    status: int  # HTTP status; 0 when no response arrived
 
 
 def parse_samples(text: str) -> list[Sample]:

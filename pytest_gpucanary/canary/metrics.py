@@ -4,7 +4,8 @@ Queries go through prometheus-api-client with explicit connect and read timeouts
 query timeout and at most one retry, so an unreachable Prometheus costs seconds, not minutes.
 Unreachable, timed out, an error answer, or no data makes a check INCONCLUSIVE with a one-line
 detail, never PASS. Times passed in are wall clock (Unix ns); Prometheus samples have its scrape
-interval's resolution (5 s on the local fleet). The judging functions are pure and take `Series`.
+interval's resolution (5 s on the local fleet). Nothing here judges: the answers go into the evidence
+as they came, and the ladder judges them (ladder/metrics.py).
 """
 
 from __future__ import annotations
@@ -13,21 +14,19 @@ import ast
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
 from pytest_gpucanary.errors import GpucanaryError
-from pytest_gpucanary.ladder import MetricCheck, Outcome, Stage
+from pytest_gpucanary.ladder.metrics import DRIVER_LABEL, NODE_LABEL
+from pytest_gpucanary.ladder.model import MetricAnswer, Series
 from pytest_gpucanary.safe_text import redact_url
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 5.0
-NODE_LABEL = "Hostname"  # dcgm-exporter's node label; relabelled setups may use another
-DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 # timestamp() drops metric names, so one metric must carry the driver label; GPU_UTIL is in
 # dcgm-exporter's default counter set
 DRIVER_CARRIER = "DCGM_FI_DEV_GPU_UTIL"
@@ -35,13 +34,6 @@ DRIVER_CARRIER = "DCGM_FI_DEV_GPU_UTIL"
 
 class MetricsError(GpucanaryError):
     """Prometheus could not answer a query: unreachable, timed out, or an error status."""
-
-
-@dataclass(frozen=True)
-class Series:
-    labels: Mapping[str, str] = field(hash=False)
-    t_s: float  # sample time, Prometheus clock (Unix s)
-    value: float
 
 
 def _error_line(exc: PrometheusApiClientException) -> str:
@@ -140,141 +132,37 @@ def node_regex(nodes: Sequence[str]) -> str:
     return "|".join(re.sub(r"([.+*?()\[\]{}|^$\\])", r"\\\\\1", n) for n in sorted(nodes))
 
 
-# --- pure judges -------------------------------------------------------------------------------------
+# --- the shipped checks' queries: answers kept unjudged, the ladder judges them (ladder/metrics.py) ----
 
 
-def judge_upgrade_failed(series: Sequence[Series], *, span: str) -> MetricCheck:
-    name, what = "no-upgrade-failed", "max(gpu_operator_nodes_upgrades_failed)"
-    if not series:
-        return MetricCheck(
-            name,
-            Stage.ROLLOUT,
-            Outcome.INCONCLUSIVE,
-            None,
-            f"no {what} samples over the last {span} (is the GPU Operator scraped?)",
-        )
-    worst = max(s.value for s in series)
-    outcome = Outcome.PASS if worst == 0 else Outcome.FAIL
-    return MetricCheck(name, Stage.ROLLOUT, outcome, worst, f"{what} over the run ({span}) = {worst:g}, expected 0")
+def ask(prom: Prometheus, name: str, promql: str, *, span: str, at_wall_ns: int | None) -> MetricAnswer:
+    """One check's query and what Prometheus answered, or why it did not."""
+    try:
+        return MetricAnswer(name, promql, span, tuple(prom.query(promql, at_wall_ns=at_wall_ns)))
+    except MetricsError as err:
+        return MetricAnswer(name, promql, span, error=str(err))
 
 
-def judge_xid(
-    series: Sequence[Series], *, nodes: Sequence[str], span: str, node_label: str = NODE_LABEL
-) -> MetricCheck:
-    name = "no-xid-errors"
-    if not nodes:
-        return MetricCheck(name, Stage.DEVICE, Outcome.INCONCLUSIVE, None, "no pool nodes given")
-    missing = sorted(set(nodes) - {s.labels.get(node_label, "") for s in series})
-    bad = sorted((s for s in series if s.value != 0), key=lambda s: -s.value)
-    if bad:
-        s = bad[0]
-        return MetricCheck(
-            name,
-            Stage.DEVICE,
-            Outcome.FAIL,
-            s.value,
-            f"{s.labels.get(node_label, '?')} GPU {s.labels.get('gpu', '?')} reported XID {s.value:g} "
-            f"within {span} ({len(bad)} GPU(s) with XIDs), expected none",
-        )
-    if missing:
-        return MetricCheck(
-            name,
-            Stage.DEVICE,
-            Outcome.INCONCLUSIVE,
-            None,
-            f"no DCGM_FI_DEV_XID_ERRORS samples within {span} for {', '.join(missing)}",
-        )
-    return MetricCheck(
-        name,
-        Stage.DEVICE,
-        Outcome.PASS,
-        0.0,
-        f"max DCGM_FI_DEV_XID_ERRORS over {span} = 0 on {len(nodes)} node(s), {len(series)} GPU(s)",
-    )
-
-
-def latest_versions(series: Sequence[Series], *, node_label: str = NODE_LABEL) -> dict[str, str]:
-    """Per node, the driver version label of its newest sample (value = sample time)."""
-    newest: dict[str, Series] = {}
-    for s in series:
-        node = s.labels.get(node_label, "")
-        if node not in newest or s.value > newest[node].value:
-            newest[node] = s
-    return {node: s.labels.get(DRIVER_LABEL, "") for node, s in newest.items()}
-
-
-def judge_driver_version(
-    series: Sequence[Series], *, nodes: Sequence[str], target: str, node_label: str = NODE_LABEL
-) -> MetricCheck:
-    name = "dcgm-driver-version"
-    if not nodes:
-        return MetricCheck(name, Stage.DEVICE, Outcome.INCONCLUSIVE, None, "no pool nodes given")
-    versions = latest_versions(series, node_label=node_label)
-    wrong = sorted(f"{n} reports {versions[n]}" for n in nodes if versions.get(n) and versions[n] != target)
-    at_target = sum(versions.get(n) == target for n in nodes)
-    if wrong:
-        return MetricCheck(
-            name, Stage.DEVICE, Outcome.FAIL, float(at_target), f"{'; '.join(wrong)}; expected {DRIVER_LABEL}={target}"
-        )
-    unknown = sorted(n for n in nodes if not versions.get(n))
-    if unknown:
-        return MetricCheck(
-            name,
-            Stage.DEVICE,
-            Outcome.INCONCLUSIVE,
-            None,
-            f"no DCGM series with a {DRIVER_LABEL} label for {', '.join(unknown)}",
-        )
-    return MetricCheck(
-        name,
-        Stage.DEVICE,
-        Outcome.PASS,
-        float(at_target),
-        f"{at_target}/{len(nodes)} node(s) report {DRIVER_LABEL}={target}",
-    )
-
-
-# --- checks: query, then judge; a query that cannot be answered is inconclusive ----------------------
-
-
-def _unanswered(name: str, stage: Stage, err: MetricsError) -> MetricCheck:
-    return MetricCheck(name, stage, Outcome.INCONCLUSIVE, None, str(err))
-
-
-def check_no_upgrade_failed(prom: Prometheus, *, start_wall_ns: int, end_wall_ns: int) -> MetricCheck:
+def ask_upgrade_failed(prom: Prometheus, *, start_wall_ns: int, end_wall_ns: int) -> MetricAnswer:
     span = window(start_wall_ns, end_wall_ns)
-    try:
-        series = prom.query(f"max(max_over_time(gpu_operator_nodes_upgrades_failed[{span}]))", at_wall_ns=end_wall_ns)
-    except MetricsError as err:
-        return _unanswered("no-upgrade-failed", Stage.ROLLOUT, err)
-    return judge_upgrade_failed(series, span=span)
+    promql = f"max(max_over_time(gpu_operator_nodes_upgrades_failed[{span}]))"
+    return ask(prom, "no-upgrade-failed", promql, span=span, at_wall_ns=end_wall_ns)
 
 
-def check_no_xid_errors(
-    prom: Prometheus, *, nodes: Sequence[str], start_wall_ns: int, end_wall_ns: int, node_label: str = NODE_LABEL
-) -> MetricCheck:
+def ask_xid_errors(prom: Prometheus, *, nodes: Sequence[str], start_wall_ns: int, end_wall_ns: int) -> MetricAnswer:
     span = window(start_wall_ns, end_wall_ns)
-    promql = (
-        f'max by ({node_label}, gpu) (max_over_time(DCGM_FI_DEV_XID_ERRORS{{{node_label}=~"{node_regex(nodes)}"}}'
-        f"[{span}]))"
-    )
-    try:
-        series = prom.query(promql, at_wall_ns=end_wall_ns)
-    except MetricsError as err:
-        return _unanswered("no-xid-errors", Stage.DEVICE, err)
-    return judge_xid(series, nodes=nodes, span=span, node_label=node_label)
+    selector = f'DCGM_FI_DEV_XID_ERRORS{{{NODE_LABEL}=~"{node_regex(nodes)}"}}'
+    promql = f"max by ({NODE_LABEL}, gpu) (max_over_time({selector}[{span}]))"
+    return ask(prom, "no-xid-errors", promql, span=span, at_wall_ns=end_wall_ns)
 
 
-def check_dcgm_driver_version(
-    prom: Prometheus, *, nodes: Sequence[str], target: str, at_wall_ns: int | None = None, node_label: str = NODE_LABEL
-) -> MetricCheck:
-    """The driver version label on each node's newest DCGM series equals `target` (exact match)."""
-    selector = f'{DRIVER_CARRIER}{{{node_label}=~"{node_regex(nodes)}"}}'
-    try:
-        series = prom.query(f"max by ({node_label}, {DRIVER_LABEL}) (timestamp({selector}))", at_wall_ns=at_wall_ns)
-    except MetricsError as err:
-        return _unanswered("dcgm-driver-version", Stage.DEVICE, err)
-    return judge_driver_version(series, nodes=nodes, target=target, node_label=node_label)
+def ask_driver_version(
+    prom: Prometheus, *, nodes: Sequence[str], at_wall_ns: int | None = None, span: str = "now"
+) -> MetricAnswer:
+    """The driver version label of each node's newest DCGM series (the judge compares it with the target)."""
+    selector = f'{DRIVER_CARRIER}{{{NODE_LABEL}=~"{node_regex(nodes)}"}}'
+    promql = f"max by ({NODE_LABEL}, {DRIVER_LABEL}) (timestamp({selector}))"
+    return ask(prom, "dcgm-driver-version", promql, span=span, at_wall_ns=at_wall_ns)
 
 
 # what the shipped checks read, each as a query that returns a series only when the data is there
@@ -312,25 +200,20 @@ def missing_series(
     return lines
 
 
-def default_checks(
+def default_answers(
     url: str,
     *,
     nodes: Sequence[str],
-    target_driver: str,
     start_wall_ns: int,
     end_wall_ns: int,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     read_timeout_s: float = READ_TIMEOUT_S,
-    node_label: str = NODE_LABEL,
-) -> tuple[MetricCheck, ...]:
-    """The shipped checks over the run window [start, end]: operator failures, XIDs, driver version at the end."""
+) -> tuple[MetricAnswer, ...]:
+    """The shipped checks' answers over the run window [start, end]: operator failures, XIDs, and the driver
+    version at the end."""
     with Prometheus(url, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s) as prom:
         return (
-            check_no_upgrade_failed(prom, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns),
-            check_no_xid_errors(
-                prom, nodes=nodes, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns, node_label=node_label
-            ),
-            check_dcgm_driver_version(
-                prom, nodes=nodes, target=target_driver, at_wall_ns=end_wall_ns, node_label=node_label
-            ),
+            ask_upgrade_failed(prom, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns),
+            ask_xid_errors(prom, nodes=nodes, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns),
+            ask_driver_version(prom, nodes=nodes, at_wall_ns=end_wall_ns, span=window(start_wall_ns, end_wall_ns)),
         )

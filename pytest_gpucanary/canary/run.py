@@ -53,10 +53,9 @@ from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_namespace
-from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, stall, timeline
-from pytest_gpucanary.ladder.model import CollectiveRun
+from pytest_gpucanary.ladder import RunEvidence, WorkloadRef, stall, timeline
+from pytest_gpucanary.ladder.model import CollectiveRun, MetricAnswer, Sample
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
-from pytest_gpucanary.ladder.phases import phase_stats, rate_series
 from pytest_gpucanary.policy.helm import HelmChart
 from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
 from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
@@ -416,7 +415,7 @@ class CanaryRun:
                 run.blast_radius.sweep()
         records = tuple(recorder.records)
         finished_wall_ns = time.time_ns()
-        service_phases, service_rate = self._collect_load(load, run, records)
+        load_samples = self._collect_load(load, run)
         evidence = RunEvidence(
             records=records,
             pool_nodes=pool.nodes,
@@ -426,9 +425,8 @@ class CanaryRun:
             gpu_job=run.gpu_job,
             service=run.service,
             probes=tuple(probes.results(list(records))),
-            metric_checks=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
-            service_phases=service_phases,
-            service_rate=service_rate,
+            metric_answers=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
+            load_samples=load_samples,
             upgrade_policy=run.upgrade_policy,
             run_id=run.run_id,
             policy_path=str(settings.policy),
@@ -693,35 +691,24 @@ class CanaryRun:
         self.progress.line(f"load: {settings.load_users} users on {redact_url(url)}")
         return load
 
-    def _collect_load(
-        self, load: LoadRun | None, run: _Measured, records: tuple
-    ) -> tuple[tuple[PhaseStats, ...], tuple[RatePoint, ...]]:
+    def _collect_load(self, load: LoadRun | None, run: _Measured) -> tuple[Sample, ...]:
+        """Every request after the warm-up; the ladder cuts them by upgrade phase."""
         if load is None:
-            return (), ()
+            return ()
         load.stop()
-        samples = [sample for sample in load.samples() if sample.t_ns >= run.load_measured_from_ns]
         if error := load.error():
             self.progress.line(f"load: {error}")
-        return (
-            phase_stats(samples, records, run.pool.nodes[0], since_wall_ns=run.upgrade_started_wall_ns),
-            tuple(rate_series(samples)),
-        )
+        return tuple(sample for sample in load.samples() if sample.t_ns >= run.load_measured_from_ns)
 
     def _prometheus_url(self) -> str | None:
         return self.settings.prometheus_url or (self.fleet.prometheus_url if self.fleet else None)
 
-    def _collect_metrics(self, pool: Pool, start_wall_ns: int, end_wall_ns: int) -> tuple[MetricCheck, ...]:
+    def _collect_metrics(self, pool: Pool, start_wall_ns: int, end_wall_ns: int) -> tuple[MetricAnswer, ...]:
         url = self._prometheus_url()
         if url is None:
             self.progress.line(f"no Prometheus URL: metric checks not run (give {flag('prometheus_url')})")
             return ()
-        return metrics.default_checks(
-            url,
-            nodes=pool.nodes,
-            target_driver=self._driver_to,
-            start_wall_ns=start_wall_ns,
-            end_wall_ns=end_wall_ns,
-        )
+        return metrics.default_answers(url, nodes=pool.nodes, start_wall_ns=start_wall_ns, end_wall_ns=end_wall_ns)
 
     def _watch_upgrade(self, pool: Pool, recorder: Recorder, release: str | None, run: _Measured) -> list[str]:
         """Wait for every pool node's end state within the budget, a cause that will not clear by itself

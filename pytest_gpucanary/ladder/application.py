@@ -252,7 +252,7 @@ def check_application(evidence: RunEvidence, settings: Settings = DEFAULTS) -> S
     else:
         service_findings, service_items = [], []
         service_note = f"service {evidence.service} judged on evictions only (no load stats)"
-    metric_findings, metric_items = stage_metrics(evidence, Stage.APPLICATION)
+    metric_findings, metric_items = stage_metrics(evidence, Stage.APPLICATION, settings)
     allowed = sum(e.allowed for e in removed)
     pass_line = (
         f"{allowed} allowed eviction(s), 0 others ({allowed_text(settings.allowed_evictions)}); {job_finding.line}; "

@@ -232,7 +232,7 @@ def check_device(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageV
         dips.append(dip)
     if not evidence.pool_nodes:
         findings.append(Finding(Outcome.INCONCLUSIVE, "no pool nodes given"))
-    metric_findings, metric_items = stage_metrics(evidence, Stage.DEVICE)
+    metric_findings, metric_items = stage_metrics(evidence, Stage.DEVICE, settings)
     n = len(evidence.pool_nodes)
     back = [d.back_s for d in dips if d.back_s is not None]
     gone = [d.gone_s for d in dips if d.gone_s is not None]

@@ -1,11 +1,13 @@
 """One run's evidence: the single frozen record a canary run builds, the ladder judges and the receipt draws.
 
-It holds the recorded timeline plus what was measured beside it (probes, load per phase, Prometheus
-checks) and who/what/when (ids, pool, versions, applied policy, CI identity). The query helpers a
-gate test uses (`evictions()`, `queue_delays_s()`, ...) live here and delegate to the timeline
-queries. `to_json`/`from_json` carry everything but the records, which live in timeline.jsonl, so
-`gpucanary evaluate` can judge a recorded run again from what the run wrote. The recorder goes on
-appending while the run restores the cluster, so the evidence names how many timeline lines it holds.
+It holds the recorded timeline plus what was measured beside it, raw: probes, every service request,
+Prometheus' answers to the checks' queries; and who/what/when (ids, pool, versions, applied policy, CI
+identity). Only the ladder judges: it cuts the requests by upgrade phase (here, when the evidence is made
+or read) and judges the answers (ladder/metrics.py). The query helpers a gate test uses
+(`queue_delays_s()`, ...) live here and delegate to the timeline queries. `to_json`/`from_json` carry
+everything but the records and the requests, which live in timeline.jsonl and load.jsonl, so `gpucanary
+evaluate` can judge a recorded run again from what the run wrote. The recorder goes on appending while the
+run restores the cluster, so the evidence names how many timeline lines it holds.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import (
     CollectiveRun,
+    MetricAnswer,
     MetricCheck,
     PhaseStats,
     ProbeScope,
     ProbeSeen,
     RatePoint,
+    Sample,
     WorkloadRef,
 )
+from pytest_gpucanary.ladder.phases import phase_stats, rate_series
 from pytest_gpucanary.ladder.timeline import Record
 
 if TYPE_CHECKING:
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
 
 EVIDENCE_FILE = "evidence.json"
 TIMELINE_FILE = "timeline.jsonl"
+LOAD_FILE = "load.jsonl"  # one service request per line: [t_ns, latency_s, ok, status]
+_APART = ("records", "load_samples")  # kept in their own files
 SCHEMA = "gpucanary-evidence/1"
 
 
@@ -48,7 +55,11 @@ class RunEvidence:
     gpu_job: WorkloadRef
     service: WorkloadRef  # a Deployment
     probes: tuple[ProbeSeen, ...] = ()
-    metric_checks: tuple[MetricCheck, ...] = ()
+    metric_answers: tuple[MetricAnswer, ...] = ()  # what Prometheus answered to each shipped check, unjudged
+    metric_checks: tuple[MetricCheck, ...] = ()  # judged at collection: only evidence recorded before answers were kept
+    load_samples: tuple[Sample, ...] = ()  # every service request after the warm-up (load.jsonl beside the timeline)
+    # the samples cut by the pool's first node's upgrade phases, and per second: derived from load_samples
+    # when there are any (so a recorded run is cut again when judged again), else as recorded
     service_phases: tuple[PhaseStats, ...] = ()
     service_rate: tuple[RatePoint, ...] = ()
     upgrade_policy: Mapping[str, Any] = field(default_factory=dict, hash=False)  # the CR upgradePolicy applied
@@ -81,7 +92,9 @@ class RunEvidence:
             "records",
             "pool_nodes",
             "probes",
+            "metric_answers",
             "metric_checks",
+            "load_samples",
             "service_phases",
             "service_rate",
             "exposure",
@@ -93,6 +106,13 @@ class RunEvidence:
             "unproven",
         ):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.load_samples and not self.service_phases:
+            node = self.pool_nodes[0] if self.pool_nodes else ""
+            since = self.upgrade_started_wall_ns
+            object.__setattr__(
+                self, "service_phases", phase_stats(self.load_samples, self.records, node, since_wall_ns=since)
+            )
+            object.__setattr__(self, "service_rate", tuple(rate_series(self.load_samples)))
 
     def offset_s(self, wall_ns: float) -> float:
         return (wall_ns - self.upgrade_started_wall_ns) / 1e9
@@ -143,13 +163,15 @@ class RunEvidence:
         document = {
             "schema": SCHEMA,
             "timeline_records": len(self.records),
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "records"},
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _APART},
+            "load_samples": len(self.load_samples),
         }
         return json.dumps(document, indent=1, default=_plain) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, records: tuple[Record, ...]) -> RunEvidence:
-        """The evidence of `text` over the timeline's first records (as many as it was judged on)."""
+    def from_json(cls, text: str, records: tuple[Record, ...], samples: tuple[Sample, ...] = ()) -> RunEvidence:
+        """The evidence of `text` over the timeline's first records (as many as it was judged on), with the load
+        samples of load.jsonl (its phases cut again from them)."""
         doc = json.loads(text)
         if doc.pop("schema", None) != SCHEMA:
             raise ValueError(f"not a {SCHEMA} document")
@@ -164,9 +186,11 @@ class RunEvidence:
             gpu_job=WorkloadRef(**doc["gpu_job"]),
             service=WorkloadRef(**doc["service"]),
             probes=tuple(ProbeSeen(**p) for p in doc["probes"]),
+            metric_answers=tuple(MetricAnswer(**a) for a in doc.get("metric_answers", ())),
             metric_checks=tuple(MetricCheck(**m) for m in doc["metric_checks"]),
-            service_phases=tuple(PhaseStats(**s) for s in doc["service_phases"]),
-            service_rate=tuple(RatePoint(**r) for r in doc["service_rate"]),
+            load_samples=samples,
+            service_phases=() if samples else tuple(PhaseStats(**s) for s in doc["service_phases"]),
+            service_rate=() if samples else tuple(RatePoint(**r) for r in doc["service_rate"]),
             upgrade_policy=doc["upgrade_policy"],
             run_id=doc["run_id"],
             policy_path=doc["policy_path"],
@@ -187,7 +211,10 @@ class RunEvidence:
         )
 
     def write(self, report_dir: Path) -> Path:
-        """The evidence beside its timeline (the recorder wrote timeline.jsonl as the run went)."""
+        """The evidence and its load samples beside its timeline (the recorder wrote timeline.jsonl as the run
+        went)."""
+        lines = (json.dumps([s.t_ns, s.latency_s, s.ok, s.status]) + "\n" for s in self.load_samples)
+        (report_dir / LOAD_FILE).write_text("".join(lines), encoding="utf-8")
         path = report_dir / EVIDENCE_FILE
         path.write_text(self.to_json(), encoding="utf-8")
         return path
@@ -196,7 +223,12 @@ class RunEvidence:
     def read(cls, report_dir: Path) -> RunEvidence:
         text = (report_dir / EVIDENCE_FILE).read_text(encoding="utf-8")
         count = json.loads(text).get("timeline_records", 0)
-        return cls.from_json(text, tuple(timeline.load(report_dir / TIMELINE_FILE)[:count]))
+        records = tuple(timeline.load(report_dir / TIMELINE_FILE)[:count])
+        try:
+            lines = (report_dir / LOAD_FILE).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            lines = []  # recorded before the samples were kept
+        return cls.from_json(text, records, tuple(Sample(*json.loads(line)) for line in lines))
 
 
 def _plain(value: Any) -> Any:

@@ -141,6 +141,39 @@ class PhaseStats:
         object.__setattr__(self, "phase", UpgradePhase(self.phase))
 
 
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One request of the service load, as the load generator saw it."""
+
+    t_ns: int  # wall clock at request start, Unix ns
+    latency_s: float  # request start to response (or error)
+    ok: bool  # locust's verdict: a 2xx/3xx response, no connection error
+    status: int  # HTTP status; 0 when no response arrived
+
+
+@dataclass(frozen=True)
+class Series:
+    """One sample of a Prometheus instant vector."""
+
+    labels: Mapping[str, str] = field(hash=False)
+    t_s: float  # sample time, Prometheus clock (Unix s)
+    value: float
+
+
+@dataclass(frozen=True)
+class MetricAnswer:
+    """What Prometheus answered to one of the shipped checks' queries, unjudged: the ladder judges it."""
+
+    name: str  # the check it is for: no-upgrade-failed, no-xid-errors, dcgm-driver-version
+    query: str  # the PromQL as asked
+    span: str  # the window the query covers, e.g. "642s"
+    series: tuple[Series, ...] = ()
+    error: str = ""  # why there is no answer (unreachable, timed out, an error status); "" when answered
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "series", tuple(s if isinstance(s, Series) else Series(**s) for s in self.series))
+
+
 @dataclass(frozen=True)
 class RatePoint:
     start_wall_ns: int  # bucket start, a multiple of the bucket width (load generator's wall clock)

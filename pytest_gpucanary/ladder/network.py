@@ -188,7 +188,7 @@ def check_network(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
         findings += node_findings
         items += node_items
     n = len(evidence.pool_nodes)
-    probe_findings, probe_items = stage_metrics(evidence, Stage.NETWORK)
+    probe_findings, probe_items = stage_metrics(evidence, Stage.NETWORK, settings)
     if evidence.collective:
         collective, collective_items = _collective(evidence, settings)
         probe_findings, probe_items = collective + probe_findings, collective_items + probe_items

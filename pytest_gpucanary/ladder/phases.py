@@ -12,13 +12,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from pytest_gpucanary.ladder.model import PhaseStats, RatePoint, UpgradePhase, summarize
+from pytest_gpucanary.ladder.model import PhaseStats, RatePoint, Sample, UpgradePhase, summarize
 from pytest_gpucanary.ladder.timeline import Record, phase_windows
-
-if TYPE_CHECKING:
-    from pytest_gpucanary.canary.load import Sample
 
 
 @dataclass(frozen=True)

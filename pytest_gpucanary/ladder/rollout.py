@@ -183,7 +183,7 @@ def check_rollout(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
         for line in r.object.get("lines") or []
     ]
     findings = [Finding(Outcome.FAIL, line) for line in evidence.blast_radius] + findings  # the headline when any
-    metric_findings, metric_items = stage_metrics(evidence, Stage.ROLLOUT)
+    metric_findings, metric_items = stage_metrics(evidence, Stage.ROLLOUT, settings)
     n = len(evidence.pool_nodes)
     pass_line = (
         f"{n}/{n} pool nodes reached upgrade-done, slowest at +{max(done_s or [0]):.0f}s <= budget "

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from pytest_gpucanary.ladder import metrics
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
+
+if TYPE_CHECKING:
+    from pytest_gpucanary.config import Settings
 
 
 @dataclass(frozen=True)
@@ -28,10 +33,11 @@ def verdict(stage: Stage, findings: Iterable[Finding], evidence: Iterable[Eviden
     return StageVerdict(stage, Outcome.PASS, f"{stage.value}: {pass_line}", tuple(evidence))
 
 
-def stage_metrics(ev: RunEvidence, stage: Stage) -> tuple[list[Finding], list[Evidence]]:
-    """The stage's Prometheus checks as findings (skipped checks only as evidence)."""
+def stage_metrics(ev: RunEvidence, stage: Stage, settings: Settings) -> tuple[list[Finding], list[Evidence]]:
+    """The stage's Prometheus checks, judged from the recorded answers, as findings (skipped checks only as
+    evidence)."""
     findings, items = [], []
-    for check in (c for c in ev.metric_checks if c.stage is stage):
+    for check in (c for c in metrics.checks(ev, settings) if c.stage is stage):
         value = "no value" if check.value is None else f"{check.value:g}"
         line = f"metric {check.name} = {value} ({check.detail})"
         items.append(Evidence(None, None, "Metric", check.name, f"{check.outcome.value}: {line}"))

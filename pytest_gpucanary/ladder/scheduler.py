@@ -78,6 +78,6 @@ def check_scheduler(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Sta
         findings += never + [finding]
         items += probe_items + ([stats_item] if stats_item else [])
         passes.append(finding.line)
-    metric_findings, metric_items = stage_metrics(evidence, Stage.SCHEDULER)
+    metric_findings, metric_items = stage_metrics(evidence, Stage.SCHEDULER, settings)
     pass_line = "; ".join(passes) + metrics_note(metric_findings)
     return verdict(Stage.SCHEDULER, findings + metric_findings, items + metric_items, pass_line)

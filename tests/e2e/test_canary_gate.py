@@ -61,6 +61,12 @@ def assert_replay_reproduces(reports: Path, *, returncode: int) -> None:
     again = json.loads((run_dir / "receipt.json").read_text())
     assert again["verdicts"] == before["verdicts"] and again["first_failed"] == before["first_failed"]
     assert again["evictions"] == before["evictions"] and again["thresholds"] == before["thresholds"]
+    if returncode == 0:  # the recorded load, cut by phase again, judged with a p99 no service meets: fails
+        stricter = gpucanary("evaluate", str(run_dir), "--gpucanary-max-p99-s=0.000001", reports=reports)
+        assert stricter.returncode == 1, stricter.stderr[-2000:]
+        assert json.loads((run_dir / "receipt.json").read_text())["first_failed"] == "application"
+        p99 = f"--gpucanary-max-p99-s={before['thresholds']['max_p99_s']}"
+        assert gpucanary("evaluate", str(run_dir), p99, reports=reports).returncode == 0
 
 
 def run_until_applied(*args: str, reports: Path, **popen: Any) -> tuple[subprocess.Popen[str], list[str]]:

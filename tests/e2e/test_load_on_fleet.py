@@ -24,7 +24,8 @@ from pytest_gpucanary.canary import metrics
 from pytest_gpucanary.fleet.manifests import CPU_NODE_NAME, gpu_node_name
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.ladder import Outcome, PhaseStats
-from pytest_gpucanary.canary.load import LoadRun, Sample
+from pytest_gpucanary.canary.load import LoadRun
+from pytest_gpucanary.ladder.model import Sample
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
 from pytest_gpucanary.canary.recorder import Recorder, StreamSpec
 from pytest_gpucanary.ladder.timeline import UpgradePhase

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.canary.load import DEFAULT_LOCUSTFILE, LoadRun, Sample, SampleLog, parse_samples
+from pytest_gpucanary.canary.load import DEFAULT_LOCUSTFILE, LoadRun, SampleLog, parse_samples
+from pytest_gpucanary.ladder.model import Sample
 
 
 def line(t_ns: int = 1, latency_s: float = 0.01, ok: bool = True, status: int = 200) -> str:

@@ -15,10 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary.ladder import Outcome, Stage
-from pytest_gpucanary.canary.metrics import (
-    MetricsError, Prometheus, Series, default_checks, judge_driver_version, judge_upgrade_failed, judge_xid,
-    latest_versions, node_regex, query, window,
+from pytest_gpucanary.canary.metrics import MetricsError, Prometheus, default_answers, node_regex, query, window
+from pytest_gpucanary.ladder.metrics import (
+    judge_answer, judge_driver_version, judge_upgrade_failed, judge_xid, latest_versions,
 )
+from pytest_gpucanary.ladder.model import Series
 
 NODES = ["gpu-node-0", "gpu-node-1"]
 
@@ -51,6 +52,15 @@ def test_xid_judge_names_the_gpu_and_needs_every_node() -> None:
     partial = judge_xid(clean[:2], nodes=NODES, span="60s")
     assert partial.outcome is Outcome.INCONCLUSIVE and "gpu-node-1" in partial.detail
     assert judge_xid(clean, nodes=[], span="60s").outcome is Outcome.INCONCLUSIVE
+
+
+def test_an_allowed_xid_does_not_fail_the_check_and_another_still_does() -> None:
+    clean = [xid(n, g, 0) for n in NODES for g in "01"]
+    app_fault = judge_xid(clean + [xid("gpu-node-0", "1", 43)], nodes=NODES, span="60s", allowed=frozenset({13, 43}))
+    assert app_fault.outcome is Outcome.PASS and "allowed XIDs 13, 43 not counted" in app_fault.detail
+    fallen_off = judge_xid(clean + [xid("gpu-node-0", "1", 43), xid("gpu-node-1", "0", 79)], nodes=NODES,
+                           span="60s", allowed=frozenset({43}))
+    assert fallen_off.outcome is Outcome.FAIL and "XID 79" in fallen_off.detail
 
 
 def test_driver_version_judge_uses_each_nodes_newest_series() -> None:
@@ -120,8 +130,10 @@ def _reply(status: int, body: bytes, delay_s: float = 0.0) -> Callable:
 
 def _all_inconclusive(url: str, *, read_timeout_s: float = 5.0) -> list[str]:
     now = time.time_ns()
-    checks = default_checks(url, nodes=NODES, target_driver="580.82.07", start_wall_ns=now - 60 * 10**9,
-                            end_wall_ns=now, read_timeout_s=read_timeout_s)
+    answers = default_answers(url, nodes=NODES, start_wall_ns=now - 60 * 10**9, end_wall_ns=now,
+                              read_timeout_s=read_timeout_s)
+    assert [a.name for a in answers] == ["no-upgrade-failed", "no-xid-errors", "dcgm-driver-version"]
+    checks = [judge_answer(a, nodes=NODES, target="580.82.07") for a in answers]
     assert [c.outcome for c in checks] == [Outcome.INCONCLUSIVE] * 3
     assert all("\n" not in c.detail and c.value is None for c in checks)
     return [c.detail for c in checks]

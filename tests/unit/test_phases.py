@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_gpucanary.canary.load import Sample
+from pytest_gpucanary.ladder.model import Sample
 from pytest_gpucanary.ladder.phases import PhaseStart, phase_of, phase_starts, phase_stats, rate_series, split_by_phase
 from pytest_gpucanary.canary.recorder import Record
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
