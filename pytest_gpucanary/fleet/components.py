@@ -251,7 +251,7 @@ def node_agent(layout: FleetLayout) -> Component:
         (
             sys.executable,
             "-m",
-            "pytest_gpucanary.fleet.node_agent",
+            "pytest_gpucanary.fleet.node_agent_process",
             f"--kubeconfig={layout.kubeconfig}",
             f"--namespace={OPERATOR_NAMESPACE}",
             f"--health-port={port}",

@@ -33,9 +33,9 @@ from pathlib import Path
 import yaml
 
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL
-from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.fleet import node_config
 from pytest_gpucanary.fleet.components import Component
-from pytest_gpucanary.fleet.images import NVML_STATE_SCRIPT, PAUSE_IMAGE, nvml_gpus
+from pytest_gpucanary.fleet.images import NVML_STATE_SCRIPT, nvml_gpus
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
 
@@ -173,12 +173,6 @@ def driver_images() -> tuple[str, ...]:
     )
     versions = dict.fromkeys((fleet_driver_version(), *POOL_DRIVER_VERSIONS, *DRIVER_FAULTS))
     return tuple(f"{spec['repository']}/{spec['image']}:{version}-{suffix}" for version in versions)
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise EnvError(f"openssl {args[0]} failed for the kubelet node: {result.stderr.strip()[-200:]}")
 
 
 @dataclass(frozen=True)
@@ -334,149 +328,11 @@ class KubeletNode:
             )
         (self.dir / "cni" / "bin" / "loopback").symlink_to(DEBIAN_LOOPBACK_PLUGIN)
         (self.dir / "cni" / "bin" / "gpucanary-netns").symlink_to(self.bin_dir / "gpucanary-netns")
-        (self.dir / "cni" / "net.d" / "10-gpucanary-netns.conflist").write_text(json.dumps(self._cni_config()))
-        (self.dir / "containerd" / "config.toml").write_text(self._containerd_config())
-        (self.dir / "kubelet" / "config.yaml").write_text(yaml.safe_dump(self._kubelet_config(), sort_keys=False))
-        self._credentials()
-
-    def _cni_config(self) -> dict:
-        return {
-            "cniVersion": "1.0.0",
-            "name": "gpucanary-netns",
-            "plugins": [
-                {
-                    "type": "gpucanary-netns",
-                    "subnet": f"10.245.{self.index}.0/24",
-                    "dataDir": str(self.dir / "cni" / "ipam"),
-                }
-            ],
-        }
-
-    def _containerd_config(self) -> str:
-        d, cri = self.dir / "containerd", '[plugins."io.containerd.grpc.v1.cri"'
-        return f"""version = 2
-root = "{d / "root"}"
-state = "{d / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = ""
-[debug]
-  address = ""
-[metrics]
-  address = "{HOST}:{self.port("containerd-metrics")}"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d / "opt"}"
-{cri}]
-  sandbox_image = "{PAUSE_IMAGE}"
-  stream_server_address = "{HOST}"
-  stream_server_port = "{self.port("containerd-stream")}"
-  enable_selinux = false
-  restrict_oom_score_adj = true  # root here lacks CAP_SYS_RESOURCE; negative scores would fail every sandbox
-{cri}.containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-  privileged_without_host_devices = true  # a privileged pod gets no device of the machine
-{cri}.containerd.runtimes.runc.options]
-  SystemdCgroup = false
-# RuntimeClass "nvidia" (the operator's operands ask for it): runc behind the stand-in for
-# nvidia-container-runtime (ci/node/nvidia-runtime), which mounts the driver root's NVML and nvidia-smi
-# into a container that asks for GPUs, as the NVIDIA Container Toolkit does
-{cri}.containerd.runtimes.nvidia]
-  runtime_type = "io.containerd.runc.v2"
-  privileged_without_host_devices = true
-{cri}.containerd.runtimes.nvidia.options]
-  SystemdCgroup = false
-  BinaryName = "{self.bin_dir / "nvidia-container-runtime"}"
-{cri}.cni]
-  bin_dir = "{self.dir / "cni" / "bin"}"
-  conf_dir = "{self.dir / "cni" / "net.d"}"
-"""
-
-    def _kubelet_config(self) -> dict:
-        return {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "failCgroupV1": False,  # this machine is cgroup v1 (hybrid); 1.36 refuses it unless told
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": f"/{self.cgroup_root}",
-            "cgroupsPerQOS": True,
-            "enforceNodeAllocatable": ["pods"],
-            "failSwapOn": False,
-            "address": HOST,
-            "port": self.port("kubelet"),
-            "readOnlyPort": 0,
-            "healthzBindAddress": HOST,
-            "healthzPort": self.port("kubelet-healthz"),
-            # the fleet's apiserver calls kubelets without a client certificate (logs, exec); the
-            # kubelet listens on 127.0.0.1 only
-            "authentication": {
-                "anonymous": {"enabled": True},
-                "webhook": {"enabled": False},
-                "x509": {"clientCAFile": str(self.layout.pki / "ca.crt")},
-            },
-            "authorization": {"mode": "AlwaysAllow"},
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "imageServiceEndpoint": f"unix://{self.containerd_socket}",
-            "podLogsDir": str(self.dir / "kubelet" / "pod-logs"),
-            "registerNode": True,
-            "registerWithTaints": self.taints(),
-            "maxPods": 30,
-            "serializeImagePulls": False,
-            "resolvConf": "",
-            "makeIPTablesUtilChains": False,  # the machine's iptables are not the node's to change
-            "imageGCHighThresholdPercent": 100,  # the imported images cannot be pulled again
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-            "nodeStatusUpdateFrequency": "10s",
-        }
-
-    def _credentials(self) -> None:
-        """A client certificate for system:node:<name> signed by the fleet CA, and its kubeconfig."""
-        pki, ca = self.dir / "pki", self.layout.pki
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "node.key",
-            "-out",
-            "node.csr",
-            "-subj",
-            f"/O=system:nodes/CN=system:node:{self.name}",
-            cwd=pki,
+        (self.dir / "cni" / "net.d" / "10-gpucanary-netns.conflist").write_text(
+            json.dumps(node_config.cni_config(self))
         )
-        (pki / "node.ext").write_text("extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            "node.csr",
-            "-CA",
-            str(ca / "ca.crt"),
-            "-CAkey",
-            str(ca / "ca.key"),
-            "-CAcreateserial",
-            "-CAserial",
-            "ca.srl",
-            "-days",
-            "30",
-            "-out",
-            "node.crt",
-            "-extfile",
-            "node.ext",
-            cwd=pki,
+        (self.dir / "containerd" / "config.toml").write_text(node_config.containerd_config(self))
+        (self.dir / "kubelet" / "config.yaml").write_text(
+            yaml.safe_dump(node_config.kubelet_config(self), sort_keys=False)
         )
-        (self.dir / "kubeconfig").write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters:\n- name: fleet\n  cluster:\n    server: {self.layout.apiserver_url}\n"
-            f"    certificate-authority: {ca / 'ca.crt'}\n"
-            f"users:\n- name: {self.name}\n  user:\n    client-certificate: {pki / 'node.crt'}\n"
-            f"    client-key: {pki / 'node.key'}\n"
-            f"contexts:\n- name: fleet\n  context:\n    cluster: fleet\n    user: {self.name}\n"
-            "current-context: fleet\n"
-        )
+        node_config.credentials(self)

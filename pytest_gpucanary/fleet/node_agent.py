@@ -38,11 +38,8 @@ deletes no pod. It writes nothing to a real kubelet node.
 
 from __future__ import annotations
 
-import argparse
-import http.server
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
@@ -51,7 +48,6 @@ from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL
 from pytest_gpucanary.canary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
-from pytest_gpucanary.fleet.manifests import DCGM_SERIES, KUBELET_DCGM_PATH
 from pytest_gpucanary.kube import Kube, WatchEvent
 
 DRIVER_VERSION_LABELS = (
@@ -70,7 +66,6 @@ COLLECTIVE_ANNOTATION = "gpucanary.io/simulated-collective"  # "never-completes"
 BUSBW_ANNOTATION, DEFAULT_BUSBW = "gpucanary.io/simulated-busbw-gbps", "24.0"
 PEERMEM = "nvidia-peermem-ctr"
 COLLECTIVE_SELECTOR = f"{ROLE_LABEL}={COLLECTIVE_ROLE}"
-USER_AGENT = "gpucanary-fleet-node-agent"  # not gpucanary/<version>: the audit log tells the canary apart by it
 
 
 def driver_labels(version: str) -> dict[str, str]:
@@ -394,114 +389,9 @@ class NodeAgent:
         return not any(PEERMEM in _containers_ready(p) and not _containers_ready(p)[PEERMEM] for p in drivers)
 
 
-def dcgm_text(nodes: list[dict]) -> str:
-    """The kubelet pool nodes' DCGM series in Prometheus' text format, as the fleet's kwok Metric
-    serves them for KWOK nodes (manifests.dcgm_metric): per GPU, the driver version label from GFD's
-    label, the value from the node's annotation."""
-    lines = []
-    for name, help_text, annotation in DCGM_SERIES:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        for node in nodes:
-            meta = node["metadata"]
-            labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-            value = float(annotations.get(annotation, "0") or 0)
-            for gpu in range(int(labels.get(op.GPU_COUNT_LABEL, "0") or 0)):
-                series = {
-                    "gpu": str(gpu),
-                    "UUID": f"GPU-{meta['name']}-{gpu}",
-                    "Hostname": meta["name"],
-                    "modelName": labels.get("nvidia.com/gpu.product", ""),
-                    "DCGM_FI_DRIVER_VERSION": labels.get(op.DRIVER_VERSION_LABEL, ""),
-                }
-                lines.append(name + "{" + ",".join(f'{k}="{v}"' for k, v in series.items()) + "}" + f" {value:g}")
-    return "\n".join(lines) + "\n"
-
-
 def _containers_ready(pod: dict) -> dict[str, bool]:
     return {c.get("name", ""): bool(c.get("ready")) for c in pod.get("status", {}).get("containerStatuses") or []}
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _watch_forever(
-    kubeconfig: str,
-    kind: str,
-    handler,
-    stop: threading.Event,
-    *,
-    namespace: str | None = None,
-    label_selector: str | None = None,
-) -> None:
-    """One watch of the agent's, reconnected on any error (the fleet's apiserver restarts in the fault tests)."""
-    while not stop.is_set():
-        try:
-            kube = Kube.connect(kubeconfig, user_agent=USER_AGENT)
-            for event in kube.watch("v1", kind, stop=stop, namespace=namespace, label_selector=label_selector):
-                try:
-                    handler(event)
-                except GpucanaryError:
-                    pass  # the object went away meanwhile; its next event retries
-        except GpucanaryError as err:
-            print(f"node agent: {kind} watch: {err}; retrying", flush=True)
-            stop.wait(2)
-
-
-def run(agent: NodeAgent, kubeconfig: str, namespace: str, stop: threading.Event) -> None:
-    watches = [
-        threading.Thread(target=_watch_forever, args=(kubeconfig, "Node", agent.handle_node, stop), daemon=True),
-        threading.Thread(
-            target=_watch_forever,
-            args=(kubeconfig, "Pod", agent.handle_collective, stop),
-            kwargs={"label_selector": COLLECTIVE_SELECTOR},
-            daemon=True,
-        ),
-    ]
-    for watch in watches:
-        watch.start()
-    _watch_forever(kubeconfig, "Pod", agent.handle, stop, namespace=namespace)
-
-
-def _serve(port: int, pool_nodes: Callable[[], list[dict]]) -> None:
-    """/healthz, and the kubelet pool nodes' DCGM series at KUBELET_DCGM_PATH."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == KUBELET_DCGM_PATH:
-                body = dcgm_text(pool_nodes()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            self.send_response(200 if self.path == "/healthz" else 404)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kubeconfig", required=True)
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--health-port", type=int, required=True)
-    args = parser.parse_args()
-    agents: list[NodeAgent] = []
-    _serve(args.health_port, lambda: agents[0].kubelet_pool_nodes() if agents else [])
-    while True:
-        try:
-            agents[:] = [NodeAgent(Kube.connect(args.kubeconfig, user_agent=USER_AGENT))]
-            run(agents[0], args.kubeconfig, args.namespace, threading.Event())
-        except GpucanaryError as err:  # the first connection
-            print(f"node agent: {err}; retrying", flush=True)
-            time.sleep(2)
-
-
-if __name__ == "__main__":
-    main()

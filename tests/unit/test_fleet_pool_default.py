@@ -10,7 +10,7 @@ import pytest
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.fleet.kubelet_pool import KubeletPoolProvider
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
-from pytest_gpucanary.fleet.node_agent import dcgm_text
+from pytest_gpucanary.fleet.node_agent_process import dcgm_text
 from pytest_gpucanary.target import pool_provider as default_pool_provider
 from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
 

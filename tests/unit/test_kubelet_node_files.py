@@ -19,6 +19,7 @@ from pytest_gpucanary.fleet.images import ImageSpec, operator_plugin_images, sha
 from pytest_gpucanary.fleet.kubelet_node import (KERNEL_TUNABLES, TAINT_KEY, KubeletNode,
                                                  driver_images, gpu_labels, hosts_text, operator_images)
 from pytest_gpucanary.fleet.manifests import host_network_service
+from pytest_gpucanary.fleet.node_config import containerd_config, kubelet_config
 from pytest_gpucanary.fleet.operator import apply_policies
 from pytest_gpucanary.fleet.pki import ensure_pki
 from pytest_gpucanary.fleet.layout import (KUBELET_NODE_PORTS, KUBELET_WORKLOAD_OFFSETS, MAX_KUBELET_NODES,
@@ -124,13 +125,13 @@ def _node(tmp_path: Path, *, pool: bool = False) -> KubeletNode:
 
 def test_configs_bind_loopback_and_keep_the_machine_as_it_is(tmp_path: Path) -> None:
     node = _node(tmp_path)
-    containerd = tomllib.loads(node._containerd_config())
+    containerd = tomllib.loads(containerd_config(node))
     cri = containerd["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["restrict_oom_score_adj"] is True
     assert cri["stream_server_address"] == "127.0.0.1" and cri["stream_server_port"] == "26803"
     assert containerd["metrics"]["address"] == "127.0.0.1:26802"
     assert set(cri["containerd"]["runtimes"]) == {"runc", "nvidia"}
-    kubelet = node._kubelet_config()
+    kubelet = kubelet_config(node)
     assert (kubelet["address"], kubelet["port"], kubelet["healthzBindAddress"]) == ("127.0.0.1", 26800, "127.0.0.1")
     assert kubelet["readOnlyPort"] == 0 and kubelet["makeIPTablesUtilChains"] is False
     assert kubelet["cgroupRoot"] == "/gpucanary-26800-gpu-kubelet-0"
@@ -211,7 +212,7 @@ def test_the_device_plugin_image_carries_plugin_gfd_and_the_c_library_they_link_
 
 
 def test_kubelet_config_is_yaml_the_kubelet_reads(tmp_path: Path) -> None:
-    text = yaml.safe_dump(_node(tmp_path)._kubelet_config(), sort_keys=False)
+    text = yaml.safe_dump(kubelet_config(_node(tmp_path)), sort_keys=False)
     assert yaml.safe_load(text)["failCgroupV1"] is False
 
 
@@ -222,7 +223,7 @@ def test_a_pool_node_runs_driver_validator_device_plugin_and_gfd_untainted_with_
         "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.driver",
         "nvidia.com/gpu.deploy.gpu-feature-discovery", "nvidia.com/gpu.deploy.operator-validator"]
     assert node.labels()["gpucanary.io/driver-pool"] == "gpu-kubelet-0"
-    assert node._kubelet_config()["registerWithTaints"] == []     # the canary's service must be able to land there
+    assert kubelet_config(node)["registerWithTaints"] == []     # the canary's service must be able to land there
     assert [c.name for c in node.components()] == ["gpu-kubelet-0-containerd", "gpu-kubelet-0-kubelet"]
 
 
