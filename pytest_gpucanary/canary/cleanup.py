@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary import lease
-from pytest_gpucanary.canary.pool.existing_node import SAVED_STATE_ANNOTATION, carved_driver, give_back
+from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION, carved_driver, give_back
 from pytest_gpucanary.config import run_id_rule
 from pytest_gpucanary.errors import EnvError, GpucanaryError
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER

@@ -3,7 +3,7 @@
 - NVIDIA NVSentinel quarantines a node whose GPU health signals go quiet (cordon and taints; a circuit breaker
   counts such nodes and must be reset by hand). A driver swap silences DCGM, so its runbooks tell operators to
   label nodes `k8saas.nvidia.com/ManagedByNVSentinel=false` during GPU driver upgrades: a run does that on its
-  pool and puts the label back as it found it (pool/existing_node.py).
+  pool and puts the label back as it found it (pool/existing_node.py, pool/restore.py).
 - NVIDIA Skyhook and the maintenance operator's NodeMaintenance (the Network Operator's driver upgrades on the
   same RDMA nodes) cordon and drain nodes of their own accord: a run says they are there.
 """

@@ -1,17 +1,13 @@
 """The canary's workloads from fixtures/ (or the user's files): the GPU job, the non-GPU service and the
-customer start probes, each stamped with the run's labels and placed on the pool; and `ProbeLoop`,
-which creates probe Jobs at a fixed cadence through the whole change.
+customer start probes, each stamped with the run's labels and placed on the pool.
 
-Rendering is pure and returns manifests; creating them is the run's job, except for the probes. Each
-tick creates one pool probe Job (pinned to the pool node: when can new work land there again?) and
-one fleet probe Job (one GPU on any other node: does the fleet keep starting work?). Their latencies
-come from the recorder's pod stream, not from polling; the Jobs finish by themselves.
+Rendering is pure and returns manifests; creating them is the run's job, except for the probes, which
+`probes.ProbeLoop` creates.
 """
 
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,13 +15,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pytest_gpucanary.config import FIXTURES, Settings, read_text, yaml_documents
-from pytest_gpucanary.errors import ConfigError, GpucanaryError
+from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import GPU_RESOURCE, holds_driver
-from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, Kube, fence_toleration, owned_labels
-from pytest_gpucanary.ladder import timeline
-from pytest_gpucanary.ladder.model import ProbeSeen
+from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, fence_toleration, owned_labels
 from pytest_gpucanary.ladder.stall import PULL_FAILURES
-from pytest_gpucanary.ladder.timeline import Record
 
 WORKLOADS = FIXTURES / "workloads"
 # How long a pod runs on the local fleet's KWOK nodes (fixtures/fleet/stage-pod-complete.yaml): a Go
@@ -393,54 +386,3 @@ def pull_state(pod: dict) -> tuple[bool | None, str]:
     if (pod.get("status") or {}).get("phase") in ("Running", "Succeeded"):
         return True, "pulled"
     return None, (pod.get("status") or {}).get("phase") or "Pending"
-
-
-class ProbeLoop:
-    def __init__(
-        self,
-        kube: Kube,
-        placement: Placement,
-        *,
-        manifest: Path | None,
-        interval_s: float,
-        pool_nodes: tuple[str, ...],
-        scopes: tuple[str, ...] = ("pool", "fleet"),
-        images: Mapping[str, str] | None = None,
-        first_seq: int = 0,
-    ) -> None:
-        self.images, self.first_seq = dict(images or {}), first_seq  # names go on from first_seq
-        self.kube, self.placement, self.manifest, self.pool_nodes = kube, placement, manifest, pool_nodes
-        self.interval_s, self.scopes = interval_s, scopes
-        self.created: dict[str, tuple[str, int]] = {}  # name -> (scope, created_wall_ns)
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpucanary-probes", daemon=True)
-
-    def start(self) -> ProbeLoop:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        seq = self.first_seq
-        while not self._stop.is_set():
-            for scope in self.scopes:
-                job = probe(
-                    self.manifest, self.placement, scope=scope, seq=seq, pool_nodes=self.pool_nodes, images=self.images
-                )
-                created_wall_ns = time.time_ns()  # before the call, so no watch event can precede it
-                try:
-                    self.kube.create(job)
-                    self.created[job["metadata"]["name"]] = (scope, created_wall_ns)
-                except GpucanaryError as err:
-                    self.errors.append(str(err))
-            seq += 1
-            self._stop.wait(self.interval_s)
-
-    def results(self, records: list[Record]) -> list[ProbeSeen]:
-        return timeline.probes_seen(
-            records, dict(self.created), namespace=self.placement.namespace
-        )  # dict(): the loop adds

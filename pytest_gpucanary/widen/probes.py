@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from pytest_gpucanary.canary import workloads
+from pytest_gpucanary.canary.probes import ProbeLoop
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import EnvError, GpucanaryError
 from pytest_gpucanary.kube import Conflict, Kube, owned_namespace
@@ -69,7 +70,7 @@ class StartProbes:
     def __init__(self, kube: Kube, settings: Settings, run_id: str, pods: PodWatch) -> None:
         self.kube, self.settings, self.pods = kube, settings, pods
         self.placement = workloads.Placement(f"gpucanary-{run_id}", run_id, "")
-        self.loop: workloads.ProbeLoop | None = None
+        self.loop: ProbeLoop | None = None
 
     def start(self) -> StartProbes:
         namespace = self.placement.namespace
@@ -93,7 +94,7 @@ class StartProbes:
                 hint="kube-controller-manager's serviceaccount controller makes it: check that it runs",
             ) from None
         self.pods.watch_probes(namespace)
-        self.loop = workloads.ProbeLoop(
+        self.loop = ProbeLoop(
             self.kube,
             self.placement,
             manifest=self.settings.probe,

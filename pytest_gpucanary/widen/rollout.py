@@ -21,7 +21,7 @@ from pytest_gpucanary.canary import lease, publish
 from pytest_gpucanary.canary.cleanup import RunLeftovers, leftovers
 from pytest_gpucanary.canary.metrics import MetricsError, Prometheus
 from pytest_gpucanary.canary.pool import Pool
-from pytest_gpucanary.canary.pool.existing_node import SAVED_STATE_ANNOTATION
+from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.cluster import ClusterInfo, discover, operator_release
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError

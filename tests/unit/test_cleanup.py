@@ -24,7 +24,8 @@ from pytest_gpucanary.gpu_operator import (
 from pytest_gpucanary.kube import owned_labels
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary.pool import POOL_ELIGIBLE_LABEL, Pool
-from pytest_gpucanary.canary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider
+from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
+from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.cluster import ClusterInfo
 
 OPERATOR_NS = "gpu-operator"

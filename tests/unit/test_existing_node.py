@@ -20,7 +20,8 @@ from pytest_gpucanary.kube import RUN_ID_LABEL, Forbidden, NotFound
 from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.canary.pool import POOL_ELIGIBLE_LABEL
-from pytest_gpucanary.canary.pool.existing_node import SAVED_STATE_ANNOTATION, ExistingNodeProvider, restore_node
+from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
+from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION, restore_node
 from pytest_gpucanary.cluster import ClusterInfo
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.82.07"
@@ -428,7 +429,7 @@ def test_a_node_stranded_on_the_target_is_put_back_into_upgrade_required_to_roll
     """GPU Operator leaves an out-of-date driver pod alone in validation-required and upgrade-failed: the give-back
     puts the node into upgrade-required (what the operator does for an out-of-date pod), once; the operator then
     restarts the pod at the restored version."""
-    from pytest_gpucanary.canary.pool.existing_node import wait_for_driver
+    from pytest_gpucanary.canary.pool.driver import wait_for_driver
 
     fake = FakeKube()
     fake.create(node("canary-0", **{UPGRADE_STATE_LABEL: state}))
@@ -454,7 +455,7 @@ def test_a_node_stranded_on_the_target_is_put_back_into_upgrade_required_to_roll
 
 
 def test_a_node_in_validation_on_its_own_driver_is_left_to_the_operator() -> None:
-    from pytest_gpucanary.canary.pool.existing_node import wait_for_driver
+    from pytest_gpucanary.canary.pool.driver import wait_for_driver
 
     fake = FakeKube()
     fake.create(node("canary-0", **{UPGRADE_STATE_LABEL: "validation-required"}))
@@ -468,7 +469,7 @@ def test_a_node_in_validation_on_its_own_driver_is_left_to_the_operator() -> Non
 def test_a_driver_pod_no_node_took_is_deleted_so_its_daemonset_makes_one_of_the_restored_driver() -> None:
     """GPU Operator passes over a node whose driver pod is unbound: the give-back deletes a pool node's driver pod
     of the target that the scheduler could not place (and only that one), so the DaemonSet makes a new one."""
-    from pytest_gpucanary.canary.pool.existing_node import wait_for_driver
+    from pytest_gpucanary.canary.pool.driver import wait_for_driver
 
     def unplaced(name: str, node_name: str, version: str) -> dict:
         obj = driver_pod(node_name, version=version)

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from pytest_gpucanary.canary.run import RestoringStack
+from pytest_gpucanary.canary.undo import RestoringStack
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -70,14 +70,14 @@ def test_the_progress_line_says_a_v26_release_waits_for_its_requeue_once_the_new
 
     from pytest_gpucanary.config import Settings
     from pytest_gpucanary.canary.pool import Pool
-    from pytest_gpucanary.canary.run import CanaryRun
+    from pytest_gpucanary.canary.waits import RunWaits
 
     records = sorted(states(list(zip([5, 10, 12, 14, 26], HAPPY[:5]))) + operands(), key=lambda r: r.received_wall_ns)
     run, pool = SimpleNamespace(settings=Settings()), Pool((NODE,), None, "580.82.07")
-    line = CanaryRun._status_text(run, pool, SimpleNamespace(records=records), 100.0, "v26.7.0")
+    line = RunWaits._status_text(run, pool, SimpleNamespace(records=records), 100.0, "v26.7.0")
     assert line.startswith(f"{NODE}: pod-restart-required | 100/1200 s | ")
     assert line.endswith("new driver pod Ready; this release moves on at its next 2-minute requeue")
-    assert "requeue" not in CanaryRun._status_text(run, pool, SimpleNamespace(records=records), 100.0, "v25.10.1")
+    assert "requeue" not in RunWaits._status_text(run, pool, SimpleNamespace(records=records), 100.0, "v25.10.1")
 
 
 def test_a_log_the_kubelet_cannot_give_while_it_replaces_the_container_is_read_again(monkeypatch) -> None:
@@ -85,11 +85,11 @@ def test_a_log_the_kubelet_cannot_give_while_it_replaces_the_container_is_read_a
     it has no log; a moment later it has."""
     from types import SimpleNamespace
 
-    from pytest_gpucanary.canary import run as run_module
+    from pytest_gpucanary.canary import waits as waits_module
     from pytest_gpucanary.ladder import stall
-    from pytest_gpucanary.canary.run import CanaryRun
+    from pytest_gpucanary.canary.waits import RunWaits
 
-    monkeypatch.setattr(run_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(waits_module.time, "sleep", lambda s: None)
     cause = stall.Cause("gpu-kubelet-0", "driver pod", "CrashLoopBackOff", "", 0, 1, "gpu-operator", "driver-x",
                         "nvidia-driver-ctr")
     answers = ["unable to retrieve container logs for containerd://decf", "Installing...\nERROR: Unable to load\n"]
@@ -98,10 +98,10 @@ def test_a_log_the_kubelet_cannot_give_while_it_replaces_the_container_is_read_a
     run = SimpleNamespace(kube=SimpleNamespace(pod_log=lambda *a, **k: answers.pop(0)),
                           progress=SimpleNamespace(line=said.append))
     recorder = SimpleNamespace(records=[], note=noted.append)
-    assert CanaryRun._read_log(run, cause, recorder, previous=True) is True
+    assert RunWaits._read_log(run, cause, recorder, previous=True) is True
     assert noted[0].object["lines"] == ["Installing...", "ERROR: Unable to load"] and said == []
-    answers[:] = ["unable to retrieve container logs for containerd://decf"] * run_module.LOG_READS
-    assert CanaryRun._read_log(run, cause, recorder, previous=True) is False
+    answers[:] = ["unable to retrieve container logs for containerd://decf"] * waits_module.LOG_READS
+    assert RunWaits._read_log(run, cause, recorder, previous=True) is False
     assert said == ["rollout: cannot read the log of driver-x/nvidia-driver-ctr: unable to retrieve container logs "
                     "for containerd://decf"]
 
@@ -110,7 +110,7 @@ def test_the_newest_warning_of_a_pod_without_a_sandbox_is_recorded_once_and_read
     from types import SimpleNamespace
 
     from pytest_gpucanary.ladder import stall
-    from pytest_gpucanary.canary.run import CanaryRun
+    from pytest_gpucanary.canary.waits import RunWaits
 
     cause = stall.Cause("gpu-kubelet-0", "driver pod", stall.SANDBOX_NOT_READY, "", 0, None, "gpu-operator",
                         "driver-x")
@@ -126,9 +126,9 @@ def test_the_newest_warning_of_a_pod_without_a_sandbox_is_recorded_once_and_read
     run = SimpleNamespace(kube=SimpleNamespace(list=lambda *a, **k: asked.append(k["field_selector"]) or events),
                           progress=SimpleNamespace(line=print))
     read_at: dict = {}
-    assert CanaryRun._read_warnings(run, [cause], recorder, read_at) is True
+    assert RunWaits._read_warnings(run, [cause], recorder, read_at) is True
     assert asked == ["involvedObject.kind=Pod,involvedObject.name=driver-x"]
     assert stall.last_warning(recorder.records, cause) == 'FailedCreatePodSandBox: no runtime for "nvidia" is configured'
-    assert CanaryRun._read_warnings(run, [cause], recorder, read_at) is False and len(asked) == 1   # not yet again
+    assert RunWaits._read_warnings(run, [cause], recorder, read_at) is False and len(asked) == 1   # not yet again
     read_at.clear()
-    assert CanaryRun._read_warnings(run, [cause], recorder, read_at) is False and len(recorder.records) == 1
+    assert RunWaits._read_warnings(run, [cause], recorder, read_at) is False and len(recorder.records) == 1

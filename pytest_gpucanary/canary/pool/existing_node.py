@@ -26,7 +26,6 @@ so the default one takes the node again, and waits for its driver pod there (NVI
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -35,47 +34,32 @@ from dataclasses import dataclass, field
 from pytest_gpucanary.canary import neighbours
 from pytest_gpucanary.canary.apply import SKIP_SET_ANNOTATION, refuse_foreign
 from pytest_gpucanary.canary.pool import HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL, Pool
+from pytest_gpucanary.canary.pool.driver import wait_for_driver
+from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION, give_back, handover_driver
 from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import (
-    DRIVER_COMPONENT_SELECTOR,
     DRIVER_OWNER_LABEL,
     GPU_PRESENT_LABEL,
     GPU_PRESENT_SELECTOR,
     NVIDIADRIVER,
-    UPGRADE_DONE,
-    UPGRADE_FAILED,
-    UPGRADE_REQUIRED,
-    UPGRADE_STATE_LABEL,
-    VALIDATION_REQUIRED,
-    daemonset_node,
     driver_node_selector,
     driver_version_of,
     is_default_driver,
     is_driver_pod,
     of_daemonset,
-    unplaced,
 )
 from pytest_gpucanary.kube import (
     FENCE_TAINT_KEY,
     RUN_ID_LABEL,
-    Conflict,
     Kube,
     NotFound,
     fence_taint,
     owned_labels,
     patch_as_read,
-    saved_run,
     tolerated,
 )
-
-SAVED_STATE_ANNOTATION = "gpucanary.io/saved-node-state"
-
-
-def handover_driver(run_id: str) -> str:
-    """The name of the NVIDIADriver a run hands default-driven pool nodes to."""
-    return f"gpucanary-{run_id}"
 
 
 @dataclass
@@ -350,189 +334,9 @@ def _check_marks(node: dict) -> None:
         )
 
 
-def give_back(
-    kube: Kube, name: str, run_id: str, driver: str, *, timeout_s: float, report: Callable[[str], None] = print
-) -> bool:
-    """Wait for `driver` on the node, then drop the run's label and annotation (only while they name `run_id`).
-    A node the run took from the default NVIDIADriver goes back to it first: the run's own NVIDIADriver is
-    deleted and the default one's driver pod waited for. False when the node carries nothing of the run."""
-    try:
-        node = kube.get("v1", "Node", name)
-    except NotFound:
-        return False
-    saved = _saved(node)
-    owner = str(saved.get("handover_from") or "") if str(saved.get("run_id")) == run_id else ""
-    if owner:
-        with contextlib.suppress(NotFound):  # gone already: given back another node of the run
-            own = kube.get(*NVIDIADRIVER, handover_driver(run_id))
-            if (own["metadata"].get("labels") or {}).get(RUN_ID_LABEL) == run_id:
-                kube.delete(*NVIDIADRIVER, handover_driver(run_id), uid=own["metadata"]["uid"])
-                report(
-                    f"deleted NVIDIADriver {handover_driver(run_id)}: the default NVIDIADriver {owner} takes the "
-                    "pool back"
-                )
-    if driver:
-        try:
-            wait_for_driver(kube, name, driver, owner=owner, timeout_s=timeout_s, report=report)
-        except NotFound:
-            return False
-    return restore_node(kube, name, run_id)
-
-
-def _saved(node: dict) -> dict:
-    try:
-        saved = json.loads(node["metadata"]["annotations"][SAVED_STATE_ANNOTATION])
-    except (KeyError, ValueError, TypeError, AttributeError):
-        return {}
-    return saved if isinstance(saved, dict) else {}
-
-
-def carved_driver(node: dict) -> str:
-    """The driver version a carved node ran when the run took it (saved in its annotation), or ''."""
-    return str(_saved(node).get("driver") or "")
-
-
-def restore_node(kube: Kube, name: str, run_id: str) -> bool:
-    """Remove the run's label, annotation and fence from the node and put back the NVSentinel label it changed
-    (unless someone changed it since), and nothing else; False when they are not the run's."""
-
-    def decide(node: dict) -> tuple[dict | None, bool]:
-        if saved_run(node, SAVED_STATE_ANNOTATION) != run_id:
-            return None, False
-        now = node["metadata"].get("labels") or {}
-        labels = {RUN_ID_LABEL: None} if now.get(RUN_ID_LABEL) == run_id else {}
-        saved = json.loads(node["metadata"]["annotations"][SAVED_STATE_ANNOTATION])
-        if "nvsentinel" in saved and now.get(neighbours.NVSENTINEL_LABEL) == "false":  # still what the run wrote
-            labels[neighbours.NVSENTINEL_LABEL] = saved["nvsentinel"]
-        body: dict = {"metadata": {"labels": labels, "annotations": {SAVED_STATE_ANNOTATION: None}}}
-        taints = (node.get("spec") or {}).get("taints") or []
-        if fence_taint(run_id) in taints:
-            body["spec"] = {"taints": [t for t in taints if t != fence_taint(run_id)] or None}
-        return body, True
-
-    return bool(patch_as_read(kube, "v1", "Node", name, decide, what=f"node {name}"))
-
-
 def _expected(pod: dict, run_id: str | None) -> bool:
     """DaemonSet pods belong on every node; the canary's own pods carry its run id (before the carve-out, when
     `run_id` is None: no other run's pods either, which `_check` refuses through the node's run id label)."""
     labels = pod["metadata"].get("labels", {})
     ours = RUN_ID_LABEL in labels if run_id is None else labels.get(RUN_ID_LABEL) == run_id
     return of_daemonset(pod["metadata"]) or ours
-
-
-# GPU Operator restarts an out-of-date driver pod only on the way from upgrade-required through
-# pod-restart-required: in validation-required it waits for the validator alone, in upgrade-failed for the pod
-# to be in sync (k8s-operator-libs, ProcessValidationRequiredNodes and ProcessUpgradeFailedNodes). A target
-# driver that loaded but never validated, or whose upgrade failed, would stay after its version went back.
-STRANDED_STATES = (VALIDATION_REQUIRED, UPGRADE_FAILED)
-UNSTRAND_TRIES = 3  # once more if the first came before the operator had put the DaemonSet back
-LOOK_EVERY_S = 15  # a stranded node may not change: it is looked at again this often
-
-
-def wait_for_driver(
-    kube: Kube, node: str, version: str, *, owner: str = "", timeout_s: float, report: Callable[[str], None] = print
-) -> None:
-    """Block (watching, bounded) until the node's driver pod runs `version` and the node is upgrade-done (with
-    `owner`, also until that NVIDIADriver owns the node and the running driver pod is its DaemonSet's). A node
-    stranded on another driver (STRANDED_STATES) is put back into upgrade-required, the state the operator
-    itself gives a node whose driver pod is out of date, so it rolls the node back; a driver pod of another
-    version that the scheduler could not place there is deleted (`_replace_unplaced`)."""
-    tries = {"unstrand": UNSTRAND_TRIES, "unplaced": UNSTRAND_TRIES}
-
-    def back(nodes: dict[str, dict]) -> bool | None:
-        labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
-        state = labels.get(UPGRADE_STATE_LABEL)
-        if (
-            state == UPGRADE_DONE
-            and (not owner or labels.get(DRIVER_OWNER_LABEL) == owner)
-            and _driver_version_on(kube, node, owner) == version
-        ):
-            return True
-        if state in STRANDED_STATES and tries["unstrand"] and (stale := _other_drivers_on(kube, node, version)):
-            tries["unstrand"] -= 1
-            if _unstrand(kube, node):
-                report(
-                    f"node {node} stayed in {state} on driver {', '.join(stale)}, which GPU Operator does not "
-                    f"restart there: put it back into {UPGRADE_REQUIRED} to roll it back to {version}"
-                )
-        if tries["unplaced"] and _replace_unplaced(kube, node, version, report):
-            tries["unplaced"] -= 1
-        return None
-
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            kube.watch_until(
-                "v1", "Node", back, timeout_s=min(left, LOOK_EVERY_S), field_selector=f"metadata.name={node}"
-            )
-            return
-        except TimeoutError:
-            continue
-    under = f" under NVIDIADriver {owner}" if owner else ""
-    raise EnvError(
-        f"node {node} did not return to driver {version}{under} within {timeout_s:.0f} s",
-        hint="check it, then run `gpucanary cleanup` to restore its labels and taints",
-    )
-
-
-def _replace_unplaced(kube: Kube, node: str, version: str, report: Callable[[str], None]) -> bool:
-    """Delete the node's driver pods of another version that the scheduler could not place (PodScheduled False):
-    GPU Operator passes over a node whose driver pod has no node (k8s-operator-libs BuildState: "Driver Pod has
-    no NodeName, skipping"), so nothing else would; the DaemonSet makes a new one from its restored template.
-    Such a pod never ran: deleting it disrupts nothing (deploy/admission.yaml allows the canary only such pods
-    outside its namespaces). True when one was deleted."""
-    deleted = False
-    for pod in kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector="spec.nodeName="):
-        meta, why, its_version = pod["metadata"], unplaced(pod), driver_version_of(pod)
-        if (
-            daemonset_node(pod.get("spec") or {}) != node
-            or not of_daemonset(meta)
-            or why is None
-            or meta.get("deletionTimestamp")
-            or its_version in ("", version)
-        ):
-            continue
-        try:
-            kube.delete("v1", "Pod", meta["name"], namespace=meta["namespace"], uid=meta["uid"])
-        except (NotFound, Conflict):
-            continue
-        deleted = True
-        report(
-            f"driver pod {meta['namespace']}/{meta['name']} of {its_version} could not be placed on "
-            f"node {node} ({' '.join(str(why.get('message', '')).split())[:200]}), and GPU Operator passes over "
-            f"a node whose driver pod has no node: deleted it, so that its DaemonSet makes one of {version}"
-        )
-    return deleted
-
-
-def _driver_pods_on(kube: Kube, node: str) -> list[dict]:
-    """The node's driver pods, but those being deleted."""
-    pods = kube.list("v1", "Pod", label_selector=DRIVER_COMPONENT_SELECTOR, field_selector=f"spec.nodeName={node}")
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-
-def _other_drivers_on(kube: Kube, node: str, version: str) -> list[str]:
-    """The versions of the node's driver pods (any phase) that are not `version`."""
-    return sorted({v for p in _driver_pods_on(kube, node) if (v := driver_version_of(p)) and v != version})
-
-
-def _unstrand(kube: Kube, node: str) -> bool:
-    def decide(obj: dict) -> tuple[dict | None, bool]:
-        if (obj["metadata"].get("labels") or {}).get(UPGRADE_STATE_LABEL) not in STRANDED_STATES:
-            return None, False  # the operator moved it on meanwhile
-        return {"metadata": {"labels": {UPGRADE_STATE_LABEL: UPGRADE_REQUIRED}}}, True
-
-    return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}"))
-
-
-def _driver_version_on(kube: Kube, node: str, owner: str = "") -> str:
-    """The version of the node's one running driver pod (of `owner`'s DaemonSets, whose pods select the nodes
-    that NVIDIADriver owns), or ''."""
-    ready = [
-        p
-        for p in _driver_pods_on(kube, node)
-        if p.get("status", {}).get("phase") == "Running"
-        and (not owner or ((p.get("spec") or {}).get("nodeSelector") or {}).get(DRIVER_OWNER_LABEL) == owner)
-    ]
-    return driver_version_of(ready[0]) if len(ready) == 1 else ""
