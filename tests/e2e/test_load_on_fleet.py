@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 import pytest
 
 from pytest_gpucanary.canary import metrics
+from pytest_gpucanary.ladder.metrics import judge_answer
 from pytest_gpucanary.fleet.manifests import CPU_NODE_NAME, gpu_node_name
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.ladder import Outcome, PhaseStats
@@ -196,34 +197,39 @@ def prometheus(gpucanary_fleet) -> Iterator[metrics.Prometheus]:
         yield prom
 
 
+def judged(answer, *, nodes=(), target: str = FLEET_DRIVER):
+    """A query's answer judged as the ladder judges a run's."""
+    return judge_answer(answer, nodes=nodes, target=target)
+
+
 def _last_s(seconds: int) -> dict[str, int]:
     now = time.time_ns()
     return {"start_wall_ns": now - seconds * 10**9, "end_wall_ns": now}
 
 
 def test_operator_reports_no_failed_upgrade(prometheus: metrics.Prometheus) -> None:
-    check = metrics.check_no_upgrade_failed(prometheus, **_last_s(30))
+    check = judged(metrics.ask_upgrade_failed(prometheus, **_last_s(30)))
     assert (check.outcome, check.value) == (Outcome.PASS, 0.0), check.detail
 
 
 def test_dcgm_driver_version_of_a_fleet_node(prometheus: metrics.Prometheus) -> None:
     node = [gpu_node_name(0)]
-    right = metrics.check_dcgm_driver_version(prometheus, nodes=node, target=FLEET_DRIVER)
+    right = judged(metrics.ask_driver_version(prometheus, nodes=node), nodes=node)
     assert right.outcome is Outcome.PASS, right.detail
-    wrong = metrics.check_dcgm_driver_version(prometheus, nodes=node, target="590.48.01")
+    wrong = judged(metrics.ask_driver_version(prometheus, nodes=node), nodes=node, target="590.48.01")
     assert wrong.outcome is Outcome.FAIL and f"reports {FLEET_DRIVER}" in wrong.detail
-    missing = metrics.check_dcgm_driver_version(prometheus, nodes=["no-such-node"], target=FLEET_DRIVER)
+    missing = judged(metrics.ask_driver_version(prometheus, nodes=["no-such-node"]), nodes=["no-such-node"])
     assert missing.outcome is Outcome.INCONCLUSIVE
 
 
 def test_xid_errors_pass_clean_and_fail_once_a_gpu_reports_one(kube: Kube, prometheus: metrics.Prometheus) -> None:
-    clean = metrics.check_no_xid_errors(prometheus, nodes=[gpu_node_name(0)], **_last_s(30))
+    clean = judged(metrics.ask_xid_errors(prometheus, nodes=[gpu_node_name(0)], **_last_s(30)), nodes=[gpu_node_name(0)])
     assert clean.outcome is Outcome.PASS, clean.detail
     kube.patch("v1", "Node", CPU_NODE_NAME, {"metadata": {"annotations": {XID_ANNOTATION: "79"}}})
     try:  # kwok serves the annotation at the next scrape (5 s); wait for Prometheus, bounded
         deadline = time.monotonic() + 30
-        while (check := metrics.check_no_xid_errors(prometheus, nodes=[CPU_NODE_NAME], **_last_s(30))).outcome \
-                is not Outcome.FAIL and time.monotonic() < deadline:
+        while (check := judged(metrics.ask_xid_errors(prometheus, nodes=[CPU_NODE_NAME], **_last_s(30)),
+                               nodes=[CPU_NODE_NAME])).outcome is not Outcome.FAIL and time.monotonic() < deadline:
             time.sleep(1)
     finally:
         kube.patch("v1", "Node", CPU_NODE_NAME, {"metadata": {"annotations": {XID_ANNOTATION: None}}})
@@ -234,6 +240,7 @@ def test_prometheus_on_a_closed_port_is_inconclusive(gpucanary_fleet) -> None:
     with contextlib.closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    checks = metrics.default_checks(closed, nodes=[gpu_node_name(0)], target_driver=FLEET_DRIVER, **_last_s(60))
+    answers = metrics.default_answers(closed, nodes=[gpu_node_name(0)], **_last_s(60))
+    checks = [judged(a, nodes=[gpu_node_name(0)]) for a in answers]
     assert [c.outcome for c in checks] == [Outcome.INCONCLUSIVE] * 3
     assert all("unreachable" in c.detail for c in checks)

@@ -228,13 +228,14 @@ def test_shm_emptydir_with_drain_enabled_drains_the_non_gpu_pod_too(drain_phase:
 def test_dcgm_driver_version_follows_the_new_driver_pod(no_drain_phase: dict[str, Scenario], gpucanary_fleet) -> None:
     """The simulated DCGM series relabel once the node's new driver pod is Ready (the node agent's GFD labels)."""
     from pytest_gpucanary.canary import metrics
+    from pytest_gpucanary.ladder.metrics import judge_answer
 
     node = no_drain_phase["plain"].node
     deadline = time.monotonic() + 60
     check = None
     while time.monotonic() < deadline:
-        check = metrics.check_dcgm_driver_version(metrics.Prometheus(gpucanary_fleet.fleet.prometheus_url),
-                                                  nodes=(node,), target=NEW)
+        answer = metrics.ask_driver_version(metrics.Prometheus(gpucanary_fleet.fleet.prometheus_url), nodes=(node,))
+        check = judge_answer(answer, nodes=(node,), target=NEW)
         if check.outcome.value == "pass":
             break
         time.sleep(2)
