@@ -16,7 +16,8 @@ from typing import Any
 from pytest_gpucanary import ladder
 from pytest_gpucanary.config import DEFAULTS, Settings
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.ladder import LadderResult, Outcome, RunEvidence, Stage, StageVerdict
+from pytest_gpucanary.ladder import LadderResult, RunEvidence, Stage, StageVerdict
+from pytest_gpucanary.ladder.model import fails_gate
 from pytest_gpucanary.receipt import FILES, write_receipt
 
 
@@ -34,9 +35,7 @@ class RunOutcome:
         return self.result.verdict(stage)
 
     def fails_gate(self, verdict: StageVerdict) -> bool:
-        return verdict.outcome is Outcome.FAIL or (
-            verdict.outcome is Outcome.INCONCLUSIVE and self.settings.inconclusive_fails
-        )
+        return fails_gate(verdict.outcome, self.settings)
 
 
 def judge(evidence: RunEvidence, settings: Settings, report_dir: Path) -> RunOutcome:

@@ -341,9 +341,13 @@ class LadderResult:
         return next(v for v in self.verdicts if v.stage is Stage(stage))
 
 
+def fails_gate(outcome: Outcome, settings: Settings) -> bool:
+    """The gate's one predicate: a failed stage fails it, an inconclusive one unless --gpucanary-allow-inconclusive."""
+    return outcome is Outcome.FAIL or (outcome is Outcome.INCONCLUSIVE and settings.inconclusive_fails)
+
+
 def decide(verdicts: Sequence[StageVerdict], settings: Settings, **computed: Any) -> LadderResult:
     """The gate: first_failed is the earliest stage (ladder order) whose outcome fails the gate."""
-    failing = {Outcome.FAIL, Outcome.INCONCLUSIVE} if settings.inconclusive_fails else {Outcome.FAIL}
     ordered = tuple(sorted(verdicts, key=lambda v: list(Stage).index(v.stage)))
-    first = next((v.stage for v in ordered if v.outcome in failing), None)
+    first = next((v.stage for v in ordered if fails_gate(v.outcome, settings)), None)
     return LadderResult(ordered, first, first is None, settings.thresholds(), **computed)
