@@ -22,8 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_gpucanary.config import FIXTURES, read_text
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.shipped import FIXTURES
+from pytest_gpucanary.user_files import read_text
 
 DEFAULT_LOCUSTFILE = FIXTURES / "load" / "locustfile.py"
 

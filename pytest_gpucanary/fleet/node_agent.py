@@ -52,7 +52,8 @@ from pytest_gpucanary.canary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE,
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
 from pytest_gpucanary.fleet.manifests import DCGM_SERIES, KUBELET_DCGM_PATH
-from pytest_gpucanary.kube import Kube, WatchEvent
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.waits import WatchEvent
 
 DRIVER_VERSION_LABELS = (
     op.DRIVER_VERSION_LABEL,

@@ -57,15 +57,13 @@ from pytest_gpucanary.gpu_operator import (
     of_daemonset,
     unplaced,
 )
-from pytest_gpucanary.kube import (
+from pytest_gpucanary.kube import Kube, patch_as_read
+from pytest_gpucanary.kube.errors import Conflict, NotFound
+from pytest_gpucanary.kube.ownership import (
     FENCE_TAINT_KEY,
     RUN_ID_LABEL,
-    Conflict,
-    Kube,
-    NotFound,
     fence_taint,
     owned_labels,
-    patch_as_read,
     saved_run,
     tolerated,
 )
