@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
 
 
 @dataclass(frozen=True)

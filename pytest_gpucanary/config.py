@@ -4,132 +4,37 @@ From each field derive: the flag `--gpucanary-<name>`, the ini key `gpucanary_<n
 variable `GPUCANARY_<NAME>`, the default, the type conversion, the validation and the help text;
 the ladder's thresholds are the fields marked `threshold`. Precedence: command line > ini >
 environment > default, as a chain of sources (`Settings.resolve`). Messages that name an option get
-its spelling from `flag()`. Also where the shipped files (fixtures, canaries) live.
+its spelling from `flag()`. Each field's check of its value is in `checks`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
-import sys
 import tempfile
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from pytest_gpucanary.checks import (
+    Check,
+    at_least,
+    evictions_rule,
+    fraction,
+    image_rule,
+    one_of,
+    positive,
+    registry_rule,
+    run_id_rule,
+    selector,
+    url_rule,
+    version_rule,
+    xid_list,
+)
 from pytest_gpucanary.errors import ConfigError
-
-# --- files shipped beside the package ----------------------------------------------------------------
-# From a checkout (and an editable install) they sit at the repository root; an installed wheel
-# carries them as data files under <scheme data>/share/gpucanary (see pyproject's data-files), which
-# is sys.prefix in a venv but the user base for `pip install --user`: the wheel's own RECORD says where.
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DISTRIBUTION = "pytest-gpucanary"
-_MARKER = "share/gpucanary/canaries/test_driver_rollout.py"
-
-
-def _shipped_base() -> Path:
-    if (REPO_ROOT / "fixtures").is_dir() and (REPO_ROOT / "canaries").is_dir():
-        return REPO_ROOT
-    from importlib import metadata
-
-    try:
-        files = metadata.distribution(DISTRIBUTION).files or []
-    except metadata.PackageNotFoundError:
-        files = []
-    for entry in files:
-        if entry.as_posix().endswith(_MARKER):
-            return Path(entry.locate()).resolve().parents[1]
-    return Path(sys.prefix) / "share" / "gpucanary"
-
-
-_BASE = _shipped_base()
-FIXTURES = _BASE / "fixtures"
-CANARIES = _BASE / "canaries"
-
-
-# --- checks: each returns an error text, or None when the value is fine --------------------------------
-
-Check = Callable[[Any], "str | None"]
-
-
-def positive(value: float) -> str | None:
-    return None if math.isfinite(value) and value > 0 else "must be a finite number > 0"
-
-
-def at_least(low: int) -> Check:
-    return lambda value: None if value >= low else f"must be at least {low}"
-
-
-def fraction(value: float) -> str | None:
-    return None if math.isfinite(value) and 0 <= value <= 1 else "must be a fraction 0..1"
-
-
-def one_of(*choices: str) -> Check:
-    return lambda value: None if value is None or value in choices else f"must be one of {', '.join(choices)}"
-
-
-def selector(value: str) -> str | None:
-    try:
-        parse_selector(value)
-    except ConfigError as err:
-        return f"is not a label selector ({err})"
-    return None
-
-
-RUN_ID_MAX = 40  # it names the namespace gpucanary-<id> and nodes canary-<id>-<n>, which must stay DNS-1123 labels
-_RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_VERSION = re.compile(r"^[0-9][A-Za-z0-9_.-]{0,127}$")  # an image tag that starts with a digit: 580.95.05
-
-
-def run_id_rule(value: str) -> str | None:
-    if len(value) <= RUN_ID_MAX and _RUN_ID.match(value):
-        return None
-    return (
-        f"must be lower-case letters, digits and '-', at most {RUN_ID_MAX} characters, starting and ending alphanumeric"
-    )
-
-
-def version_rule(value: str) -> str | None:
-    return None if _VERSION.match(value) else "must be a driver version such as 580.95.05 (an image tag)"
-
-
-def url_rule(value: str) -> str | None:
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018  raises on a port that is not a number
-    except ValueError as err:
-        return f"is not a URL ({err})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http:// or https:// URL with a host"
-    return None
-
-
-_IMAGE = re.compile(r"^[a-z0-9]([a-z0-9._:/-]*[a-z0-9])?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
-_REGISTRY = re.compile(r"^[a-z0-9]([a-z0-9._:/-]*[a-z0-9])?$")
-
-
-def image_rule(value: str) -> str | None:
-    return None if _IMAGE.match(value) else "must be an image reference such as registry.example.com/path/name:tag"
-
-
-def registry_rule(value: str) -> str | None:
-    return (
-        None
-        if _REGISTRY.match(value) and "://" not in value
-        else "must be a registry host with an optional path, e.g. mirror.example.com:5000/gpu"
-    )
-
 
 # The default workloads' images, public and pinned; fixtures/workloads/*.yaml name the same ones and
 # say where each tag was checked as published. A mirror serves each under its own path.
@@ -145,15 +50,6 @@ def mirrored(image: str, registry: str) -> str:
     if not rest or not ("." in first or ":" in first or first == "localhost"):
         first, rest = "docker.io", image if "/" in image else f"library/{image}"
     return f"{registry.rstrip('/')}/{rest}"
-
-
-def xid_list(value: str) -> str | None:
-    parts = [p.strip() for p in value.split(",")] if value.strip() else []
-    return None if all(p.isdigit() for p in parts) else "must be XID numbers separated by commas, e.g. 13,31,43"
-
-
-def evictions_rule(value: str) -> str | None:
-    return None if value == "gpu" else selector(value)
 
 
 def knob(default: Any, help: str, *, check: Check | None = None, threshold: bool = False) -> Any:
@@ -498,107 +394,6 @@ def _writable_dir(path: Path, option: str) -> None:
 
 def env_source(environ: Mapping[str, str]) -> Callable[[Knob], Any]:
     return lambda knob_: environ.get(knob_.env) or None
-
-
-# --- the user's YAML files -----------------------------------------------------------------------------
-
-
-def _strict(base: type[yaml.constructor.SafeConstructor]) -> type:
-    """Safe loading that refuses a key given twice in one mapping (plain YAML lets the last one win)."""
-
-    def construct_mapping(self: Any, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable):
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
-                    )
-                seen[key] = key_node.start_mark.line
-        return base.construct_mapping(self, node, deep=deep)
-
-    return type(f"Strict{base.__name__}", (base,), {"construct_mapping": construct_mapping})
-
-
-_FAST_LOADER = _strict(getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: a 40 MB policy in 2 s, not 18
-_EXACT_LOADER = _strict(yaml.SafeLoader)  # where an error is, line and column
-
-
-def yaml_documents(text: str, *, source: str) -> list[Any]:
-    """Every non-empty document of a user's YAML text; bad syntax or a duplicate key is one ConfigError line."""
-    try:
-        return [doc for doc in yaml.load_all(text, Loader=_FAST_LOADER) if doc is not None]
-    except yaml.YAMLError:
-        pass
-    try:  # parse again with the pure-Python loader, whose marks point at the cause, not at the end of input
-        return [doc for doc in yaml.load_all(text, Loader=_EXACT_LOADER) if doc is not None]
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = " ".join(str(getattr(err, "problem", None) or "unreadable").split())
-        raise ConfigError(
-            f"{source} is not valid YAML{where}: {problem}",
-            hint="fix the syntax (indent with spaces; quote values that contain ': ')",
-        ) from None
-
-
-def read_text(path: Path, *, what: str) -> str:
-    """A user's file as text, or one ConfigError line saying why not."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text", hint="give a YAML file") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read {what} {str(path)!r}: {err.strerror or err}", hint="check the path") from None
-
-
-# --- label selectors (the Kubernetes string form), parsed client-side ------------------------------------
-
-_REQUIREMENT = re.compile(
-    r"""^\s*(?:
-    (?P<not>!)\s*(?P<nkey>[\w./-]+) |
-    (?P<skey>[\w./-]+)\s*(?P<sop>in|notin)\s*\((?P<values>[^()]*)\) |
-    (?P<key>[\w./-]+)\s*(?P<op>==|!=|=)\s*(?P<value>[\w./-]*) |
-    (?P<ekey>[\w./-]+)
-    )\s*$""",
-    re.X,
-)
-
-
-@lru_cache(maxsize=64)
-def parse_selector(text: str) -> tuple[Callable[[Mapping[str, str]], bool], ...]:
-    """`a=b`, `a==b`, `a!=b`, `a in (x,y)`, `a notin (x,y)`, `a`, `!a`, joined by commas; all must hold."""
-    parts = re.split(r",(?![^()]*\))", text)
-    requirements = []
-    for part in parts:
-        m = _REQUIREMENT.match(part)
-        if not part.strip() or not m:
-            raise ConfigError(
-                f"bad label selector {text!r} at {part.strip()!r}",
-                hint="use key=value, key!=value, key in (a,b), key notin (a,b), key or !key",
-            )
-        requirements.append(_requirement(m))
-    return tuple(requirements)
-
-
-def _requirement(m: re.Match[str]) -> Callable[[Mapping[str, str]], bool]:
-    if m["nkey"]:
-        nkey = m["nkey"]
-        return lambda labels: nkey not in labels
-    if m["ekey"]:
-        ekey = m["ekey"]
-        return lambda labels: ekey in labels
-    if m["skey"]:
-        skey = m["skey"]
-        values = frozenset(v.strip() for v in m["values"].split(",") if v.strip())
-        if m["sop"] == "in":
-            return lambda labels: labels.get(skey) in values
-        return lambda labels: labels.get(skey) not in values  # absent key matches, as in Kubernetes
-    key, value = m["key"], m["value"]
-    if m["op"] == "!=":
-        return lambda labels: labels.get(key) != value
-    return lambda labels: labels.get(key) == value
 
 
 DEFAULTS = Settings()

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 pytest_plugins = ["pytest_gpucanary.sweep.fixtures"]
 
 SESSION_KEY = pytest.StashKey["GpucanarySession"]()
-ENVIRONMENT_EXIT_STATUS = 6  # cli.ExitCode.ENVIRONMENT: the cluster or the fleet could not run the gate
+ENVIRONMENT_EXIT_STATUS = 6  # command.ExitCode.ENVIRONMENT: the cluster or the fleet could not run the gate
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from pytest_gpucanary.config import REPO_ROOT
+from pytest_gpucanary.shipped import REPO_ROOT
 
 pytest_plugins = ["pytester"]
 

@@ -41,7 +41,9 @@ from pytest_gpucanary.gpu_operator import (
     UPGRADE_STATE_LABEL,
     image_at_version,
 )
-from pytest_gpucanary.kube import Kube, NotFound, patch_as_read, saved_run
+from pytest_gpucanary.kube import Kube, patch_as_read
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import saved_run
 
 if TYPE_CHECKING:
     from pytest_gpucanary.canary.pool import Pool

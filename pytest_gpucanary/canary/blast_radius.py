@@ -22,7 +22,8 @@ from pytest_gpucanary.gpu_operator import (
     driver_version_of,
     image_at_version,
 )
-from pytest_gpucanary.kube import Kube, WatchEvent
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.waits import WatchEvent
 
 
 @dataclass

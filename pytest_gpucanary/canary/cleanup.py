@@ -24,10 +24,12 @@ from typing import TypeVar
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary import lease
 from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION, carved_driver, give_back
-from pytest_gpucanary.config import run_id_rule
+from pytest_gpucanary.checks import run_id_rule
 from pytest_gpucanary.errors import EnvError, GpucanaryError
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
-from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Conflict, Kube, NotFound, saved_run
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Conflict, NotFound
+from pytest_gpucanary.kube.ownership import OWNER_LABEL, RUN_ID_LABEL, saved_run
 
 NAMESPACE_GONE_TIMEOUT_S = 180
 CLEANUP_HOLDER = "cleanup/"  # the holder identity a cleanup writes into a Lease it took over, before host/pid

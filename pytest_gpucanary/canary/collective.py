@@ -23,7 +23,9 @@ from pytest_gpucanary.canary import workloads
 from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
-from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL, Kube, NotFound, tolerated
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import OWNER_LABEL, RUN_ID_LABEL, tolerated
 from pytest_gpucanary.ladder.model import CollectiveRun
 
 BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9]+(?:\.[0-9]+)?)", re.MULTILINE)

@@ -11,7 +11,8 @@ also counts a pod with an allocated `gpu.nvidia.com` claim (`PodHasNVIDIAGPUClai
 from __future__ import annotations
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary.kube import Forbidden, Kube, NotFound
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Forbidden, NotFound
 
 GPU_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver for GPUs: its driver name and its DeviceClass
 RESOURCE_SLICE = ("resource.k8s.io/v1", "ResourceSlice")

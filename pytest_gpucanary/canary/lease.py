@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.kube import RUN_ID_LABEL, Conflict, Kube, NotFound, owned_labels, owned_namespace
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Conflict, NotFound
+from pytest_gpucanary.kube.ownership import RUN_ID_LABEL, owned_labels, owned_namespace
 
 LEASE = ("coordination.k8s.io/v1", "Lease")
 LEASE_NAME = "gpucanary-run"

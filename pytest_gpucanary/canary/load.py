@@ -21,9 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-from pytest_gpucanary.config import FIXTURES, read_text
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.ladder.model import Sample
+from pytest_gpucanary.shipped import FIXTURES
+from pytest_gpucanary.user_files import read_text
 
 DEFAULT_LOCUSTFILE = FIXTURES / "load" / "locustfile.py"
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_gpucanary.kube import Forbidden, Kube, NotFound
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Forbidden, NotFound
 
 NVSENTINEL_LABEL = "k8saas.nvidia.com/ManagedByNVSentinel"
 NVSENTINEL_NAMESPACE = "nvsentinel"  # its Helm chart's

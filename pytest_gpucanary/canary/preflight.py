@@ -24,7 +24,8 @@ from pytest_gpucanary.canary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.canary.workloads import PRIORITY_CLASS
 from pytest_gpucanary.cluster import ClusterInfo, discover
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
-from pytest_gpucanary.kube import Forbidden, Kube, NotFound
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Forbidden, NotFound
 from pytest_gpucanary.safe_text import redact_url
 
 if TYPE_CHECKING:

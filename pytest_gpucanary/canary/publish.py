@@ -16,7 +16,9 @@ import urllib.request
 from collections.abc import Callable
 
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.kube import OWNER, OWNER_LABEL, Conflict, Kube, NotFound, patch_as_read
+from pytest_gpucanary.kube import Kube, patch_as_read
+from pytest_gpucanary.kube.errors import Conflict, NotFound
+from pytest_gpucanary.kube.ownership import OWNER, OWNER_LABEL
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from pytest_gpucanary.safe_text import redact_url
 

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.gpu_operator import daemonset_node, gpus_requested, holds_driver
-from pytest_gpucanary.kube import Kube, WatchEvent
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.waits import WatchEvent
 from pytest_gpucanary.ladder.timeline import Record, load
 
 __all__ = ["Record", "Recorder", "StreamSpec", "load", "trim"]

@@ -52,7 +52,8 @@ from pytest_gpucanary.canary.waits import RunWaits
 from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
-from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.ladder import RunEvidence, stall
 from pytest_gpucanary.policy.helm import HelmChart
 from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy

@@ -14,7 +14,9 @@ from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.canary.recorder import Recorder, StreamSpec
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.kube import Kube, NotFound, owned_namespace
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import owned_namespace
 from pytest_gpucanary.ladder import WorkloadRef, stall, timeline
 from pytest_gpucanary.progress import ProgressLine
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pytest_gpucanary.cli import ExitCode
+from pytest_gpucanary.command import ExitCode
 
 
 def progress(line: str) -> None:

@@ -25,7 +25,8 @@ from urllib.parse import urlsplit
 
 from pytest_gpucanary.canary.collective import is_kwok_node
 from pytest_gpucanary.errors import GpucanaryError
-from pytest_gpucanary.kube import Kube, WatchEvent
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.waits import WatchEvent
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SYNC_WAIT_S = 5.0  # a first request waits this long for the initial list, so it is not a false 503

@@ -21,7 +21,9 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
 from pytest_gpucanary.fleet.operator import gpus_allocatable
 from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, NVIDIADRIVER, driver_version_of
-from pytest_gpucanary.kube import Kube, NotFound, owned_labels
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import owned_labels
 
 FLEET_DRIVER = "fleet"  # the NVIDIADriver of the fleet's own nodes (fixtures/fleet/nvidiadriver.yaml)
 NETWORKING_KEYS = ("rdma", "gds", "gdrcopy")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
+from pytest_gpucanary.shipped import FIXTURES
 
 FLEET_FIXTURES = FIXTURES / "fleet"
 

@@ -48,7 +48,8 @@ from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL
 from pytest_gpucanary.canary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
-from pytest_gpucanary.kube import Kube, WatchEvent
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.waits import WatchEvent
 
 DRIVER_VERSION_LABELS = (
     op.DRIVER_VERSION_LABEL,

@@ -28,7 +28,8 @@ from pytest_gpucanary.fleet.audit import read_log
 from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fence, new_run_id
 from pytest_gpucanary.fleet.fleet import Fleet
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
-from pytest_gpucanary.kube import OWNER_LABEL, Kube
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.ownership import OWNER_LABEL
 
 Snapshot = dict[str, object]
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pytest_gpucanary.config import DEFAULTS, Settings, flag, parse_selector
+from pytest_gpucanary.config import DEFAULTS, Settings, flag
 from pytest_gpucanary.gpu_operator import DRAIN_REQUIRED, POD_DELETION_REQUIRED, TERMINAL_STATES
+from pytest_gpucanary.label_selector import parse_selector
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Eviction, Evidence, Outcome, Stage, StageVerdict, UpgradePhase

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_gpucanary.config import REPO_ROOT, Settings, flag
+from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.policy.render import Rendered
+from pytest_gpucanary.shipped import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "ci" / "build-helm.sh"
 RELEASE_NAME, NAMESPACE = "gpu-operator", "gpu-operator"  # the chart's documented install

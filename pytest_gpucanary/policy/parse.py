@@ -29,9 +29,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_gpucanary.config import flag, yaml_documents
+from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.policy.render import Rendering, ValuesRenderer, chart_notes, pick_cluster_policy
+from pytest_gpucanary.user_files import yaml_documents
 
 
 class SourceKind(enum.StrEnum):

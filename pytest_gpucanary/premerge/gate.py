@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from pytest_gpucanary.config import RUN_ID_MAX, flag, run_id_rule
+from pytest_gpucanary.checks import RUN_ID_MAX, run_id_rule
+from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.ladder import RunEvidence
 from pytest_gpucanary.policy import diff as policy_diff

@@ -66,7 +66,7 @@ LIMIT_KEYS = {"max_parallel", "max_unavailable", "hold_back_gpus"}
 
 def load_inventory(path: str | Path) -> Inventory:
     """Read a YAML inventory (schema: fixtures/sweep/inventory.yaml)."""
-    from pytest_gpucanary.config import read_text, yaml_documents
+    from pytest_gpucanary.user_files import read_text, yaml_documents
 
     docs = yaml_documents(read_text(Path(path), what="inventory"), source=f"inventory {str(path)!r}")
     if len(docs) != 1:

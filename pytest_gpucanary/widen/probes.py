@@ -16,7 +16,9 @@ from pytest_gpucanary.canary import workloads
 from pytest_gpucanary.canary.probes import ProbeLoop
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import EnvError, GpucanaryError
-from pytest_gpucanary.kube import Conflict, Kube, owned_namespace
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Conflict
+from pytest_gpucanary.kube.ownership import owned_namespace
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import ProbeScope, ProbeSeen, summarize
 from pytest_gpucanary.widen.watch import PodWatch

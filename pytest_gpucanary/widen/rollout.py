@@ -34,7 +34,9 @@ from pytest_gpucanary.gpu_operator import (
     UPGRADE_FAILED,
     driver_node_selector,
 )
-from pytest_gpucanary.kube import OWNER, OWNER_LABEL, Conflict, Kube, NotFound, patch_as_read, saved_run
+from pytest_gpucanary.kube import Kube, patch_as_read
+from pytest_gpucanary.kube.errors import Conflict, NotFound
+from pytest_gpucanary.kube.ownership import OWNER, OWNER_LABEL, saved_run
 from pytest_gpucanary.receipt.verdict import VerdictKey
 from pytest_gpucanary.widen import plan, state
 from pytest_gpucanary.widen.probes import StartProbes

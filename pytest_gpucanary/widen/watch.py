@@ -21,7 +21,8 @@ from pytest_gpucanary.gpu_operator import (
     gpus_requested,
     of_daemonset,
 )
-from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.ladder.application import allows_eviction
 from pytest_gpucanary.ladder.timeline import Record
 from pytest_gpucanary.widen.slo import SloLook

@@ -28,7 +28,7 @@ from pathlib import Path
 from pytest_gpucanary.fleet import Fleet, processes
 from pytest_gpucanary.fleet.audit import AuditRecord, RunScope, Scope
 from pytest_gpucanary.fleet.audit_run import CanaryResult, run_canary
-from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.shipped import FIXTURES
 
 ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05",
         "--gpucanary-probe-interval-s=10",

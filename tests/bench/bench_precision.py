@@ -22,11 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet import Fleet
 from pytest_gpucanary.fleet.audit import read_log
 from pytest_gpucanary.fleet.audit_run import run_canary
 from pytest_gpucanary.ladder.model import summarize
+from pytest_gpucanary.shipped import FIXTURES
 
 
 def server_times(records: list, job: str) -> tuple[float | None, float | None, float | None]:

@@ -14,8 +14,9 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from pytest_gpucanary.config import REPO_ROOT
-from pytest_gpucanary.kube import Conflict, Kube, NotFound
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Conflict, NotFound
+from pytest_gpucanary.shipped import REPO_ROOT
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gpucanary.cluster import discover
 from pytest_gpucanary.fleet.audit import Scope, outside
 from pytest_gpucanary.fleet.audit_run import run_canary
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.cluster import discover
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

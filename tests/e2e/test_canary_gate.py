@@ -22,10 +22,10 @@ from typing import Any, Iterator
 import canary_process
 import pytest
 
-from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.canary.load import sigint_default
+from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.policy.parse import load_policy
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

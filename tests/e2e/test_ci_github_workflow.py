@@ -30,7 +30,7 @@ import xmlschema
 import yaml
 
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.config import FIXTURES, REPO_ROOT
+from pytest_gpucanary.shipped import FIXTURES, REPO_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -17,9 +17,9 @@ from typing import Iterator
 
 import pytest
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.layout import DEFAULT_OPERATOR_RELEASE, KUBELET_POOL_RELEASES
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.shipped import FIXTURES
 from test_kubelet_pool import (  # tests/e2e is on sys.path (rootdir import mode)
     STALL_S, assert_named_in_minutes, stop_kubelet_during_the_upgrade, unschedulable_driver_pod,
 )

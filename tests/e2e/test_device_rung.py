@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from test_canary_gate import FAST, TARGET, UNBUFFERED, assert_nothing_left, policy_before  # noqa: F401
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.node_agent import VALIDATOR_ANNOTATION
 from pytest_gpucanary.gpu_operator import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_STATE_LABEL
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

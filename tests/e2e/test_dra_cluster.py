@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e]
 

@@ -27,12 +27,13 @@ from typing import Callable
 
 import pytest
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.fleet.audit import RunScope, outside, read_log
 from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fence
 from pytest_gpucanary.fleet.snapshot import differences, run_killed, snapshot
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
-from pytest_gpucanary.kube import RUN_ID_LABEL, Kube
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.ownership import RUN_ID_LABEL
+from pytest_gpucanary.shipped import FIXTURES
 import fault_hooks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

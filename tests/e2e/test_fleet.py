@@ -8,7 +8,8 @@ from datetime import datetime
 import pytest
 from prometheus_api_client import PrometheusConnect
 
-from pytest_gpucanary.kube import Kube, Throttled
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Throttled
 
 pytestmark = pytest.mark.e2e
 

@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_gpucanary.config import FIXTURES, REPO_ROOT
-from pytest_gpucanary.kube import Conflict, Kube
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Conflict
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import policy_digest
+from pytest_gpucanary.shipped import FIXTURES, REPO_ROOT
 
 pytestmark = [pytest.mark.e2e]    # the installs take about 30 s: the wheelhouse (from pip's cache) and two installs
 
@@ -99,7 +100,7 @@ def test_the_installed_gate_collects_from_a_hostile_directory(install: str, requ
                                                               tmp_path: Path) -> None:
     installed: Installed = request.getfixturevalue(install)
     cwd = hostile_directory(tmp_path / "hostile")
-    find = subprocess.run([str(installed.python), "-c", "from pytest_gpucanary.config import FIXTURES, CANARIES; "
+    find = subprocess.run([str(installed.python), "-c", "from pytest_gpucanary.shipped import FIXTURES, CANARIES; "
                                                         "print(FIXTURES); print(CANARIES)"],
                           capture_output=True, text=True, cwd=cwd, env=installed.env, check=True)
     fixtures, canaries = find.stdout.split()

@@ -33,15 +33,17 @@ from typing import Callable, Iterator
 
 import pytest
 
-from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
 from pytest_gpucanary.fleet import processes
 from pytest_gpucanary.fleet.binaries import DEVICE_PLUGIN, NFD_MASTER, NVML_SHIM, find_bin_dir
 from pytest_gpucanary.fleet.images import NVML_STATE_PATH, PAUSE_IMAGE
 from pytest_gpucanary.fleet.kubelet_node import node_name
 from pytest_gpucanary.fleet.layout import FleetLayout
 from pytest_gpucanary.gpu_operator import daemonset_node, unplaced
-from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
-from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import RUN_ID_LABEL
+from pytest_gpucanary.shipped import FIXTURES
 from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
 from test_rollout_diagnosis import refused_drain_options
 

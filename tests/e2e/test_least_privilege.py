@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e]
 

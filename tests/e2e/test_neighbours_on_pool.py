@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from canary_process import run_until_applied
 
-from pytest_gpucanary.config import FIXTURES
-from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound
 from pytest_gpucanary.canary.neighbours import NODE_MAINTENANCE
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import RUN_ID_LABEL
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -28,11 +28,13 @@ from test_device_rung import _inject_once_upgrading
 from test_restart_only import gpucanary
 
 from pytest_gpucanary.canary.collective import CollectiveProbe
-from pytest_gpucanary.config import FIXTURES, Settings
+from pytest_gpucanary.canary.workloads import Placement
+from pytest_gpucanary.config import Settings
 from pytest_gpucanary.fleet.layout import KUBELET_WORKLOAD_OFFSETS
 from pytest_gpucanary.fleet.node_agent import COLLECTIVE_ANNOTATION, PEERMEM_ANNOTATION
-from pytest_gpucanary.kube import Kube, owned_labels
-from pytest_gpucanary.canary.workloads import Placement
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.ownership import owned_labels
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

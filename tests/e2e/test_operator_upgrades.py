@@ -18,12 +18,13 @@ from typing import Iterator
 
 import pytest
 
+from pytest_gpucanary.canary.recorder import Record, Recorder, StreamSpec
+from pytest_gpucanary.cluster import discover
 from pytest_gpucanary.fleet.kwok_pool import KwokPool
 from pytest_gpucanary.gpu_operator import NVIDIADRIVER
-from pytest_gpucanary.kube import Kube, NotFound
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.ladder import timeline
-from pytest_gpucanary.cluster import discover
-from pytest_gpucanary.canary.recorder import Record, Recorder, StreamSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

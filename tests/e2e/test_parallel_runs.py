@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucanary.config import FIXTURES
-from pytest_gpucanary.gpu_operator import NVIDIADRIVER
-from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.canary.apply import SAVED_SPEC_ANNOTATION
 from pytest_gpucanary.cluster import discover
+from pytest_gpucanary.gpu_operator import NVIDIADRIVER
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

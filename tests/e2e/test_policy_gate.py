@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.shipped import FIXTURES
 from test_canary_gate import FAST, TARGET, UNBUFFERED, assert_nothing_left, policy_before  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 from test_canary_gate import FAST, UNBUFFERED
 
-from pytest_gpucanary.config import FIXTURES
+from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_gpucanary.config import FIXTURES
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.shipped import FIXTURES
 from test_canary_gate import FAST, TARGET, assert_nothing_left, gpucanary, policy_before, receipt_of  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

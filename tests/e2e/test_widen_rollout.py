@@ -27,15 +27,16 @@ from kubernetes.client.exceptions import ApiException
 
 from pytest_gpucanary.canary import preflight, publish
 
-from pytest_gpucanary.cluster import operator_release
-from pytest_gpucanary.config import FIXTURES, REPO_ROOT
-from pytest_gpucanary.fleet.layout import FleetLayout
-from pytest_gpucanary.gpu_operator import NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL, driver_version_of
-from pytest_gpucanary.kube import Conflict, Kube
 from pytest_gpucanary.canary.load import LoadRun
 from pytest_gpucanary.canary.metrics import Prometheus
+from pytest_gpucanary.cluster import operator_release
+from pytest_gpucanary.fleet.layout import FleetLayout
+from pytest_gpucanary.gpu_operator import NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL, driver_version_of
+from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Conflict
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
+from pytest_gpucanary.shipped import FIXTURES, REPO_ROOT
 from test_clusterpolicy_mode import gpucanary, second_fleet   # tests/e2e is on sys.path (rootdir import mode)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -6,7 +6,7 @@ generation; `patch` is a JSON merge patch (RFC 7386) that bumps generation when 
 resourceVersion, answers 409 unless the object is still at it, as the apiserver does; `watch` lists, then streams every later change made through the double from any
 thread. Nothing here reconciles anything: a test that wants the GPU Operator or the kubelet to have
 acted writes that state itself. Faults are data (`fail`, `fail_watch`) and surface as the product's
-own errors from `pytest_gpucanary.kube`. A crash is data too (`crash_after_write`): the store as it
+own errors from `pytest_gpucanary.kube.errors`. A crash is data too (`crash_after_write`): the store as it
 stood right after a write, as a process killed at that instant leaves the apiserver. The waits (`watch_until`, `wait_for`, `wait_gone`) are the
 real ones from `Kube`, running over this `watch`.
 """
@@ -21,8 +21,10 @@ import uuid
 from datetime import datetime, timezone
 from typing import Iterator
 
-from pytest_gpucanary.config import parse_selector
-from pytest_gpucanary.kube import PAGE_SIZE, Conflict, Kube, KubeError, NotFound, WatchEvent, with_resource_version
+from pytest_gpucanary.kube import PAGE_SIZE, Kube, with_resource_version
+from pytest_gpucanary.kube.errors import Conflict, KubeError, NotFound
+from pytest_gpucanary.kube.waits import WatchEvent
+from pytest_gpucanary.label_selector import parse_selector
 
 Key = tuple[str | None, str]         # (namespace, name); namespace None for cluster-scoped kinds
 TICK_S = 0.05                        # how often a waiting watch looks at `stop` (the real one: every stream end)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_gpucanary.config import REPO_ROOT, Settings
+from pytest_gpucanary.config import Settings
+from pytest_gpucanary.shipped import REPO_ROOT
 
 TEMPLATES = REPO_ROOT / "ci" / "templates"
 GITHUB = TEMPLATES / "github-actions.yaml"

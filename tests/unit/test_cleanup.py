@@ -21,12 +21,12 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, GPU_PRESENT_LABEL, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
 )
-from pytest_gpucanary.kube import owned_labels
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary.pool import POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
 from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.cluster import ClusterInfo
+from pytest_gpucanary.kube.ownership import owned_labels
 
 OPERATOR_NS = "gpu-operator"
 POLICY = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "25%",

@@ -6,12 +6,12 @@ import pytest
 from kube_double import FakeKube
 
 from pytest_gpucanary.canary.collective import busbw_of, check_peer, choose_pair
+from pytest_gpucanary.canary.pool import Pool
+from pytest_gpucanary.canary.workloads import Placement, collective_pod
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import DRIVER_VERSION_LABEL, GPU_RESOURCE
-from pytest_gpucanary.kube import OWNER_LABEL, RUN_ID_LABEL
-from pytest_gpucanary.canary.pool import Pool
-from pytest_gpucanary.canary.workloads import Placement, collective_pod
+from pytest_gpucanary.kube.ownership import OWNER_LABEL, RUN_ID_LABEL
 
 OLD = "580.82.07"
 

@@ -29,17 +29,18 @@ from kube_double import Crashed, FakeKube
 
 from pytest_gpucanary.canary import lease, publish
 from pytest_gpucanary.canary.cleanup import cleanup
-from pytest_gpucanary.config import FIXTURES, Settings
+from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
+from pytest_gpucanary.shipped import FIXTURES
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_RESOURCE, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
 )
-from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
 from pytest_gpucanary.canary.pool import POOL_ELIGIBLE_LABEL
-from pytest_gpucanary.progress import ProgressLine
+from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
 from pytest_gpucanary.canary.run import CanaryRun
 from pytest_gpucanary.canary.workloads import IMAGE_PULL_ROLE, PRIORITY_CLASS_MANIFEST, ROLE_LABEL
+from pytest_gpucanary.progress import ProgressLine
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.95.05"
 OPERATOR_NS = "gpu-operator"

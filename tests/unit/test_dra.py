@@ -5,7 +5,7 @@ from __future__ import annotations
 from kube_double import FakeKube
 
 from pytest_gpucanary.canary import dra
-from pytest_gpucanary.kube import Forbidden
+from pytest_gpucanary.kube.errors import Forbidden
 
 
 def resource_slice(name: str, node: str, driver: str = "gpu.nvidia.com") -> dict:

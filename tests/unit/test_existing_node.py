@@ -14,15 +14,16 @@ import pytest
 from kube_double import FakeKube
 
 from pytest_gpucanary.canary import neighbours
-from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.gpu_operator import GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
-from pytest_gpucanary.kube import RUN_ID_LABEL, Forbidden, NotFound
 from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL, NVSENTINEL_NAMESPACE
-from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.canary.pool import POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
 from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION, restore_node
 from pytest_gpucanary.cluster import ClusterInfo
+from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.gpu_operator import GPU_PRESENT_LABEL, NVIDIADRIVER, UPGRADE_STATE_LABEL
+from pytest_gpucanary.kube.errors import Forbidden, NotFound
+from pytest_gpucanary.kube.ownership import RUN_ID_LABEL
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.82.07"
 POOL_LABEL = "gpucanary.io/driver-pool"

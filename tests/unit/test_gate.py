@@ -13,16 +13,18 @@ import pytest
 from test_ladder import clean_run, field_note_run  # canned runs, shared
 
 from pytest_gpucanary import cli, ladder
-from pytest_gpucanary.config import FIXTURES, Settings
+from pytest_gpucanary.command import ExitCode
+from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.premerge.gate import check_run_args, plan, read_source
 from pytest_gpucanary.ladder import Outcome, PhaseStats, RunEvidence, Stage, StageVerdict
-from pytest_gpucanary.premerge.compare import Side, compare, eviction_diff, workload_of
 from pytest_gpucanary.policy.diff import diff_policies
 from pytest_gpucanary.policy.lint import lint_policy
 from pytest_gpucanary.policy.parse import load_policy
-from pytest_gpucanary.receipt.html import timeline_svg
+from pytest_gpucanary.premerge.compare import Side, compare, eviction_diff, workload_of
+from pytest_gpucanary.premerge.gate import check_run_args, plan, read_source
 from pytest_gpucanary.premerge.receipt import render_gate_html, render_gate_json, render_gate_markdown
+from pytest_gpucanary.receipt.html import timeline_svg
+from pytest_gpucanary.shipped import FIXTURES
 
 PHASES = ("before", "drain", "restart", "after")
 
@@ -223,6 +225,6 @@ def test_cli_bad_ref_is_one_line_and_exit_4_before_any_cluster(
     code = cli.main(["gate", "--base", "git:nosuch:gpu-operator/upgrade-policy.yaml",
                      "--head", "gpu-operator/upgrade-policy.yaml", "--gpucanary-driver-version=580.95.05"])
     err = capsys.readouterr().err
-    assert code == cli.ExitCode.USAGE
+    assert code == ExitCode.USAGE
     assert err.count("\n") == 1 and err.startswith("gpucanary: error: cannot read 'git:nosuch:")
     assert "Traceback" not in err and not (tmp_path / "no-fleet").exists()

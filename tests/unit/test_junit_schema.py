@@ -17,8 +17,8 @@ from test_ladder import clean_run, field_note_run, probes  # canned runs, shared
 from test_receipt import judged
 
 from pytest_gpucanary.ladder import Stage
-from pytest_gpucanary.config import CANARIES, FIXTURES
 from pytest_gpucanary.receipt.junit import render_stage_junit
+from pytest_gpucanary.shipped import CANARIES, FIXTURES
 
 SCHEMA = xmlschema.XMLSchema10(Path(__file__).parent.parent / "schemas" / "junit-10.xsd")
 
@@ -67,9 +67,9 @@ def test_stage_junit_keeps_its_counts_without_the_disabled_attribute() -> None:
 # application, with the stage summaries the ladder writes.
 CONFTEST = '''
 import pytest
+from pytest_gpucanary.canary.outcome import RunOutcome
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.ladder import Outcome, RunEvidence, Stage, StageVerdict, WorkloadRef, decide
-from pytest_gpucanary.canary.outcome import RunOutcome
 
 SUMMARIES = {
     "rollout": (Outcome.PASS, "rollout: canary-0 reached upgrade-done in 50.7 s <= budget 1200 s"),

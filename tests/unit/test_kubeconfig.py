@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pytest_gpucanary.credentials import ExecToken, redact
 from pytest_gpucanary.errors import ConfigError, EnvError
-from pytest_gpucanary.kubeconfig import ExecToken, redact, select
+from pytest_gpucanary.kubeconfig import select
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +188,7 @@ class Plugin:
 
 
 def test_the_token_is_asked_for_again_once_three_quarters_of_its_life_are_gone(tmp_path: Path) -> None:
-    from pytest_gpucanary.kubeconfig import ExecSpec
+    from pytest_gpucanary.credentials import ExecSpec
 
     spec = ExecSpec(Path("/bin/true"), (), {}, "client.authentication.k8s.io/v1", False)
     answering = Plugin(lifetime_s=3600)
@@ -207,8 +208,9 @@ def test_redact_keeps_the_words_and_drops_the_secrets() -> None:
 def test_a_401_asks_the_plugin_once_more_and_retries_once() -> None:
     from kubernetes.client.exceptions import ApiException
 
-    from pytest_gpucanary.kube import Kube, Unauthorized
-    from pytest_gpucanary.kubeconfig import ExecSpec
+    from pytest_gpucanary.credentials import ExecSpec
+    from pytest_gpucanary.kube import Kube
+    from pytest_gpucanary.kube.errors import Unauthorized
 
     token = ExecToken(ExecSpec(Path("/bin/true"), (), {}, "client.authentication.k8s.io/v1", False), "user 'ci'", {},
                       run=Plugin(lifetime_s=3600))
@@ -237,9 +239,9 @@ def _jwt(exp: datetime) -> str:
 
 
 def test_a_static_token_that_ends_before_a_run_could_is_a_preflight_problem(tmp_path: Path) -> None:
+    from pytest_gpucanary.canary.preflight import token_life_problem
     from pytest_gpucanary.config import Settings
     from pytest_gpucanary.kube import Kube
-    from pytest_gpucanary.canary.preflight import token_life_problem
 
     longest_s = Settings().longest_run_s()
     assert longest_s == 600 + 30 + 2 * 1200 + 600                        # the defaults: about 60 min
@@ -256,7 +258,7 @@ def test_a_static_token_that_ends_before_a_run_could_is_a_preflight_problem(tmp_
 
 
 def test_a_token_file_is_read_again_after_a_401_and_each_minute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_gpucanary.kubeconfig import FileToken
+    from pytest_gpucanary.credentials import FileToken
 
     (tmp_path / "token").write_text("first\n")
     selected = select(kubeconfig(tmp_path, user={"tokenFile": "token"}), context=None, option="--kubeconfig")

@@ -12,19 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary.canary import recorder
-from pytest_gpucanary.config import Settings, parse_selector
+from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.label_selector import parse_selector
 from pytest_gpucanary.ladder import (
     MetricCheck, Outcome, PhaseStats, ProbeSeen, RunEvidence, Stage, StageVerdict, WorkloadRef, decide, evaluate,
     evictions, summarize,
 )
+from pytest_gpucanary.canary.recorder import Record
+from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder.model import CollectiveRun, UpgradePhase
 from pytest_gpucanary.ladder.network import check_network
 from pytest_gpucanary.ladder.rollout import check_rollout
 from pytest_gpucanary.ladder.scheduler import check_scheduler
-from pytest_gpucanary.canary.recorder import Record
-from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
-from pytest_gpucanary.ladder.model import CollectiveRun, UpgradePhase
 from pytest_gpucanary.ladder.timeline import phase_windows
 
 T0 = 1_767_000_000 * 10**9          # upgrade start, wall clock ns

@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 
 from pytest_gpucanary.fleet import ingress
-from pytest_gpucanary.kube import WatchEvent
+from pytest_gpucanary.kube.waits import WatchEvent
 
 
 def endpoint_slice(name: str, *pods: tuple[str, bool | None]) -> dict:

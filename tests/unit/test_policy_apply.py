@@ -17,13 +17,13 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.gpu_operator import (
     CLUSTER_POLICY, DRIVER_COMPONENT_SELECTOR, GPU_PRESENT_LABEL, NVIDIADRIVER, SKIP_LABEL, UPGRADE_STATE_LABEL,
 )
-from pytest_gpucanary.kube import Conflict, Unavailable
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary.pool import Pool
-from pytest_gpucanary.cluster import ClusterInfo
-from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.canary.run import CanaryRun
 from pytest_gpucanary.canary.workloads import Placement
+from pytest_gpucanary.cluster import ClusterInfo
+from pytest_gpucanary.kube.errors import Conflict, Unavailable
+from pytest_gpucanary.progress import ProgressLine
 
 DRIVER_FROM, DRIVER_TO = "570.172.08", "580.82.07"
 OPERATOR_NS = "gpu-operator"
@@ -356,9 +356,9 @@ def test_an_apiserver_outage_while_the_namespace_goes_still_restores_the_policy(
 
 
 def test_the_operator_release_comes_from_the_cluster_policy_labels_and_an_old_one_is_refused() -> None:
+    from pytest_gpucanary.cluster import _drivable
     from pytest_gpucanary.errors import EnvError
     from pytest_gpucanary.gpu_operator import RELEASE_LABEL, release_of, release_series
-    from pytest_gpucanary.cluster import _drivable
 
     assert release_of({RELEASE_LABEL: "v26.7.0", "helm.sh/chart": "gpu-operator-v26.7.0"}) == "v26.7.0"
     assert release_of({}) is None

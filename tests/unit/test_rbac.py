@@ -9,11 +9,12 @@ import pytest
 import yaml
 
 from pytest_gpucanary.canary import workloads
-from pytest_gpucanary.config import REPO_ROOT
+from pytest_gpucanary.canary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.fleet.kwok_pool import KWOK_POOL_PERMISSIONS
-from pytest_gpucanary.kube import NotFound, owned_namespace
-from pytest_gpucanary.canary.publish import NAMESPACE as VERDICT_NAMESPACE
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import owned_namespace
+from pytest_gpucanary.shipped import REPO_ROOT
 from pytest_gpucanary.canary.preflight import (ADMISSION_POLICIES, PERMISSIONS, ClusterInfo, Permission, admission_note,
                                         missing_permissions)
 from pytest_gpucanary.canary.workloads import PRIORITY_CLASS_MANIFEST, WORKLOADS

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucanary.canary import workloads
-from pytest_gpucanary.config import FIXTURES, GPU_JOB_IMAGE, PROBE_IMAGE, SERVICE_IMAGE, Settings, mirrored
+from pytest_gpucanary.canary.preflight import exposure
+from pytest_gpucanary.canary.recorder import Record
+from pytest_gpucanary.cluster import ClusterInfo
+from pytest_gpucanary.config import GPU_JOB_IMAGE, PROBE_IMAGE, SERVICE_IMAGE, Settings, mirrored
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.ladder import Outcome, RunEvidence, Stage, evaluate
-from pytest_gpucanary.canary.preflight import exposure
-from pytest_gpucanary.cluster import ClusterInfo
-from pytest_gpucanary.canary.recorder import Record
+from pytest_gpucanary.shipped import FIXTURES
 
 from test_ladder import at, clean_run, run  # noqa: E402  canned timelines shared with the ladder's tests
 

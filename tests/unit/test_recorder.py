@@ -10,9 +10,9 @@ from pathlib import Path
 from kube_double import FakeKube
 
 from pytest_gpucanary.canary import recorder
-from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
-from pytest_gpucanary.kube import Unavailable
 from pytest_gpucanary.canary.recorder import Recorder, StreamSpec
+from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
+from pytest_gpucanary.kube.errors import Unavailable
 
 
 def nodes(*names: str) -> FakeKube:

@@ -15,11 +15,12 @@ from test_ladder import NEW, T0, clean_run, field_note_run   # canned runs, shar
 
 from pytest_gpucanary.canary import publish
 from pytest_gpucanary.cli import main
-from pytest_gpucanary.config import FIXTURES, Settings
+from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.ladder import RunEvidence, evaluate
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
+from pytest_gpucanary.shipped import FIXTURES
 
 POLICY = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "25%",
           "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False}}

@@ -13,14 +13,15 @@ from kube_double import FakeKube
 from test_policy_apply import ORIGINAL_POLICY, OPERATOR_NS, cluster_policy, driver_daemonset, node   # the same shapes
 
 from pytest_gpucanary.canary import publish
+from pytest_gpucanary.canary import apply as upgrade
+from pytest_gpucanary.canary.metrics import MetricsError, Series
 from pytest_gpucanary.cli import main
-from pytest_gpucanary.config import FIXTURES, Settings
+from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError, EnvError
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, SKIP_LABEL, UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder.model import ProbeSeen
-from pytest_gpucanary.canary.metrics import MetricsError, Series
-from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
+from pytest_gpucanary.shipped import FIXTURES
 from pytest_gpucanary.sweep.inventory import load_inventory
 from pytest_gpucanary.widen import plan, receipt, state
 from pytest_gpucanary.widen.rollout import Refused, WidenOptions, release_hold, widen
@@ -488,8 +489,8 @@ def test_a_held_node_whose_driver_pod_comes_back_at_the_target_halts_the_sweep_n
 
 
 def test_a_sweep_whose_start_probes_cannot_start_writes_nothing_that_stays() -> None:
-    from pytest_gpucanary.kube import Forbidden
     from pytest_gpucanary.canary.lease import LEASE
+    from pytest_gpucanary.kube.errors import Forbidden
 
     fake = FakeKube()
     fleet(fake)
@@ -545,7 +546,7 @@ def test_holds_on_an_nvidiadrivers_nodes_wait_only_for_its_own_daemonsets() -> N
 
 
 def test_a_pod_watch_that_cannot_read_fails_the_wave_and_a_watch_that_came_back_does_not() -> None:
-    from pytest_gpucanary.kube import Forbidden
+    from pytest_gpucanary.kube.errors import Forbidden
     from pytest_gpucanary.widen.watch import wait_and_judge
 
     fake = FakeKube()
@@ -598,8 +599,8 @@ def test_a_new_sweep_replaces_the_record_of_a_finished_one_and_never_a_running_o
 
 
 def test_an_nvidiadriver_an_administrator_did_not_mark_for_widen_is_refused_in_one_line() -> None:
-    from pytest_gpucanary.gpu_operator import NVIDIADRIVER
     from pytest_gpucanary.cluster import ClusterInfo
+    from pytest_gpucanary.gpu_operator import NVIDIADRIVER
     from pytest_gpucanary.widen.rollout import WIDEN_ELIGIBLE_LABEL, _target
 
     fake = FakeKube()

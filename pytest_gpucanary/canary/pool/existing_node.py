@@ -50,14 +50,13 @@ from pytest_gpucanary.gpu_operator import (
     is_driver_pod,
     of_daemonset,
 )
-from pytest_gpucanary.kube import (
+from pytest_gpucanary.kube import Kube, patch_as_read
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import (
     FENCE_TAINT_KEY,
     RUN_ID_LABEL,
-    Kube,
-    NotFound,
     fence_taint,
     owned_labels,
-    patch_as_read,
     tolerated,
 )
 

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pytest_gpucanary.canary import neighbours
 from pytest_gpucanary.canary.pool.driver import wait_for_driver
 from pytest_gpucanary.gpu_operator import NVIDIADRIVER
-from pytest_gpucanary.kube import RUN_ID_LABEL, Kube, NotFound, fence_taint, patch_as_read, saved_run
+from pytest_gpucanary.kube import Kube, patch_as_read
+from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.ownership import RUN_ID_LABEL, fence_taint, saved_run
 
 SAVED_STATE_ANNOTATION = "gpucanary.io/saved-node-state"
 

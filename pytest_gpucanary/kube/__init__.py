@@ -1,13 +1,13 @@
-"""The only module that imports `kubernetes`: clients, CRUD on plain dicts, eviction, one watch, errors.
+"""The only package that imports `kubernetes`; here: the clients, CRUD on plain dicts, eviction, one watch.
 
-Objects cross this boundary as plain dicts; API failures become our own errors, raised `from` the
-client's, with trimmed messages and never a raw response body. Every wait is `watch_until` over the
-one list-then-watch primitive `watch`; nothing here polls.
+Objects cross this boundary as plain dicts; API failures become our own errors (`kube.errors`), raised
+`from` the client's, with trimmed messages and never a raw response body. Every wait is `watch_until`
+(`kube.waits`) over the one list-then-watch primitive `watch`; nothing here polls. What the canary marks
+its objects with is in `kube.ownership`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -24,75 +24,22 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
-from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProxyError, SSLError
+from urllib3.exceptions import HTTPError
 
 from pytest_gpucanary import __version__
 from pytest_gpucanary.config import flag
-from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
-from pytest_gpucanary.kubeconfig import ExecToken, FileToken, Selected, select
+from pytest_gpucanary.credentials import ExecToken, FileToken
+from pytest_gpucanary.errors import ConfigError, EnvError
+from pytest_gpucanary.kube.errors import Conflict, Gone, NotFound, Unauthorized, Unavailable, refused, translate
+from pytest_gpucanary.kube.waits import Waits, WatchEvent
+from pytest_gpucanary.kubeconfig import select
 
 T = TypeVar("T")
-OWNER_LABEL = "app.kubernetes.io/managed-by"
-OWNER = "gpucanary"
-RUN_ID_LABEL = "gpucanary.io/run-id"
-POD_SECURITY_LABEL = "pod-security.kubernetes.io/enforce"
-# A carved node's fence: NoSchedule for every pod but the run's own (and DaemonSets that tolerate the key)
-FENCE_TAINT_KEY = "gpucanary.io/run"
 PAGE_SIZE = 100  # objects per page where the canary reads one per node (`Kube.each`)
 # (connect, read) seconds for every request: the client's default is no timeout at all, so one half-open
 # connection would hang a Lease renewal (and let the Lease lapse) or a restore forever
 REQUEST_TIMEOUT_S = (10, 60)
 WATCH_READ_MARGIN_S = 15  # a watch stream's read timeout: the server's own timeout plus this
-
-
-class KubeError(GpucanaryError):
-    """An API call failed."""
-
-    status = 0
-
-
-class NotFound(KubeError):
-    status = 404
-
-
-class Forbidden(KubeError):
-    """403: RBAC, or an admission policy (deploy/admission.yaml), refused the request."""
-
-    status = 403
-
-
-class Conflict(KubeError):
-    status = 409
-
-
-class Gone(KubeError):
-    status = 410
-
-
-class Throttled(KubeError):
-    """429: a PodDisruptionBudget refused an eviction, or the server asked us to slow down."""
-
-    status = 429
-
-
-class Unavailable(KubeError):
-    """The apiserver could not be reached or answered 5xx."""
-
-
-class Unauthorized(KubeError):
-    """401: the apiserver did not accept the credentials (expired, revoked, or never valid)."""
-
-    status = 401
-
-
-_BY_STATUS = {cls.status: cls for cls in (Unauthorized, Forbidden, NotFound, Conflict, Gone, Throttled)}
-
-
-def _message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "").get("message", exc.reason))[:256]
-    except (TypeError, ValueError, AttributeError):
-        return str(exc.reason)[:256]
 
 
 def _plain(_client: Any, data: Any) -> Any:
@@ -101,82 +48,11 @@ def _plain(_client: Any, data: Any) -> Any:
     return data
 
 
-def _refused(exc: Exception, selected: Selected) -> GpucanaryError:
-    """The first request's failure in words a user acts on: refused credentials, a certificate the client
-    does not trust, a server that does not answer; never a bare MaxRetryError."""
-    where = f"the apiserver {selected.server} (context {selected.context!r})"
-    if isinstance(exc, ApiException) and exc.status == 401:
-        return EnvError(
-            f"{where} refused the credentials of user {selected.user_name!r} (401 Unauthorized)",
-            hint="they are expired, revoked or for another cluster: refresh the kubeconfig",
-        )
-    reason = getattr(exc, "reason", None) or exc
-    if isinstance(reason, SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(reason):
-        why = "certificate verify failed" if "CERTIFICATE_VERIFY_FAILED" in str(reason) else "handshake failed"
-        return EnvError(
-            f"TLS with {where}: {why}",
-            hint=f"check certificate-authority (and tls-server-name) of cluster {selected.cluster_name!r}",
-        )
-    if isinstance(reason, (NewConnectionError, ConnectTimeoutError, ProxyError)):
-        return EnvError(
-            f"cannot reach {where}: {type(reason).__name__}: "
-            + " ".join(str(getattr(reason, "reason", None) or reason).split()[-6:])[:160],
-            hint="is the server address right, and is it reachable from here?",
-        )
-    return _translate(exc, f"connecting to {where}")
-
-
-def _translate(exc: Exception, what: str) -> KubeError:
-    if isinstance(exc, ApiException):
-        status = exc.status or 0
-        cls = _BY_STATUS.get(status, Unavailable if status >= 500 else KubeError)
-        error = cls(f"{what}: {status} {_message(exc)}")
-    else:
-        error = Unavailable(f"{what}: cannot reach the apiserver ({type(exc).__name__})")
-    return error
-
-
 def with_resource_version(body: dict, resource_version: str | None) -> dict:
     """A merge patch that the apiserver applies only to the object at `resource_version` (else 409)."""
     if resource_version is None:
         return body
     return {**body, "metadata": {**body.get("metadata", {}), "resourceVersion": resource_version}}
-
-
-def fence_taint(run_id: str) -> dict:
-    return {"key": FENCE_TAINT_KEY, "value": run_id, "effect": "NoSchedule"}
-
-
-def fence_toleration(run_id: str) -> dict:
-    return {"key": FENCE_TAINT_KEY, "operator": "Equal", "value": run_id, "effect": "NoSchedule"}
-
-
-def tolerated(taint: dict, tolerations: list[dict]) -> bool:
-    """The scheduler's rule (k8s.io/api core/v1 Toleration.ToleratesTaint); PreferNoSchedule never keeps a pod off."""
-    if taint.get("effect") == "PreferNoSchedule":
-        return True
-    for t in tolerations:
-        key_ok = (
-            t.get("key", "") in ("", taint.get("key"))
-            if t.get("operator") == "Exists"
-            else t.get("key") == taint.get("key")
-        )
-        value_ok = t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", "")
-        if key_ok and value_ok and t.get("effect", "") in ("", taint.get("effect")):
-            return True
-    return False
-
-
-def saved_run(obj: dict, annotation: str) -> str | None:
-    """The run id a canary annotation on `obj` names (JSON with a run_id); `<unreadable ...>` (never a run id, so
-    it matches no run) when it is not such JSON; None when `obj` carries no such annotation."""
-    raw = (obj["metadata"].get("annotations") or {}).get(annotation)
-    if raw is None:
-        return None
-    try:
-        return str(json.loads(raw)["run_id"])
-    except (ValueError, TypeError, KeyError):
-        return f"<unreadable {str(raw)[:32]!r}>"
 
 
 AS_READ_TRIES = 3  # a 409 on a conditional write: read again and decide again, this often
@@ -218,23 +94,8 @@ def patch_as_read(
     raise EnvError(f"{what} kept changing between each read and write ({AS_READ_TRIES} tries)", hint=hint)
 
 
-def owned_labels(run_id: str) -> dict[str, str]:
-    return {OWNER_LABEL: OWNER, RUN_ID_LABEL: run_id}
-
-
-def owned_namespace(name: str, run_id: str, *, pod_security: str = "baseline") -> dict:
-    """A namespace of the run's, enforcing Pod Security `pod_security` on its pods (deploy/admission.yaml lets the
-    canary's ServiceAccount create only gpucanary-* namespaces that carry the run id and enforce baseline or
-    restricted)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": name, "labels": {**owned_labels(run_id), POD_SECURITY_LABEL: pod_security}},
-    }
-
-
 @dataclass
-class Kube:
+class Kube(Waits):
     """A connection to one cluster, named by kubeconfig path and context."""
 
     dynamic: DynamicClient
@@ -271,7 +132,7 @@ class Kube:
             VersionApi(api).get_code(_request_timeout=REQUEST_TIMEOUT_S)  # who we are, and whom we talk to, now
             return cls(DynamicClient(api), selected.token_source, selected.static_token_expiry())
         except (ApiException, HTTPError, OSError) as exc:
-            raise _refused(exc, selected) from exc
+            raise refused(exc, selected) from exc
 
     def _resource(self, api_version: str, kind: str) -> Any:
         try:
@@ -279,7 +140,7 @@ class Kube:
         except ResourceNotFoundError as exc:
             raise NotFound(f"the cluster serves no {kind} in {api_version}") from exc
         except (ApiException, HTTPError, OSError) as exc:  # discovery may go to the server
-            raise _translate(exc, f"discover {kind} in {api_version}") from exc
+            raise translate(exc, f"discover {kind} in {api_version}") from exc
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
@@ -287,14 +148,14 @@ class Kube:
             return fn(*args, **kwargs)
         except ApiException as exc:
             if exc.status != 401 or self.token_source is None:
-                raise _translate(exc, what) from exc
+                raise translate(exc, what) from exc
         except (HTTPError, OSError) as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
         self.token_source.renew()  # revoked or rotated before its time: the next token, once
         try:
             return fn(*args, **kwargs)
         except (ApiException, HTTPError, OSError) as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
 
     def create(self, manifest: dict) -> dict:
         resource = self._resource(manifest["apiVersion"], manifest["kind"])
@@ -458,77 +319,6 @@ class Kube:
         )
         return answer["status"]["token"]
 
-    def watch_until(
-        self,
-        api_version: str,
-        kind: str,
-        done: Callable[[dict[str, dict]], T | None],
-        *,
-        timeout_s: float,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-    ) -> T:
-        """Watch the matching objects until `done(latest objects by name)` returns something other than None,
-        and return that. TimeoutError after `timeout_s`, naming the last state seen. Every wait is this."""
-        deadline = time.monotonic() + timeout_s
-        latest: dict[str, dict] = {}
-        for event in self.watch(
-            api_version,
-            kind,
-            stop=threading.Event(),
-            namespace=namespace,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            deadline=deadline,
-        ):
-            if event.type == "RELISTED":
-                latest = {o["metadata"]["name"]: o for o in event.object["items"]}
-            elif event.type == "DELETED":
-                latest.pop(event.object["metadata"]["name"], None)
-            else:
-                latest[event.object["metadata"]["name"]] = event.object
-            if (result := done(latest)) is not None:
-                return result
-        last = {name: obj.get("status") for name, obj in latest.items()}
-        raise TimeoutError(
-            f"{kind} did not reach the expected state within {timeout_s:.0f} s; "
-            f"last seen: {json.dumps(last, default=str)[:300]}"
-        )
-
-    def wait_for(
-        self,
-        api_version: str,
-        kind: str,
-        name: str,
-        predicate: Callable[[dict], bool],
-        *,
-        namespace: str | None = None,
-        timeout_s: float = 60.0,
-    ) -> dict:
-        """Watch one object until `predicate(obj)` holds; returns it."""
-        return self.watch_until(
-            api_version,
-            kind,
-            lambda objs: objs[name] if name in objs and predicate(objs[name]) else None,
-            timeout_s=timeout_s,
-            namespace=namespace,
-            field_selector=f"metadata.name={name}",
-        )
-
-    def wait_gone(
-        self, api_version: str, kind: str, name: str, *, namespace: str | None = None, timeout_s: float = 120.0
-    ) -> None:
-        """Watch until the object no longer exists (finalizers done)."""
-        self.watch_until(
-            api_version,
-            kind,
-            lambda objs: True if name not in objs else None,
-            timeout_s=timeout_s,
-            namespace=namespace,
-            field_selector=f"metadata.name={name}",
-        )
-
     def watch(
         self,
         api_version: str,
@@ -596,17 +386,7 @@ class Kube:
         try:
             yield from stream
         except (ApiException, HTTPError, OSError) as exc:
-            error = _translate(exc, what)
+            error = translate(exc, what)
             if isinstance(error, (Gone, Unavailable, Unauthorized)) or error.status == 0:
                 raise Gone(str(error)) from exc  # resume from a fresh list
             raise error from exc
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    """One watch event, with the client's receive time on both clocks (ns)."""
-
-    type: str  # ADDED, MODIFIED, DELETED, or RELISTED (object = {"items": [...]})
-    object: dict
-    received_mono_ns: int
-    received_wall_ns: int
