@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_gpucanary.fleet import Fleet, processes
-from pytest_gpucanary.fleet.audit import AuditRecord, RunScope, Scope
-from pytest_gpucanary.fleet.audit_run import CanaryResult, run_canary
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the test bed's helpers (testbed/)
+from testbed.audit import AuditRecord, RunScope, Scope
+from testbed.audit_run import CanaryResult, run_canary
 from pytest_gpucanary.shipped import FIXTURES
 
 ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05",

@@ -27,7 +27,8 @@ from pathlib import Path
 import psutil
 
 from pytest_gpucanary.fleet import Fleet
-from pytest_gpucanary.fleet.audit_run import run_canary
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the test bed's helpers (testbed/)
+from testbed.audit_run import run_canary
 from pytest_gpucanary.kube import Kube
 
 sys.path.insert(0, str(Path(__file__).parent))

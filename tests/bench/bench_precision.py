@@ -23,8 +23,9 @@ import tempfile
 from pathlib import Path
 
 from pytest_gpucanary.fleet import Fleet
-from pytest_gpucanary.fleet.audit import read_log
-from pytest_gpucanary.fleet.audit_run import run_canary
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the test bed's helpers (testbed/)
+from testbed.audit import read_log
+from testbed.audit_run import run_canary
 from pytest_gpucanary.ladder.model import summarize
 from pytest_gpucanary.shipped import FIXTURES
 

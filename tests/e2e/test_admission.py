@@ -18,7 +18,7 @@ import pytest
 from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.cluster import discover
-from pytest_gpucanary.fleet.audit import read_log
+from testbed.audit import read_log
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER, unplaced
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_gpucanary.fleet.audit import read_log
-from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, fence
+from testbed.audit import read_log
+from testbed.audit_run import CANARY_USER_AGENT, fence
 from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

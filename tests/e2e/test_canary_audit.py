@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_gpucanary.cluster import discover
-from pytest_gpucanary.fleet.audit import Scope, outside
-from pytest_gpucanary.fleet.audit_run import run_canary
+from testbed.audit import Scope, outside
+from testbed.audit_run import run_canary
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
 

@@ -11,7 +11,7 @@ For each:
 - the verdicts are those the same run gets without the fault (the default policy passes: rollout,
   device, scheduler and application pass, network skipped), or a stage is inconclusive with its
   reason; never a failure invented by the fault, never a pass on missing data;
-- the cluster is as before (fleet/snapshot.py) and no write went outside the run's scope.
+- the cluster is as before (tests/testbed/snapshot.py) and no write went outside the run's scope.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucanary.fleet.snapshot import differences, run_killed, snapshot
+from testbed.snapshot import differences, run_killed, snapshot
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.ladder import RunEvidence, timeline
 
 from test_faults import ARGS, run_scope, state_cue, wait_restored
-from pytest_gpucanary.fleet.audit import outside
+from testbed.audit import outside
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -121,5 +121,5 @@ def test_a_control_plane_fault_mid_upgrade_loses_no_transition_and_invents_no_ve
 
 
 def _all_records(fleet, result):
-    from pytest_gpucanary.fleet.audit import read_log
+    from testbed.audit import read_log
     return read_log(fleet.layout.audit_log, since_s=result.since_s, until_s=result.until_s)

@@ -1,10 +1,10 @@
 """What survives what, on the real fleet: a run killed at every step boundary, and control-plane faults.
 
 Each case starts `gpucanary run` as CI would, takes a snapshot of everything the canary may touch
-before it (fleet/snapshot.py), interrupts or kills it at one step boundary, and, after the run's own
+before it (tests/testbed/snapshot.py), interrupts or kills it at one step boundary, and, after the run's own
 unwinding (SIGINT, SIGTERM) or after `gpucanary cleanup` without a run id (SIGKILL, crash after a
 write), requires the same snapshot again and no write outside the pool, its namespaces and the
-policy objects in the audit log (fleet/audit.py `outside`; the cleanup's requests are held to the
+policy objects in the audit log (tests/testbed/audit.py `outside`; the cleanup's requests are held to the
 dead run's scope too).
 
 A killed run's Lease is shortened to LEASE_S through fault_hooks.LEASE_DURATION_ENV, so that cleanup
@@ -27,9 +27,9 @@ from typing import Callable
 
 import pytest
 
-from pytest_gpucanary.fleet.audit import RunScope, outside, read_log
-from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fence
-from pytest_gpucanary.fleet.snapshot import differences, run_killed, snapshot
+from testbed.audit import RunScope, outside, read_log
+from testbed.audit_run import CANARY_USER_AGENT, CanaryResult, fence
+from testbed.snapshot import differences, run_killed, snapshot
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.ownership import RUN_ID_LABEL

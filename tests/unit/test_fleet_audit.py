@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_gpucanary.fleet.audit import AuditRecord, RunScope, Scope, outside, read_log, select
+from testbed.audit import AuditRecord, RunScope, Scope, outside, read_log, select
 
 
 def event(audit_id: str, verb: str, *, ua: str = "gpucanary/0.1.0", stage: str = "ResponseComplete",
@@ -90,7 +90,7 @@ def test_scope_sorts_writes_by_what_the_run_owns(tmp_path: Path) -> None:
 
 
 def test_the_lease_namespace_is_the_runs_own() -> None:
-    from pytest_gpucanary.fleet.audit import AuditRecord, RunScope, Scope, outside
+    from testbed.audit import AuditRecord, RunScope, Scope, outside
 
     def write(namespace: str, name: str) -> AuditRecord:
         return AuditRecord("id-" + name, "ResponseComplete", "delete", "gpucanary/0", "/api/v1/namespaces/" + name, "",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_gpucanary import __version__
-from pytest_gpucanary.fleet.audit import AuditRecord, RunScope, read_log
+from testbed.audit import AuditRecord, RunScope, read_log
 from pytest_gpucanary.fleet.fleet import Fleet
 from pytest_gpucanary.kube import Kube
 

@@ -8,7 +8,7 @@ managed-by=gpucanary. Status, resourceVersion, generation and managedFields are 
 operator and the controllers move them on their own.
 
 `run_killed` starts `gpucanary run` as CI would, reads its progress lines as they come, sends a
-signal when `cue(line)` says so, and returns the run's audit-log window (fleet/audit_run.py).
+signal when `cue(line)` says so, and returns the run's audit-log window (tests/testbed/audit_run.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pytest_gpucanary.canary.load import sigint_default
-from pytest_gpucanary.fleet.audit import read_log
-from pytest_gpucanary.fleet.audit_run import CANARY_USER_AGENT, CanaryResult, fence, new_run_id
+from testbed.audit import read_log
+from testbed.audit_run import CANARY_USER_AGENT, CanaryResult, fence, new_run_id
 from pytest_gpucanary.fleet.fleet import Fleet
 from pytest_gpucanary.gpu_operator import CLUSTER_POLICY, NVIDIADRIVER
 from pytest_gpucanary.kube import Kube
