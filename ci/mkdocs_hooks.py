@@ -1,5 +1,6 @@
-"""mkdocs hooks: the options page's tables are made from `Settings` and the lint rules at every build, so they
-cannot drift from the code; the repository's CHANGELOG.md is the site's changes page."""
+"""mkdocs hooks: the options page's tables are made from `Settings` and the lint rules, the fleet page's from the
+fleet's settings, at every build, so they cannot drift from the code; the repository's CHANGELOG.md is the site's
+changes page."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 from pytest_gpucanary.config import KNOBS
+from pytest_gpucanary.fleet.layout import FLEET_KNOBS
 from pytest_gpucanary.policy.lint import RULES
 
 MARKER = "<!-- the options table, made from pytest_gpucanary.config.Settings -->"
 RULES_MARKER = "<!-- the lint rules table, made from pytest_gpucanary.policy.lint.RULES -->"
+FLEET_MARKER = "<!-- the fleet's settings table, made from pytest_gpucanary.fleet.layout.FleetSettings -->"
 OPTIONS_PAGE = "options.md"
+FLEET_PAGE = "fleet.md"
 CHANGELOG = Path(__file__).resolve().parents[1] / "CHANGELOG.md"
 
 
@@ -26,18 +30,27 @@ def options_table() -> str:
     return "\n".join(rows)
 
 
+def fleet_table() -> str:
+    rows = ["| environment | default | meaning |", "|---|---|---|"]
+    for knob in FLEET_KNOBS:
+        default = "" if knob.default is None else f"`{knob.default}`"
+        rows.append(f"| `{knob.env}` | {default} | {knob.help.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
 def rules_table() -> str:
     rows = ["| rule | reads | source |", "|---|---|---|"]
     rows += [f"| `{rule.code}` | {', '.join(f'`{k}`' for k in rule.knobs)} | {rule.source} |" for rule in RULES]
     return "\n".join(rows)
 
 
+TABLES = {OPTIONS_PAGE: ((MARKER, options_table), (RULES_MARKER, rules_table)), FLEET_PAGE: ((FLEET_MARKER, fleet_table),)}
+
+
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
-    if page.file.src_uri != OPTIONS_PAGE:
-        return markdown
-    for marker, table in ((MARKER, options_table), (RULES_MARKER, rules_table)):
+    for marker, table in TABLES.get(page.file.src_uri, ()):
         if marker not in markdown:
-            raise PluginError(f"docs/{OPTIONS_PAGE} lost the line a table goes in: {marker}")
+            raise PluginError(f"docs/{page.file.src_uri} lost the line a table goes in: {marker}")
         markdown = markdown.replace(marker, table())
     return markdown
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_gpucanary import target
-from pytest_gpucanary.config import Knob, Settings, env_source, flag
+from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.knobs import Knob, env_source
 
 if TYPE_CHECKING:
     from pytest_gpucanary.policy.helm import HelmChart

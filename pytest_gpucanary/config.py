@@ -12,15 +12,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-import types
-import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_gpucanary.checks import (
-    Check,
     at_least,
     evictions_rule,
     fraction,
@@ -35,6 +32,7 @@ from pytest_gpucanary.checks import (
     xid_list,
 )
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.knobs import Knob, check_all, env_source, knob, knobs_of, resolve_values
 
 # The default workloads' images, public and pinned; fixtures/workloads/*.yaml name the same ones and
 # say where each tag was checked as published. A mirror serves each under its own path.
@@ -50,10 +48,6 @@ def mirrored(image: str, registry: str) -> str:
     if not rest or not ("." in first or ":" in first or first == "localhost"):
         first, rest = "docker.io", image if "/" in image else f"library/{image}"
     return f"{registry.rstrip('/')}/{rest}"
-
-
-def knob(default: Any, help: str, *, check: Check | None = None, threshold: bool = False) -> Any:
-    return field(default=default, metadata={"help": help, "check": check, "threshold": threshold})
 
 
 @dataclass(frozen=True)
@@ -239,21 +233,12 @@ class Settings:
     fleet_keep: bool = knob(False, "Leave the local fleet running after the session")
 
     def __post_init__(self) -> None:
-        for knob_ in KNOBS:
-            value = getattr(self, knob_.name)
-            if knob_.check is not None and value is not None and (problem := knob_.check(value)):
-                raise ConfigError(
-                    f"{knob_.flag}={value!r} {problem}", hint=f"also settable as ini {knob_.ini} or env {knob_.env}"
-                )
+        check_all(self, KNOBS)
 
     @classmethod
     def resolve(cls, *sources: Callable[[Knob], Any]) -> Settings:
         """The first source that answers (not None) wins, knob by knob."""
-        values = {}
-        for knob_ in KNOBS:
-            raw = next((v for source in sources if (v := source(knob_)) is not None), knob_.default)
-            values[knob_.name] = knob_.convert(raw)
-        return cls(**values)
+        return cls(**resolve_values(KNOBS, sources))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -306,71 +291,7 @@ class Settings:
         _writable_dir(self.reports_dir, flag("reports_dir"))
 
 
-@dataclass(frozen=True)
-class Knob:
-    """One field of `Settings`, seen from the outside: its names, type, default, check and help."""
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    check: Check | None
-    threshold: bool
-
-    @property
-    def flag(self) -> str:
-        return "--gpucanary-" + self.name.replace("_", "-")
-
-    @property
-    def ini(self) -> str:
-        return "gpucanary_" + self.name
-
-    @property
-    def env(self) -> str:
-        return "GPUCANARY_" + self.name.upper()
-
-    def convert(self, raw: Any) -> Any:
-        if raw is None or isinstance(raw, self.type) and (self.type is bool or not isinstance(raw, bool)):
-            return raw
-        text = str(raw).strip()
-        try:
-            if self.type is bool:
-                if text.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if text.lower() in ("0", "false", "no", "off", ""):
-                    return False
-                raise ValueError(text)
-            return self.type(text)
-        except ValueError:
-            raise ConfigError(
-                f"{self.flag}={text!r} is not a valid {self.type.__name__}",
-                hint=f"also settable as ini {self.ini} or env {self.env}",
-            ) from None
-
-
-def _base_type(hint: Any) -> type:
-    """`Path | None` -> Path."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return next(arg for arg in typing.get_args(hint) if arg is not type(None))
-    return hint
-
-
-def _knobs() -> tuple[Knob, ...]:
-    hints = typing.get_type_hints(Settings)
-    return tuple(
-        Knob(
-            f.name,
-            _base_type(hints[f.name]),
-            f.default,
-            f.metadata["help"],
-            f.metadata["check"],
-            f.metadata["threshold"],
-        )
-        for f in dataclasses.fields(Settings)
-    )
-
-
-KNOBS = _knobs()
+KNOBS = knobs_of(Settings)
 BY_NAME = {k.name: k for k in KNOBS}
 
 
@@ -390,10 +311,6 @@ def _writable_dir(path: Path, option: str) -> None:
             f"{option}={str(path)!r} is not a writable directory ({err.strerror or err})",
             hint="point it at a directory the run may write its receipts into",
         ) from None
-
-
-def env_source(environ: Mapping[str, str]) -> Callable[[Knob], Any]:
-    return lambda knob_: environ.get(knob_.env) or None
 
 
 DEFAULTS = Settings()

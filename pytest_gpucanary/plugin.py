@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 from pytest_gpucanary import target
-from pytest_gpucanary.config import KNOBS, Knob, Settings, env_source
+from pytest_gpucanary.config import KNOBS, Settings
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
+from pytest_gpucanary.knobs import Knob, env_source
 
 if TYPE_CHECKING:
     from pytest_gpucanary.canary.outcome import RunOutcome

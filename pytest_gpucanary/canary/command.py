@@ -12,8 +12,9 @@ from pathlib import Path
 from pytest_gpucanary import target
 from pytest_gpucanary.checks import run_id_rule
 from pytest_gpucanary.command import ExitCode, add_knob_options, change_settings, helm, progress
-from pytest_gpucanary.config import BY_NAME, KNOBS, Settings, env_source, flag
+from pytest_gpucanary.config import BY_NAME, KNOBS, Settings, flag
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.knobs import env_source
 
 
 def add_run(sub: argparse._SubParsersAction) -> None:

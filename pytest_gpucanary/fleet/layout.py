@@ -7,10 +7,12 @@ files). Every process's command line names a path inside it, which is how `down`
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.knobs import check_all, env_source, knob, knobs_of, resolve_values
 
 HOST = "127.0.0.1"
 DEFAULT_PORT_BASE = 26400
@@ -56,14 +58,65 @@ def _default_dir() -> Path:
     return Path(state) / "gpucanary" / "fleet"
 
 
-def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+def _within(low: int, high: int, low_means: str = "") -> Callable[[int], str | None]:
+    low_text = f"{low} ({low_means})" if low_means else str(low)
+    return lambda value: None if low <= value <= high else f"is out of range; use {low_text} to {high}"
+
+
+def _release(value: str) -> str | None:
+    if value in OPERATOR_RELEASES:
+        return None
+    return "is not a release the fleet can run; use one of " + ", ".join(OPERATOR_RELEASES)
+
+
+def _driver_mode(value: str) -> str | None:
+    return None if value in ("nvidiadriver", "clusterpolicy") else "is unknown; use nvidiadriver or clusterpolicy"
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """The fleet's settings, each from its environment variable (`GPUCANARY_<NAME>`), declared and checked as
+    the run's own are (knobs.py)."""
+
+    fleet_dir: Path | None = knob(
+        None, "Where the fleet keeps its state (default $XDG_STATE_HOME/gpucanary/fleet)", env_only=True
+    )
+    fleet_port_base: int = knob(
+        DEFAULT_PORT_BASE, "First of the fleet's 127.0.0.1 ports", check=_within(1024, 61000), env_only=True
+    )
+    fleet_gpu_nodes: int = knob(DEFAULT_GPU_NODES, "KWOK GPU nodes", check=_within(1, MAX_GPU_NODES), env_only=True)
+    fleet_driver_mode: str = knob(
+        "nvidiadriver",
+        "nvidiadriver (an NVIDIADriver per driver) or clusterpolicy (one driver DaemonSet for every GPU node)",
+        check=_driver_mode,
+        env_only=True,
+    )
+    operator_release: str = knob(
+        DEFAULT_OPERATOR_RELEASE, "The GPU Operator release the fleet builds and runs", check=_release, env_only=True
+    )
+    fleet_kubelet_nodes: int = knob(
+        DEFAULT_KUBELET_NODES,
+        "Real kubelet GPU nodes",
+        check=_within(0, MAX_KUBELET_NODES, "none"),
+        env_only=True,
+    )
+    fleet_gpu_rdma: bool = knob(False, "GPUDirect RDMA on (driver.rdma with host MOFED)", env_only=True)
+    fleet_kubelet_pool: bool | None = knob(
+        None, "The kubelet nodes are canary pools (default: where the mode and release allow)", env_only=True
+    )
+    fleet_default_nvidiadriver: bool | None = knob(
+        None, "The fleet's NVIDIADriver is the default one (default: on v26.7)", env_only=True
+    )
+
+    def __post_init__(self) -> None:
+        check_all(self, FLEET_KNOBS)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> FleetSettings:
+        return cls(**resolve_values(FLEET_KNOBS, (env_source(environ),)))
+
+
+FLEET_KNOBS = knobs_of(FleetSettings)
 
 
 @dataclass(frozen=True)
@@ -85,54 +138,39 @@ class FleetLayout:
 
     @classmethod
     def from_env(cls) -> FleetLayout:
-        root = Path(os.environ.get("GPUCANARY_FLEET_DIR") or _default_dir())
+        settings = FleetSettings.from_env()
         layout = cls(
-            root=root.expanduser().resolve(),
-            port_base=_int_env("GPUCANARY_FLEET_PORT_BASE", DEFAULT_PORT_BASE),
-            gpu_nodes=_int_env("GPUCANARY_FLEET_GPU_NODES", DEFAULT_GPU_NODES),
-            driver_mode=os.environ.get("GPUCANARY_FLEET_DRIVER_MODE") or "nvidiadriver",
-            operator_release=os.environ.get("GPUCANARY_OPERATOR_RELEASE") or DEFAULT_OPERATOR_RELEASE,
-            kubelet_nodes=_int_env("GPUCANARY_FLEET_KUBELET_NODES", DEFAULT_KUBELET_NODES),
-            gpu_rdma=os.environ.get("GPUCANARY_FLEET_GPU_RDMA", "0") == "1",
+            root=(settings.fleet_dir or _default_dir()).expanduser().resolve(),
+            port_base=settings.fleet_port_base,
+            gpu_nodes=settings.fleet_gpu_nodes,
+            driver_mode=settings.fleet_driver_mode,
+            operator_release=settings.operator_release,
+            kubelet_nodes=settings.fleet_kubelet_nodes,
+            gpu_rdma=settings.fleet_gpu_rdma,
         )
         # default on wherever it can be: NVIDIADriver mode (a pool node gets an NVIDIADriver of its own)
-        pool = os.environ.get("GPUCANARY_FLEET_KUBELET_POOL") or ""
+        pool = settings.fleet_kubelet_pool
         layout = replace(
             layout,
-            kubelet_pool=pool == "1"
-            or (
-                pool == ""
-                and layout.driver_mode == "nvidiadriver"
+            kubelet_pool=pool
+            if pool is not None
+            else (
+                layout.driver_mode == "nvidiadriver"
                 and layout.kubelet_nodes > 0
                 and layout.operator_release in KUBELET_POOL_RELEASES
             ),
         )
-        default = os.environ.get("GPUCANARY_FLEET_DEFAULT_NVIDIADRIVER") or ""
+        default = settings.fleet_default_nvidiadriver
         layout = replace(
             layout,
             default_driver=layout.driver_mode == "nvidiadriver"
-            and (default == "1" or (default == "" and layout.operator_release in DEFAULT_NVIDIADRIVER_RELEASES)),
+            and (default if default is not None else layout.operator_release in DEFAULT_NVIDIADRIVER_RELEASES),
         )
         if layout.default_driver and layout.operator_release not in DEFAULT_NVIDIADRIVER_RELEASES:
             raise ConfigError(
                 f"GPU Operator {layout.operator_release} has no default NVIDIADriver",
                 hint="use " + " or ".join(DEFAULT_NVIDIADRIVER_RELEASES) + ", or "
                 "GPUCANARY_FLEET_DEFAULT_NVIDIADRIVER=0",
-            )
-        if not 0 <= layout.kubelet_nodes <= MAX_KUBELET_NODES:
-            raise ConfigError(
-                f"GPUCANARY_FLEET_KUBELET_NODES={layout.kubelet_nodes} is out of range",
-                hint=f"use 0 (none) to {MAX_KUBELET_NODES}",
-            )
-        if layout.driver_mode not in ("nvidiadriver", "clusterpolicy"):
-            raise ConfigError(
-                f"GPUCANARY_FLEET_DRIVER_MODE={layout.driver_mode!r} is unknown",
-                hint="use nvidiadriver or clusterpolicy",
-            )
-        if layout.operator_release not in OPERATOR_RELEASES:
-            raise ConfigError(
-                f"GPUCANARY_OPERATOR_RELEASE={layout.operator_release!r} is not a release the fleet can run",
-                hint="use one of " + ", ".join(OPERATOR_RELEASES),
             )
         if layout.kubelet_pool and layout.operator_release not in KUBELET_POOL_RELEASES:
             raise ConfigError(

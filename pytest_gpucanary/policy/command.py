@@ -7,7 +7,8 @@ import os
 
 from pytest_gpucanary import command
 from pytest_gpucanary.command import ExitCode
-from pytest_gpucanary.config import BY_NAME, Settings, env_source
+from pytest_gpucanary.config import BY_NAME, Settings
+from pytest_gpucanary.knobs import env_source
 
 
 def add_lint(sub: argparse._SubParsersAction) -> None:

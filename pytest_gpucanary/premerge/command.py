@@ -8,7 +8,8 @@ from pathlib import Path
 
 from pytest_gpucanary import target
 from pytest_gpucanary.command import ExitCode, add_knob_options, helm, progress
-from pytest_gpucanary.config import KNOBS, Settings, env_source
+from pytest_gpucanary.config import KNOBS, Settings
+from pytest_gpucanary.knobs import env_source
 
 
 def add_gate(sub: argparse._SubParsersAction) -> None:

@@ -30,7 +30,8 @@ def test_release_setting_defaults_to_v26_7_0_and_refuses_unknown(monkeypatch: py
     monkeypatch.setenv("GPUCANARY_OPERATOR_RELEASE", "26.7.0")
     with pytest.raises(ConfigError, match="not a release the fleet can run") as refused:
         FleetLayout.from_env()
-    assert refused.value.hint == "use one of " + ", ".join(OPERATOR_RELEASES)
+    assert str(refused.value) == "GPUCANARY_OPERATOR_RELEASE='26.7.0' is not a release the fleet can run; use one of " \
+        + ", ".join(OPERATOR_RELEASES)
 
 
 def test_build_script_refuses_an_unknown_release_in_one_line(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpucanary.config import KNOBS, Knob, Settings, env_source
+from pytest_gpucanary.config import KNOBS, Settings
+from pytest_gpucanary.knobs import Knob, env_source
 from pytest_gpucanary.errors import ConfigError
 
 PRINT_SETTINGS = """
@@ -42,7 +43,7 @@ def test_cli_beats_ini_beats_env_beats_default(pytester: pytest.Pytester, monkey
 @pytest.mark.parametrize(("args", "env", "shown"), [
     (["--gpucanary-allowed-evictions=app in a"], {}, "--gpucanary-allowed-evictions='app in a' *label selector*"),
     (["--gpucanary-probe-interval-s=nan"], {}, "--gpucanary-probe-interval-s=nan must be a finite number*"),
-    ([], {"GPUCANARY_POOL_SIZE": "zero"}, "--gpucanary-pool-size='zero' is not a valid int*GPUCANARY_POOL_SIZE*"),
+    ([], {"GPUCANARY_POOL_SIZE": "zero"}, "--gpucanary-pool-size='zero' is not a whole number*GPUCANARY_POOL_SIZE*"),
 ], ids=["selector", "nan", "env-int"])
 def test_a_bad_value_stops_a_gate_run_with_one_usage_line(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                                                           args: list[str], env: dict[str, str], shown: str) -> None:
@@ -105,3 +106,29 @@ def test_every_knob_has_one_spelling_per_source() -> None:
     assert (knob.flag, knob.ini, knob.env) == ("--gpucanary-driver-version", "gpucanary_driver_version",
                                                "GPUCANARY_DRIVER_VERSION")
     assert all(isinstance(k, Knob) and k.help[0].isupper() and not k.help.endswith(".") for k in KNOBS)
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ({"GPUCANARY_FLEET_DRIVER_MODE": "daemonset"},
+     "GPUCANARY_FLEET_DRIVER_MODE='daemonset' is unknown; use nvidiadriver or clusterpolicy"),
+    ({"GPUCANARY_FLEET_KUBELET_NODES": "9"}, "GPUCANARY_FLEET_KUBELET_NODES=9 is out of range; use 0 (none) to 8"),
+    ({"GPUCANARY_FLEET_PORT_BASE": "80"}, "GPUCANARY_FLEET_PORT_BASE=80 is out of range; use 1024 to 61000"),
+    ({"GPUCANARY_FLEET_GPU_RDMA": "maybe"}, "GPUCANARY_FLEET_GPU_RDMA='maybe' is not a valid bool"),
+    ({"GPUCANARY_FLEET_GPU_NODES": "four"}, "GPUCANARY_FLEET_GPU_NODES='four' is not a whole number"),
+])
+def test_the_fleets_settings_are_checked_as_the_runs_and_named_by_their_variable(env: dict, line: str) -> None:
+    from pytest_gpucanary.fleet.layout import FleetSettings
+
+    with pytest.raises(ConfigError) as refused:
+        FleetSettings.from_env(env)
+    assert str(refused.value) == line
+
+
+def test_the_fleets_settings_resolve_from_the_environment_with_their_defaults(tmp_path) -> None:
+    from pytest_gpucanary.fleet.layout import DEFAULT_PORT_BASE, FleetSettings
+
+    assert FleetSettings.from_env({}) == FleetSettings()
+    given = FleetSettings.from_env({"GPUCANARY_FLEET_DIR": str(tmp_path), "GPUCANARY_FLEET_KUBELET_POOL": "0",
+                                    "GPUCANARY_FLEET_GPU_RDMA": "1", "GPUCANARY_FLEET_PORT_BASE": ""})
+    assert (given.fleet_dir, given.fleet_kubelet_pool, given.fleet_gpu_rdma) == (tmp_path, False, True)
+    assert given.fleet_port_base == DEFAULT_PORT_BASE and given.fleet_default_nvidiadriver is None
