@@ -55,8 +55,13 @@ def replay(report_dir: Path, overrides: Mapping[str, Any]) -> RunOutcome:
             f"{report_dir} holds no readable recorded run ({type(err).__name__}: {str(err)[:120]})",
             hint="give a reports/<run-id> directory that a canary run wrote",
         ) from None
-    try:
-        recorded = json.loads((report_dir / FILES["json"]).read_text(encoding="utf-8"))["thresholds"]
-    except (OSError, ValueError, KeyError):
-        recorded = {}  # the run ended before its receipt: judge with the defaults
+    recorded = evidence.thresholds or _receipt_thresholds(report_dir)
     return judge(evidence, DEFAULTS.with_thresholds({**recorded, **overrides}), report_dir)
+
+
+def _receipt_thresholds(report_dir: Path) -> Mapping[str, Any]:
+    """What a run recorded before its evidence kept its thresholds was judged with, from its receipt."""
+    try:
+        return json.loads((report_dir / FILES["json"]).read_text(encoding="utf-8"))["thresholds"]
+    except (OSError, ValueError, KeyError):
+        return {}  # the run ended before its receipt: judge with the defaults

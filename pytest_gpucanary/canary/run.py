@@ -343,6 +343,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
             blast_radius=tuple(run.blast_radius.breaches) if run.blast_radius else (),
             pool_setup=tuple(line for line in (pool.fence, *pool.notes) if line),
             unproven=run.unproven,
+            thresholds=settings.thresholds(),
         )
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)

@@ -86,6 +86,8 @@ class RunEvidence:
     # not judged; one line each
     pool_setup: tuple[str, ...] = ()
     unproven: tuple[str, ...] = ()  # what the verdict does not speak for (pods holding DRA claims), one line each
+    # the thresholds the run was judged with (Settings.thresholds()); `gpucanary evaluate` starts from them
+    thresholds: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -208,6 +210,7 @@ class RunEvidence:
             blast_radius=tuple(doc.get("blast_radius", ())),
             pool_setup=tuple(doc.get("pool_setup", ())),
             unproven=tuple(doc.get("unproven", ())),
+            thresholds=doc.get("thresholds", {}),
         )
 
     def write(self, report_dir: Path) -> Path:
