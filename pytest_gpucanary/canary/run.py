@@ -53,7 +53,7 @@ from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube, NotFound, owned_namespace
-from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, stall, timeline
+from pytest_gpucanary.ladder import MetricCheck, PhaseStats, RatePoint, RunEvidence, WorkloadRef, jobs, stall, timeline
 from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
@@ -947,7 +947,7 @@ def _waits_for_requeue(release: str | None) -> bool:
 
 def _job_over(records: list, job: WorkloadRef) -> bool | None:
     """The Job completed or failed for good, as the Job controller says."""
-    seen = timeline.latest_job(records, namespace=job.namespace, name=job.name)
+    seen = jobs.latest_job(records, namespace=job.namespace, name=job.name)
     return True if seen is not None and (seen.complete_wall_ns or seen.failed_reason) else None
 
 

@@ -22,7 +22,7 @@ from pytest_gpucanary.config import FIXTURES, Settings, read_text, yaml_document
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.gpu_operator import GPU_RESOURCE, holds_driver
 from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, Kube, fence_toleration, owned_labels
-from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder import jobs
 from pytest_gpucanary.ladder.model import ProbeSeen
 from pytest_gpucanary.ladder.stall import PULL_FAILURES
 from pytest_gpucanary.ladder.timeline import Record
@@ -441,6 +441,6 @@ class ProbeLoop:
             self._stop.wait(self.interval_s)
 
     def results(self, records: list[Record]) -> list[ProbeSeen]:
-        return timeline.probes_seen(
+        return jobs.probes_seen(
             records, dict(self.created), namespace=self.placement.namespace
         )  # dict(): the loop adds
