@@ -23,8 +23,8 @@ from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.gpu_operator import GPU_RESOURCE, holds_driver
 from pytest_gpucanary.kube import OWNER, OWNER_LABEL, RUN_ID_LABEL, Kube, fence_toleration, owned_labels
 from pytest_gpucanary.ladder import jobs
+from pytest_gpucanary.ladder.cause import PULL_FAILURES
 from pytest_gpucanary.ladder.model import ProbeSeen
-from pytest_gpucanary.ladder.stall import PULL_FAILURES
 from pytest_gpucanary.ladder.timeline import Record
 
 WORKLOADS = FIXTURES / "workloads"
