@@ -76,7 +76,8 @@ from pytest_gpucanary.ladder.model import CollectiveRun
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
 from pytest_gpucanary.ladder.phases import phase_stats, rate_series
 from pytest_gpucanary.policy.helm import HelmChart
-from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
+from pytest_gpucanary.policy.model import UpgradePolicy
+from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
 from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.receipt.verdict import Verdict
