@@ -20,7 +20,8 @@ from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.canary.recorder import Recorder
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.ladder import WorkloadRef, stall, timeline
+from pytest_gpucanary.ladder import WorkloadRef, timeline
+from pytest_gpucanary.ladder.cause import Cause
 from pytest_gpucanary.ladder.model import CollectiveRun, MetricAnswer, Sample
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
 from pytest_gpucanary.progress import ProgressLine
@@ -54,7 +55,7 @@ class Measured:
     collective: list[CollectiveRun] = field(default_factory=list)
     collective_note: str = ""
     blast_radius: BlastRadiusWatch | None = None  # ClusterPolicy mode: the watch beyond the pool
-    stalled: stall.Cause | None = None  # what ended the upgrade's wait before its end state
+    stalled: Cause | None = None  # what ended the upgrade's wait before its end state
 
 
 class RunMeasures:

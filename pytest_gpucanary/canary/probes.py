@@ -14,7 +14,7 @@ from pathlib import Path
 from pytest_gpucanary.canary.workloads import Placement, probe
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder import jobs
 from pytest_gpucanary.ladder.model import ProbeSeen
 from pytest_gpucanary.ladder.timeline import Record
 
@@ -65,6 +65,6 @@ class ProbeLoop:
             self._stop.wait(self.interval_s)
 
     def results(self, records: list[Record]) -> list[ProbeSeen]:
-        return timeline.probes_seen(
+        return jobs.probes_seen(
             records, dict(self.created), namespace=self.placement.namespace
         )  # dict(): the loop adds

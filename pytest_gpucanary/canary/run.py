@@ -54,9 +54,13 @@ from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound
-from pytest_gpucanary.ladder import RunEvidence, stall
+from pytest_gpucanary.ladder import (
+    RunEvidence,
+    stall,
+)
 from pytest_gpucanary.policy.helm import HelmChart
-from pytest_gpucanary.policy.parse import UpgradePolicy, load_policy
+from pytest_gpucanary.policy.model import UpgradePolicy
+from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
 from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.receipt.verdict import Verdict

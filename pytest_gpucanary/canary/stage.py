@@ -17,7 +17,8 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.kube.ownership import owned_namespace
-from pytest_gpucanary.ladder import WorkloadRef, stall, timeline
+from pytest_gpucanary.ladder import WorkloadRef, timeline
+from pytest_gpucanary.ladder.cause import UNBOUND_POD
 from pytest_gpucanary.progress import ProgressLine
 
 WORKLOAD_READY_TIMEOUT_S = 180
@@ -111,7 +112,7 @@ class RunStage:
                 "Pod",
                 namespace=operator_namespace,
                 field_selector="spec.nodeName=",
-                recorded_as=stall.UNBOUND_POD,
+                recorded_as=UNBOUND_POD,
             ),
             StreamSpec("canary-events", "v1", "Event", namespace=placement.namespace),
             StreamSpec(

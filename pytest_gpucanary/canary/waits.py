@@ -16,7 +16,8 @@ from pytest_gpucanary.canary.recorder import Recorder
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.ladder import WorkloadRef, stall, timeline
+from pytest_gpucanary.ladder import WorkloadRef, diagnosis, jobs, stall, timeline
+from pytest_gpucanary.ladder.cause import NOT_STARTED, OPERAND_BLOCKED, READY_DRIVER, SANDBOX_NOT_READY, Cause
 from pytest_gpucanary.progress import ProgressLine
 
 # past the GPU job's deadline: a replacement pod evicted late in the upgrade is scheduled again after the
@@ -60,15 +61,15 @@ class RunWaits:
                 found = self._causes(pool, recorder, run, started_wall_ns)
             for cause in found:
                 # a change of cause, printed once; an operand's also when its wait starts to count (the driver Ready)
-                key = (cause.what, cause.reason, cause.message.endswith(f"({stall.READY_DRIVER})"))
+                key = (cause.what, cause.reason, cause.message.endswith(f"({READY_DRIVER})"))
                 if key not in said:
                     said.add(key)
                     self.progress.line(f"rollout: {cause.line((cause.since_wall_ns - started_wall_ns) / 1e9)}")
             if stuck := stall.first_terminal(found):
                 run.stalled = stuck
-                if stuck.reason in ("CrashLoopBackOff", stall.OPERAND_BLOCKED):  # its own words, quoted
+                if stuck.reason in ("CrashLoopBackOff", OPERAND_BLOCKED):  # its own words, quoted
                     self._read_log(stuck, recorder, previous=stuck.reason == "CrashLoopBackOff")
-                if said_last := stall.last_meaningful(stall.log_tail(recorder.records, stuck)):
+                if said_last := diagnosis.last_meaningful(diagnosis.log_tail(recorder.records, stuck)):
                     self.progress.line(f"rollout: {stuck.container} said last: {said_last}")
                 self.progress.line(
                     f"rollout: {stuck.node}: that will not clear by itself; stopping the wait "
@@ -89,7 +90,7 @@ class RunWaits:
             self.progress.line(f"{node}: {state} after {time.monotonic() - started:.0f} s")
         return list(blast_radius.breaches) if blast_radius is not None else []
 
-    def _causes(self, pool: Pool, recorder: Recorder, run: Measured, started_wall_ns: int) -> list[stall.Cause]:
+    def _causes(self, pool: Pool, recorder: Recorder, run: Measured, started_wall_ns: int) -> list[Cause]:
         records = recorder.records
         return [
             c
@@ -105,12 +106,12 @@ class RunWaits:
         ]
 
     def _read_quiet_logs(
-        self, found: list[stall.Cause], recorder: Recorder, read_at: dict[tuple[str, str, str], int]
+        self, found: list[Cause], recorder: Recorder, read_at: dict[tuple[str, str, str], int]
     ) -> bool:
         """Read the log of each container that has not started, every LOG_EVERY_S and once more when its
         time is up; True when one has changed since (a new record, so its quiet time starts again)."""
         changed = False
-        for cause in (c for c in found if c.reason == stall.NOT_STARTED):
+        for cause in (c for c in found if c.reason == NOT_STARTED):
             key, now = (cause.namespace, cause.pod, cause.container), time.time_ns()
             last = read_at.get(key)
             due = last is None or (
@@ -121,13 +122,11 @@ class RunWaits:
                 changed |= self._read_log(cause, recorder, previous=False)
         return changed
 
-    def _read_warnings(
-        self, found: list[stall.Cause], recorder: Recorder, read_at: dict[tuple[str, str, str], int]
-    ) -> bool:
+    def _read_warnings(self, found: list[Cause], recorder: Recorder, read_at: dict[tuple[str, str, str], int]) -> bool:
         """The newest Warning event of each pod whose sandbox does not come (the kubelet's FailedMount or
         FailedCreatePodSandBox), read every LOG_EVERY_S while it lasts; True when one has changed."""
         changed = False
-        for cause in (c for c in found if c.reason == stall.SANDBOX_NOT_READY):
+        for cause in (c for c in found if c.reason == SANDBOX_NOT_READY):
             key, now = (cause.namespace, cause.pod, ""), time.time_ns()
             if (last := read_at.get(key)) is not None and now - last < LOG_EVERY_S * 1e9:
                 continue
@@ -145,18 +144,20 @@ class RunWaits:
             warnings = sorted(
                 (e for e in events if e.get("type") == "Warning"),  # what keeps the sandbox first
                 key=lambda e: (
-                    e.get("reason") in stall.SANDBOX_WARNINGS,
+                    e.get("reason") in diagnosis.SANDBOX_WARNINGS,
                     e.get("lastTimestamp") or e.get("eventTime") or "",
                 ),
             )
             if warnings:
-                record = stall.warning_record(cause, warnings[-1], mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())
-                if record.object["text"] != stall.last_warning(recorder.records, cause):
+                record = diagnosis.warning_record(
+                    cause, warnings[-1], mono_ns=time.monotonic_ns(), wall_ns=time.time_ns()
+                )
+                if record.object["text"] != diagnosis.last_warning(recorder.records, cause):
                     recorder.note(record)
                     changed = True
         return changed
 
-    def _read_log(self, cause: stall.Cause, recorder: Recorder, *, previous: bool) -> bool:
+    def _read_log(self, cause: Cause, recorder: Recorder, *, previous: bool) -> bool:
         """A container's own words (a crash loop's last run: `previous`): its log tail, into the timeline when
         it differs from the last read (the rung quotes it). Best effort: a log that cannot be read leaves the
         cause as the kubelet put it. True when a record was added."""
@@ -169,7 +170,7 @@ class RunWaits:
                     namespace=cause.namespace,
                     container=cause.container,
                     previous=previous,
-                    tail_lines=stall.LOG_TAIL_LINES,
+                    tail_lines=diagnosis.LOG_TAIL_LINES,
                 )
             except GpucanaryError as err:
                 self.progress.line(f"rollout: cannot read the log of {cause.pod}/{cause.container}: {err}")
@@ -179,8 +180,8 @@ class RunWaits:
         else:
             self.progress.line(f"rollout: cannot read the log of {cause.pod}/{cause.container}: {text.strip()}")
             return False
-        record = stall.log_record(cause, text, mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())
-        if record.object["lines"] == stall.log_tail(recorder.records, cause):
+        record = diagnosis.log_record(cause, text, mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())
+        if record.object["lines"] == diagnosis.log_tail(recorder.records, cause):
             return False
         recorder.note(record)
         return True
@@ -260,5 +261,5 @@ def _waits_for_requeue(release: str | None) -> bool:
 
 def _job_over(records: list, job: WorkloadRef) -> bool | None:
     """The Job completed or failed for good, as the Job controller says."""
-    seen = timeline.latest_job(records, namespace=job.namespace, name=job.name)
+    seen = jobs.latest_job(records, namespace=job.namespace, name=job.name)
     return True if seen is not None and (seen.complete_wall_ns or seen.failed_reason) else None

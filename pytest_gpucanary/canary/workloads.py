@@ -18,7 +18,7 @@ from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.gpu_operator import GPU_RESOURCE, holds_driver
 from pytest_gpucanary.kube.ownership import OWNER, OWNER_LABEL, RUN_ID_LABEL, fence_toleration, owned_labels
-from pytest_gpucanary.ladder.stall import PULL_FAILURES
+from pytest_gpucanary.ladder.cause import PULL_FAILURES
 from pytest_gpucanary.shipped import FIXTURES
 from pytest_gpucanary.user_files import read_text, yaml_documents
 

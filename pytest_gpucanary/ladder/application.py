@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pytest_gpucanary.config import DEFAULTS, Settings, flag
 from pytest_gpucanary.gpu_operator import DRAIN_REQUIRED, POD_DELETION_REQUIRED, TERMINAL_STATES
 from pytest_gpucanary.label_selector import parse_selector
-from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder import jobs, timeline
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Eviction, Evidence, Outcome, Stage, StageVerdict, UpgradePhase
 from pytest_gpucanary.ladder.rules import Finding, metrics_note, stage_metrics, verdict
@@ -92,7 +92,7 @@ def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
         )
         for p in pods
     ]
-    seen = timeline.latest_job(ev.records, namespace=job.namespace, name=job.name)
+    seen = jobs.latest_job(ev.records, namespace=job.namespace, name=job.name)
     if seen is not None:
         items.append(
             Evidence(
@@ -117,7 +117,7 @@ def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
     if seen is None and (done := next((p for p in pods if p.phase == "Succeeded"), None)):
         return Finding(Outcome.PASS, f"GPU job {job} succeeded (pod {done.name})"), items
     phases = ", ".join(f"{p.name} {p.phase or 'unknown'}" for p in pods) or "no pods"
-    worked_s = timeline.run_seconds(ev.records, namespace=job.namespace, job_name=job.name)
+    worked_s = jobs.run_seconds(ev.records, namespace=job.namespace, job_name=job.name)
     asked = f" of {ev.gpu_job_work_s:.0f} s" if ev.gpu_job_work_s else ""
     deadline = f", deadline +{ev.offset_s(ev.gpu_job_until_wall_ns):.0f}s" if ev.gpu_job_until_wall_ns else ""
     why = (

@@ -22,7 +22,7 @@ from pytest_gpucanary.gpu_operator import (
 
 if TYPE_CHECKING:
     from pytest_gpucanary.config import Settings
-    from pytest_gpucanary.ladder.stall import Cause
+    from pytest_gpucanary.ladder.cause import Cause
 
 
 class Stage(str, Enum):

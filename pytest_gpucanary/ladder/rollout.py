@@ -9,7 +9,8 @@ from __future__ import annotations
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.config import DEFAULTS, Settings
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
-from pytest_gpucanary.ladder import stall, timeline
+from pytest_gpucanary.ladder import diagnosis, stall, timeline
+from pytest_gpucanary.ladder.cause import EVICTION_REFUSED, Cause
 from pytest_gpucanary.ladder.device import validator_line
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Evidence, Outcome, Stage, StageVerdict
@@ -77,7 +78,7 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
     refused = [
         c
         for c in stall.causes(until, node, since_wall_ns=step.received_wall_ns, policy=ev.upgrade_policy)
-        if c.reason == stall.EVICTION_REFUSED
+        if c.reason == EVICTION_REFUSED
     ]
     if refused:
         return f"{knob} gave up after {waited_s:.0f} s: {refused[0].what}: {refused[0].message}"
@@ -89,7 +90,7 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
     return f"{knob} failed after {waited_s:.0f} s"
 
 
-def stall_of(ev: RunEvidence, node: str, settings: Settings) -> stall.Cause | None:
+def stall_of(ev: RunEvidence, node: str, settings: Settings) -> Cause | None:
     """The cause on the node that would not clear by itself, judged when the run froze its evidence."""
     return stall.terminal(
         ev.records,
@@ -128,7 +129,7 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
     held = f" ({validator_line(ev, node)})" if current == op.VALIDATION_REQUIRED else ""
     if (stuck := stall_of(ev, node, settings)) is not None and stuck.terminal_wall_ns is not None:
-        said = stall.last_meaningful(stall.log_tail(ev.records, stuck))
+        said = diagnosis.last_meaningful(diagnosis.log_tail(ev.records, stuck))
         return Finding(
             Outcome.FAIL,
             f"node {node} {where}: {stuck.line(ev.offset_s(stuck.since_wall_ns))}"
@@ -179,7 +180,7 @@ def check_rollout(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
             line,
         )
         for r in evidence.records
-        if r.kind == stall.LOG_KIND
+        if r.kind == diagnosis.LOG_KIND
         for line in r.object.get("lines") or []
     ]
     findings = [Finding(Outcome.FAIL, line) for line in evidence.blast_radius] + findings  # the headline when any

@@ -1,5 +1,6 @@
 """The recorded timeline: its `Record` (one JSONL line), and pure queries over it: upgrade-state
-transitions, operator events, pod removals, the latest state of each pod and node, probe times.
+transitions, operator events, pod removals, the latest state of each pod and node. The Jobs' (probe times
+included) are in `ladder.jobs`, other systems' acts on the nodes in `ladder.neighbours`.
 
 Takes `Record`s, returns small frozen records; never talks to a cluster. Times are the client's
 receive times (wall clock, ns) unless a field says it is the server's (RFC 3339, 1 s resolution).
@@ -19,7 +20,7 @@ from pytest_gpucanary.gpu_operator import (
     UPGRADE_STATE_LABEL,
     is_validator_pod,
 )
-from pytest_gpucanary.ladder.model import PHASE_OF_STATE, PhaseWindow, ProbeScope, ProbeSeen, StateSpan, UpgradePhase
+from pytest_gpucanary.ladder.model import PHASE_OF_STATE, PhaseWindow, StateSpan, UpgradePhase
 
 
 @dataclass(frozen=True)
@@ -252,82 +253,6 @@ def latest_node(records: Iterable[Record], node: str, *, until_wall_ns: int | No
     return seen
 
 
-# What the upgrade itself writes to a node's schedulability (its drain helper cordons and uncordons), as the apiserver
-# names the writer (the field manager, from the client's user agent); the canary's own taints are under its domain,
-# and Kubernetes' own (a cordon's node.kubernetes.io/unschedulable, NotReady's) are not another system's act.
-UPGRADE_WRITERS = ("gpu-operator", "k8s-driver-manager", "gpucanary")
-CANARY_TAINT_DOMAIN, KUBERNETES_TAINT_DOMAIN = "gpucanary.io/", "node.kubernetes.io/"
-NODE_MAINTENANCE_KIND = "NodeMaintenance"
-
-
-@dataclass(frozen=True)
-class NeighbourAct:
-    """Something another system did to a pool node during the run: a cordon, a taint, a NodeMaintenance."""
-
-    node: str
-    wall_ns: int
-    what: str  # "cordoned", "tainted nvsentinel/quarantine=true:NoSchedule", "NodeMaintenance ns/name began", ...
-    by: str  # the field manager that wrote it, or the NodeMaintenance's requestor; "unknown" when not recorded
-    # (the apiserver keeps no writer of a field that is gone: the untaint of a node's last taint)
-
-    def line(self) -> str:
-        return f"{self.node}: {self.what} by {self.by}"
-
-
-def _node_marks(obj: dict) -> tuple[bool, set[tuple[str, str, str]]]:
-    taints = {
-        (t.get("key", ""), t.get("value", ""), t.get("effect", ""))
-        for t in (obj.get("spec") or {}).get("taints") or []
-        if not t.get("key", "").startswith((CANARY_TAINT_DOMAIN, KUBERNETES_TAINT_DOMAIN))
-    }
-    return bool((obj.get("spec") or {}).get("unschedulable")), taints
-
-
-def neighbour_acts(records: Iterable[Record], nodes: Iterable[str]) -> list[NeighbourAct]:
-    """Cordons, uncordons and taints that a writer other than the upgrade and the canary put on the pool's nodes
-    while the run recorded them (the first record of a node is where it stood), and each NodeMaintenance for one
-    of them beginning or ending, in the order seen."""
-    nodes, acts = set(nodes), []
-    last: dict[str, tuple[bool, set[tuple[str, str, str]]]] = {}
-    for record in records:
-        if record.type in SKIP_TYPES:
-            continue
-        if record.kind == NODE_MAINTENANCE_KIND and record.type in ("ADDED", "DELETED"):
-            spec = record.object.get("spec") or {}
-            if spec.get("nodeName") in nodes:
-                acts.append(
-                    NeighbourAct(
-                        spec["nodeName"],
-                        record.received_wall_ns,
-                        f"NodeMaintenance {record.namespace}/{record.name} "
-                        f"{'began' if record.type == 'ADDED' else 'ended'}",
-                        spec.get("requestorID") or "unknown",
-                    )
-                )
-            continue
-        if record.kind != "Node" or record.name not in nodes or record.type == "DELETED":
-            continue
-        cordoned, taints = _node_marks(record.object)
-        writers = (record.object.get("metadata") or {}).get("specWriters") or {}
-        if record.name in last:
-            was_cordoned, had = last[record.name]
-            # a cordon whose writer is not recorded may be the upgrade's own: only a named writer counts
-            changes = (
-                [(f"{'cordoned' if cordoned else 'uncordoned'}", writers["unschedulable"])]
-                if cordoned != was_cordoned and "unschedulable" in writers
-                else []
-            )
-            changes += [(f"tainted {k}={v}:{e}", writers.get("taints")) for k, v, e in sorted(taints - had)]
-            changes += [(f"untainted {k}={v}:{e}", writers.get("taints")) for k, v, e in sorted(had - taints)]
-            acts += [
-                NeighbourAct(record.name, record.received_wall_ns, what, by or "unknown")
-                for what, by in changes
-                if by not in UPGRADE_WRITERS
-            ]
-        last[record.name] = cordoned, taints
-    return acts
-
-
 def latest_pods(records: Iterable[Record], *, until_wall_ns: int | None = None) -> list[PodSeen]:
     """Every pod recorded up to `until_wall_ns`, in its last recorded state, in the order first seen."""
     pods: dict[str, PodSeen] = {}
@@ -429,104 +354,3 @@ def validator_pods(records: Iterable[Record], nodes: Iterable[str]) -> list[PodS
     """The last state seen of each operator validator pod on the given nodes."""
     wanted = set(nodes)
     return [p for p in latest_pods(records) if p.node in wanted and is_validator_pod(p.labels)]
-
-
-def probes_seen(
-    records: Iterable[Record], created: Mapping[str, tuple[str, int]], *, namespace: str
-) -> list[ProbeSeen]:
-    """Probe Jobs by name -> (scope, created wall ns): when the watch first saw each one's pod scheduled and running."""
-    scheduled: dict[str, int] = {}
-    running: dict[str, int] = {}
-    ended: dict[str, int] = {}
-    nodes: dict[str, str] = {}
-    for record in records:
-        job = record.object.get("metadata", {}).get("labels", {}).get("job-name")
-        if record.kind != "Pod" or record.namespace != namespace or job not in created:
-            continue
-        status = record.object.get("status", {})
-        if any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions", [])):
-            scheduled.setdefault(job, record.received_wall_ns)
-        if status.get("phase") in ("Running", "Succeeded"):
-            running.setdefault(job, record.received_wall_ns)
-        elif record.type == "DELETED" or status.get("phase") == "Failed":
-            ended.setdefault(job, record.received_wall_ns)
-        if record.object.get("spec", {}).get("nodeName"):
-            nodes[job] = record.object["spec"]["nodeName"]
-    return [
-        ProbeSeen(
-            name,
-            ProbeScope(scope),
-            at,
-            scheduled.get(name),
-            running.get(name),
-            nodes.get(name),
-            None if name in running else ended.get(name),
-        )
-        for name, (scope, at) in sorted(created.items())
-    ]
-
-
-@dataclass(frozen=True)
-class JobSeen:
-    """The last recorded state of one Job: its completion as the Job controller reports it."""
-
-    namespace: str
-    name: str
-    succeeded: int  # pods that exited 0 (status.succeeded)
-    failed: int  # pods that failed and counted against backoffLimit (status.failed)
-    active: int
-    complete_wall_ns: int | None  # first record with condition Complete=True, client receive time
-    failed_reason: str  # reason of condition Failed=True (e.g. BackoffLimitExceeded); "" if none
-    received_wall_ns: int
-
-
-def latest_job(records: Iterable[Record], *, namespace: str, name: str) -> JobSeen | None:
-    seen = None
-    for record in records:
-        if record.kind != "Job" or record.type in SKIP_TYPES or record.namespace != namespace or record.name != name:
-            continue
-        status = record.object.get("status", {}) or {}
-        conditions = {c.get("type"): c for c in status.get("conditions", []) or [] if c.get("status") == "True"}
-        complete = (
-            seen.complete_wall_ns
-            if seen and seen.complete_wall_ns
-            else (record.received_wall_ns if "Complete" in conditions else None)
-        )
-        seen = JobSeen(
-            namespace,
-            name,
-            int(status.get("succeeded") or 0),
-            int(status.get("failed") or 0),
-            int(status.get("active") or 0),
-            complete,
-            conditions.get("Failed", {}).get("reason", "") or ("Failed" if "Failed" in conditions else ""),
-            record.received_wall_ns,
-        )
-    return seen
-
-
-def run_seconds(records: Iterable[Record], *, namespace: str, job_name: str) -> float:
-    """Seconds the Job's pods spent Running, summed over its pods (client receive times): from the
-    first record of a pod Running to its first record ended or going away, else the recording's end."""
-    records = list(records)
-    span = recording_span(records)
-    started: dict[str, int] = {}
-    ended: dict[str, int] = {}
-    for record in records:
-        meta = record.object.get("metadata", {})
-        if (
-            record.kind != "Pod"
-            or record.type in SKIP_TYPES
-            or record.namespace != namespace
-            or (meta.get("labels") or {}).get("job-name") != job_name
-        ):
-            continue
-        uid, phase = meta.get("uid", ""), (record.object.get("status") or {}).get("phase")
-        if phase == "Running":
-            started.setdefault(uid, record.received_wall_ns)
-        if uid in started and (
-            phase in ("Succeeded", "Failed") or record.type == "DELETED" or meta.get("deletionTimestamp")
-        ):
-            ended.setdefault(uid, record.received_wall_ns)
-    end_ns = span[1] if span else 0
-    return sum(max(0, ended.get(uid, end_ns) - start) for uid, start in started.items()) / 1e9

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_gpucanary.policy.lint import RULES, Finding, lint_policy
-from pytest_gpucanary.policy.parse import UpgradePolicy
+from pytest_gpucanary.policy.model import UpgradePolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Lint of valid upgrade policies: the predicted blast radius and the legal-but-risky traps.
 
-Pure: takes `UpgradePolicy` records (from `policy.py`) and returns findings; never touches a cluster.
+Pure: takes `UpgradePolicy` records (from `policy.model`) and returns findings; never touches a cluster.
 Each rule reads only the CR keys it declares in `knobs`, so a diff can say which changed knob
 introduced or removed a finding. The facts behind the rules are the upgrade controller's
 (k8s-operator-libs `pkg/upgrade`, as vendored by gpu-operator v25.3.4 to v25.10.1):
@@ -17,7 +17,7 @@ import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pytest_gpucanary.policy.parse import UpgradePolicy
+from pytest_gpucanary.policy.model import UpgradePolicy
 
 
 class Severity(enum.StrEnum):

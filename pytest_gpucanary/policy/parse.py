@@ -1,5 +1,6 @@
 """Upgrade policies: read a ClusterPolicy, an NVIDIADriver or gpu-operator Helm values into one
 frozen `UpgradePolicy` in the CR's shape, and refuse the documents the operator would mishandle.
+The record and the checks of its values are in `policy.model`; this module reads the documents.
 
 Pure: takes text and returns records. Never imports `kubernetes` or `kube.py`; writing the policy
 into the cluster belongs to `policy.apply`, which takes `UpgradePolicy.to_cr()`. The lint of legal
@@ -22,207 +23,42 @@ may leave them out, because the chart's own values fill them in.
 
 from __future__ import annotations
 
-import enum
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.policy.model import (
+    API_VERSIONS,
+    DRAIN_FIELDS,
+    HELM_POD_DELETION,
+    POD_DELETION_FIELDS,
+    POLICY_FIELDS,
+    POLICY_PATHS,
+    VERSION_PATHS,
+    WAIT_FIELDS,
+    At,
+    Check,
+    Drain,
+    PodDeletion,
+    SourceKind,
+    UpgradePolicy,
+    WaitForCompletion,
+    auto_upgrade,
+    dig,
+    flat_knobs,
+    max_unavailable,
+    refuse_sandbox_workloads,
+    shown,
+    whole,
+)
 from pytest_gpucanary.policy.render import Rendering, ValuesRenderer, chart_notes, pick_cluster_policy
 from pytest_gpucanary.user_files import yaml_documents
 
-
-class SourceKind(enum.StrEnum):
-    CLUSTER_POLICY = "ClusterPolicy"
-    NVIDIA_DRIVER = "NVIDIADriver"
-    HELM_VALUES = "HelmValues"
-
-
-API_VERSIONS = {SourceKind.CLUSTER_POLICY: "nvidia.com/v1", SourceKind.NVIDIA_DRIVER: "nvidia.com/v1alpha1"}
-POLICY_PATHS = {
-    SourceKind.CLUSTER_POLICY: ("spec", "driver", "upgradePolicy"),
-    SourceKind.NVIDIA_DRIVER: ("spec", "upgradePolicy"),
-    SourceKind.HELM_VALUES: ("driver", "upgradePolicy"),
-}
-VERSION_PATHS = {
-    SourceKind.CLUSTER_POLICY: ("spec", "driver", "version"),
-    SourceKind.NVIDIA_DRIVER: ("spec", "version"),
-    SourceKind.HELM_VALUES: ("driver", "version"),
-}
-# Same effect as autoUpgrade false; NVIDIADriver has no such switch.
-SANDBOX_PATHS = {
-    SourceKind.CLUSTER_POLICY: ("spec", "sandboxWorkloads", "enabled"),
-    SourceKind.HELM_VALUES: ("sandboxWorkloads", "enabled"),
-}
-HELM_POD_DELETION = "gpuPodDeletion"
 ACCEPTED_KINDS = "a ClusterPolicy (nvidia.com/v1), an NVIDIADriver (nvidia.com/v1alpha1) or gpu-operator Helm values"
 EXAMPLES = "see fixtures/policies/"
-
-
-@dataclass(frozen=True, slots=True)
-class WaitForCompletion:
-    pod_selector: str = ""  # "" skips the wait step
-    timeout_s: int = 0  # 0 waits forever; expiry moves on to pod deletion, it is not a failure
-
-
-@dataclass(frozen=True, slots=True)
-class PodDeletion:
-    force: bool = False
-    timeout_s: int = 300  # 0 waits forever
-    delete_empty_dir: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    enable: bool = False
-    force: bool = False
-    pod_selector: str = ""
-    timeout_s: int = 300  # 0 waits forever
-    delete_empty_dir: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class UpgradePolicy:
-    """`DriverUpgradePolicySpec` (k8s-operator-libs), every field explicit, plus where it came from."""
-
-    auto_upgrade: bool
-    max_parallel_upgrades: int  # 0 = no limit
-    max_unavailable: int | str  # a node count, or "N%" of driver nodes rounded up
-    wait_for_completion: WaitForCompletion
-    pod_deletion: PodDeletion
-    drain: Drain
-    source_kind: SourceKind
-    driver_version: str | None = None  # the driver version the document names, if any
-    rendering: Rendering | None = None  # Helm values: the chart that rendered the CR, and what it filled in
-
-    def to_cr(self) -> dict[str, Any]:
-        """The `upgradePolicy` mapping to write into a ClusterPolicy or an NVIDIADriver."""
-        return {
-            "autoUpgrade": self.auto_upgrade,
-            "maxParallelUpgrades": self.max_parallel_upgrades,
-            "maxUnavailable": self.max_unavailable,
-            "waitForCompletion": _cr_block(self.wait_for_completion, WAIT_FIELDS),
-            "podDeletion": _cr_block(self.pod_deletion, POD_DELETION_FIELDS),
-            "drain": _cr_block(self.drain, DRAIN_FIELDS),
-        }
-
-    def knobs(self) -> dict[str, Any]:
-        """`to_cr()` flat: {"drain.enable": False, ...}."""
-        return flat_knobs(self.to_cr())
-
-    def path_of(self, knob: str) -> str:
-        """Where a CR-shaped key such as `podDeletion.timeoutSeconds` sits in the source document."""
-        if self.source_kind is SourceKind.HELM_VALUES and knob.split(".")[0] == "podDeletion":
-            knob = HELM_POD_DELETION + knob[len("podDeletion") :]
-        return ".".join((*POLICY_PATHS[self.source_kind], knob))
-
-
-@dataclass(frozen=True, slots=True)
-class _At:
-    """A place in the document, for messages: `<source>: <yaml path> <problem>; <what to do>`."""
-
-    source: str
-    path: str
-
-    def child(self, key: str) -> _At:
-        return _At(self.source, f"{self.path}.{key}")
-
-    def error(self, problem: str, *, hint: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {self.path} {problem}", hint=hint)
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "empty (null)"
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
-
-
-def _bool(value: Any, at: _At) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise at.error(f"is {_shown(value)}, not a boolean", hint="write true or false, without quotes")
-
-
-def _whole(value: Any, at: _At, *, hint: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise at.error(f"is {_shown(value)}, not a whole number", hint=hint)
-    if value < 0:
-        raise at.error(f"is {value}, below 0", hint=hint)
-    return value
-
-
-def _seconds(value: Any, at: _At) -> int:
-    return _whole(value, at, hint="write seconds such as 300 (0 waits forever)")
-
-
-def _selector(value: Any, at: _At) -> str:
-    if isinstance(value, str):
-        return value
-    raise at.error(
-        f"is {_shown(value)}, not a label selector", hint='write a selector such as "app=trainer", or "" for none'
-    )
-
-
-def _max_unavailable(value: Any, at: _At) -> int | str:
-    hint = 'write a node count such as 1, or a quoted percentage such as "25%"'
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _whole(value, at, hint=hint)
-    if isinstance(value, str) and re.fullmatch(r"[0-9]+%", value):
-        if int(value[:-1]) > 100:
-            raise at.error(f"is {value}, above 100%", hint=hint)
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        # intstr reads a string without "%" as a malformed percentage and the reconcile fails.
-        raise at.error(
-            f"is {_shown(value)}, which the operator rejects (neither a count nor a percentage)",
-            hint=f"write {value.strip()} without quotes, or {value.strip()}%",
-        )
-    raise at.error(f"is {_shown(value)}, not a node count or a percentage", hint=hint)
-
-
-Check = Callable[[Any, _At], Any]
-# CR key -> (dataclass field, check); one table serves parsing and to_cr().
-WAIT_FIELDS: dict[str, tuple[str, Check]] = {
-    "podSelector": ("pod_selector", _selector),
-    "timeoutSeconds": ("timeout_s", _seconds),
-}
-POD_DELETION_FIELDS: dict[str, tuple[str, Check]] = {
-    "force": ("force", _bool),
-    "timeoutSeconds": ("timeout_s", _seconds),
-    "deleteEmptyDir": ("delete_empty_dir", _bool),
-}
-DRAIN_FIELDS: dict[str, tuple[str, Check]] = {
-    "enable": ("enable", _bool),
-    "force": ("force", _bool),
-    "podSelector": ("pod_selector", _selector),
-    "timeoutSeconds": ("timeout_s", _seconds),
-    "deleteEmptyDir": ("delete_empty_dir", _bool),
-}
-POLICY_FIELDS = ("autoUpgrade", "maxParallelUpgrades", "maxUnavailable", "waitForCompletion", "podDeletion", "drain")
-
-
-def _cr_block(block: Any, fields: Mapping[str, tuple[str, Check]]) -> dict[str, Any]:
-    return {key: getattr(block, attr) for key, (attr, _) in fields.items()}
-
-
-def flat_knobs(cr: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested upgradePolicy mapping with dotted keys: {"drain": {"enable": x}} -> {"drain.enable": x}."""
-    flat: dict[str, Any] = {}
-    for key, value in cr.items():
-        if isinstance(value, Mapping):
-            flat.update(flat_knobs(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def load_policy(path: str | Path, *, helm: ValuesRenderer | None = None) -> UpgradePolicy:
@@ -250,12 +86,12 @@ def parse_policy(text: str, *, source: str = "<policy>", helm: ValuesRenderer | 
 
 
 def _parse_cr(doc: Mapping[str, Any], kind: SourceKind, source: str) -> UpgradePolicy:
-    at = _At(source, ".".join(POLICY_PATHS[kind]))
-    raw = _dig(doc, POLICY_PATHS[kind], source)
+    at = At(source, ".".join(POLICY_PATHS[kind]))
+    raw = dig(doc, POLICY_PATHS[kind], source)
     if raw is None:
         raise at.error("is missing", hint=_MISSING_POLICY_HINTS[kind])
     policy = _policy(raw, at, kind, driver_version=_driver_version(doc, kind, source))
-    _refuse_sandbox_workloads(doc, kind, source)
+    refuse_sandbox_workloads(doc, kind, source)
     return policy
 
 
@@ -275,7 +111,7 @@ def _load_yaml(text: str, source: str) -> Mapping[str, Any]:
         raise ConfigError(f"{source} holds {len(docs)} YAML documents", hint=f"give one: {ACCEPTED_KINDS}")
     doc = docs[0] if docs else None
     if not isinstance(doc, Mapping):
-        raise ConfigError(f"{source} is {_shown(doc)}, not a YAML mapping", hint=f"give {ACCEPTED_KINDS}")
+        raise ConfigError(f"{source} is {shown(doc)}, not a YAML mapping", hint=f"give {ACCEPTED_KINDS}")
     return doc
 
 
@@ -293,40 +129,27 @@ def _kind(doc: Mapping[str, Any], source: str) -> SourceKind:
     return SourceKind(kind)
 
 
-def _dig(doc: Mapping[str, Any], path: tuple[str, ...], source: str) -> Any:
-    """The value at `path`, None if any part is absent; a part that is not a mapping is an error."""
-    value: Any = doc
-    for depth, key in enumerate(path):
-        if value is None:
-            return None
-        if not isinstance(value, Mapping):
-            at = _At(source, ".".join(path[:depth]))
-            raise at.error(f"is {_shown(value)}, not a mapping", hint=f"nest {'.'.join(path[depth:])} under it")
-        value = value.get(key)
-    return value
-
-
-def _fields(raw: Any, at: _At, accepted: tuple[str, ...]) -> Mapping[str, Any]:
+def _fields(raw: Any, at: At, accepted: tuple[str, ...]) -> Mapping[str, Any]:
     if not isinstance(raw, Mapping):
-        raise at.error(f"is {_shown(raw)}, not a mapping", hint=f"write its fields: {', '.join(accepted)}")
+        raise at.error(f"is {shown(raw)}, not a mapping", hint=f"write its fields: {', '.join(accepted)}")
     unknown = sorted(str(key) for key in raw if key not in accepted)
     if unknown:
         raise at.child(unknown[0]).error("is not a known field", hint=f"accepted: {', '.join(accepted)}")
     return raw
 
 
-def _policy(raw: Any, at: _At, kind: SourceKind, *, driver_version: str | None) -> UpgradePolicy:
+def _policy(raw: Any, at: At, kind: SourceKind, *, driver_version: str | None) -> UpgradePolicy:
     _refuse_other_shape_key(raw, at, kind)
     raw = _fields(raw, at, POLICY_FIELDS)
     wait_raw = raw.get("waitForCompletion", {})
     return UpgradePolicy(
-        auto_upgrade=_auto_upgrade(raw, at, kind),
-        max_parallel_upgrades=_whole(
+        auto_upgrade=auto_upgrade(raw, at, kind),
+        max_parallel_upgrades=whole(
             raw.get("maxParallelUpgrades", 1),
             at.child("maxParallelUpgrades"),
             hint="write a node count such as 1 (0 means no limit)",
         ),
-        max_unavailable=_max_unavailable(raw.get("maxUnavailable", "25%"), at.child("maxUnavailable")),
+        max_unavailable=max_unavailable(raw.get("maxUnavailable", "25%"), at.child("maxUnavailable")),
         wait_for_completion=_block(WaitForCompletion, wait_raw, at.child("waitForCompletion"), WAIT_FIELDS),
         pod_deletion=_required_block(
             PodDeletion, raw, at.child("podDeletion"), POD_DELETION_FIELDS, if_nil=NIL_POD_DELETION
@@ -337,7 +160,7 @@ def _policy(raw: Any, at: _At, kind: SourceKind, *, driver_version: str | None) 
     )
 
 
-def _refuse_other_shape_key(raw: Any, at: _At, kind: SourceKind) -> None:
+def _refuse_other_shape_key(raw: Any, at: At, kind: SourceKind) -> None:
     """Refuse the one key that Helm values and the CRs spell differently, used in the wrong shape."""
     if not isinstance(raw, Mapping):
         return
@@ -351,24 +174,7 @@ def _refuse_other_shape_key(raw: Any, at: _At, kind: SourceKind) -> None:
         )
 
 
-AUTO_UPGRADE_OFF = (
-    "the upgrade controller then removes nvidia.com/gpu-driver-upgrade-state from every node and "
-    "upgrades nothing, so a canary cannot test this policy"
-)
-
-
-def _auto_upgrade(raw: Mapping[str, Any], at: _At, kind: SourceKind) -> bool:
-    if "autoUpgrade" not in raw and kind is SourceKind.CLUSTER_POLICY:
-        raise at.child("autoUpgrade").error(
-            f"is missing and the ClusterPolicy CRD defaults it to false: {AUTO_UPGRADE_OFF}",
-            hint="write autoUpgrade: true",
-        )
-    if not _bool(raw.get("autoUpgrade", True), at.child("autoUpgrade")):
-        raise at.child("autoUpgrade").error(f"is false: {AUTO_UPGRADE_OFF}", hint="write autoUpgrade: true")
-    return True
-
-
-def _block(cls: type, raw: Any, at: _At, fields: Mapping[str, tuple[str, Check]]) -> Any:
+def _block(cls: type, raw: Any, at: At, fields: Mapping[str, tuple[str, Check]]) -> Any:
     raw = _fields(raw, at, tuple(fields))
     return cls(**{attr: check(raw[key], at.child(key)) for key, (attr, check) in fields.items() if key in raw})
 
@@ -385,7 +191,7 @@ NIL_POD_DELETION = (
 
 
 def _required_block(
-    cls: type, raw: Mapping[str, Any], at: _At, fields: Mapping[str, tuple[str, Check]], *, if_nil: str
+    cls: type, raw: Mapping[str, Any], at: At, fields: Mapping[str, tuple[str, Check]], *, if_nil: str
 ) -> Any:
     key = at.path.rsplit(".", 1)[1]
     if raw.get(key) is None:
@@ -426,54 +232,44 @@ def _check_values(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     """The knobs a Helm values file sets (flat, CR-shaped keys), each checked as the CR checks it.
     Nothing is filled in: what the file leaves out is the chart's to say."""
     kind = SourceKind.HELM_VALUES
-    at = _At(source, ".".join(POLICY_PATHS[kind]))
-    raw = _dig(doc, POLICY_PATHS[kind], source)
+    at = At(source, ".".join(POLICY_PATHS[kind]))
+    raw = dig(doc, POLICY_PATHS[kind], source)
     if raw is None:
         raise at.error("is missing", hint=_MISSING_POLICY_HINTS[kind])
     _refuse_other_shape_key(raw, at, kind)
     raw = _fields(raw, at, tuple(HELM_POD_DELETION if key == "podDeletion" else key for key in POLICY_FIELDS))
     if "autoUpgrade" in raw:
-        _auto_upgrade(raw, at, kind)
+        auto_upgrade(raw, at, kind)
     if "maxParallelUpgrades" in raw:
-        _whole(
+        whole(
             raw["maxParallelUpgrades"],
             at.child("maxParallelUpgrades"),
             hint="write a node count such as 1 (0 means no limit)",
         )
     if "maxUnavailable" in raw:
-        _max_unavailable(raw["maxUnavailable"], at.child("maxUnavailable"))
+        max_unavailable(raw["maxUnavailable"], at.child("maxUnavailable"))
     for key, (cls, fields, if_nil) in _HELM_BLOCKS.items():
         if key in raw and if_nil is not None:
             _required_block(cls, raw, at.child(key), fields, if_nil=if_nil)
         elif key in raw:
             _block(cls, raw[key], at.child(key), fields)
     _driver_version(doc, kind, source)
-    _refuse_sandbox_workloads(doc, kind, source)
+    refuse_sandbox_workloads(doc, kind, source)
     given = {("podDeletion" if key == HELM_POD_DELETION else key): value for key, value in raw.items()}
     return flat_knobs(given)
 
 
 def _driver_version(doc: Mapping[str, Any], kind: SourceKind, source: str) -> str | None:
     path = VERSION_PATHS[kind]
-    value = _dig(doc, path, source)
+    value = dig(doc, path, source)
     if value is None:
         return None
-    at = _At(source, ".".join(path))
+    at = At(source, ".".join(path))
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         raise at.error(
             f"is the number {value!r}, not a version string",
             hint='quote it, e.g. version: "580.95.05" (YAML reads 570.10 as 570.1)',
         )
     if not isinstance(value, str) or not value.strip():
-        raise at.error(f"is {_shown(value)}, not a version", hint='write e.g. version: "580.95.05"')
+        raise at.error(f"is {shown(value)}, not a version", hint='write e.g. version: "580.95.05"')
     return value.strip()
-
-
-def _refuse_sandbox_workloads(doc: Mapping[str, Any], kind: SourceKind, source: str) -> None:
-    path = SANDBOX_PATHS.get(kind)
-    if path is None:
-        return
-    value = _dig(doc, path, source)
-    at = _At(source, ".".join(path))
-    if value is not None and _bool(value, at):
-        raise at.error(f"is true: {AUTO_UPGRADE_OFF}", hint="write sandboxWorkloads.enabled: false for the canary")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from pytest_gpucanary.ladder import Evidence, LadderResult, RunEvidence, timeline
-from pytest_gpucanary.ladder.timeline import NeighbourAct
+from pytest_gpucanary.ladder import Evidence, LadderResult, RunEvidence, neighbours
+from pytest_gpucanary.ladder.neighbours import NeighbourAct
 
 
 def utc(wall_ns: int | None) -> str:
@@ -49,4 +49,4 @@ def run_rows(ev: RunEvidence) -> list[tuple[str, str]]:
 def neighbour_acts(ev: RunEvidence) -> list[NeighbourAct]:
     """What systems other than the upgrade and the canary did to the pool during the run (cordons, taints,
     NodeMaintenances): not judged, but a reader must know the pool was not the policy's alone."""
-    return timeline.neighbour_acts(ev.records, ev.pool_nodes)
+    return neighbours.neighbour_acts(ev.records, ev.pool_nodes)

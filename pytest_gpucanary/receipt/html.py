@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from pytest_gpucanary.ladder import Eviction, LadderResult, Outcome, ProbeScope, RunEvidence
 from pytest_gpucanary.ladder.application import allowed_text
+from pytest_gpucanary.ladder.cause import Cause
 from pytest_gpucanary.ladder.model import CapacityDip, StateSpan
-from pytest_gpucanary.ladder.stall import Cause
 from pytest_gpucanary.receipt.common import headline, run_rows
 
 OUTCOME_COLOURS = {

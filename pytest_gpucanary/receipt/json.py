@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 from pytest_gpucanary.ladder import Eviction, Evidence, LadderResult, Outcome, RunEvidence, Stage, StageVerdict
+from pytest_gpucanary.ladder.cause import Cause
 from pytest_gpucanary.ladder.model import CapacityDip, PhaseWindow, StateSpan
-from pytest_gpucanary.ladder.stall import Cause
 from pytest_gpucanary.receipt.common import neighbour_acts, utc
 
 SCHEMA = "gpucanary-receipt/1"

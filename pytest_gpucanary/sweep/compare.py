@@ -30,8 +30,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from pytest_gpucanary.sweep.engine import WAIT, Engine, Step
 from pytest_gpucanary.sweep.model import Change, Fleet, Infeasible, MoveKind, NoSweepPlanError, SweepLimits, SweepPlan
-from pytest_gpucanary.sweep.plan import WAIT, Engine, Step, plan_or_infeasible, summarize
+from pytest_gpucanary.sweep.plan import plan_or_infeasible, summarize
 
 
 class Strategy(enum.StrEnum):

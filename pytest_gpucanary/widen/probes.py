@@ -19,7 +19,7 @@ from pytest_gpucanary.errors import EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import Conflict
 from pytest_gpucanary.kube.ownership import owned_namespace
-from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder import jobs
 from pytest_gpucanary.ladder.model import ProbeScope, ProbeSeen, summarize
 from pytest_gpucanary.widen.watch import PodWatch
 
@@ -112,7 +112,7 @@ class StartProbes:
         """Judge the probes created since `since_wall_ns` (a wave's release), as `judge` does."""
         assert self.loop is not None, "started before it is looked at"
         created = {name: made for name, made in dict(self.loop.created).items() if made[1] >= since_wall_ns}
-        seen = timeline.probes_seen(self.pods.probe_records(since_wall_ns), created, namespace=self.placement.namespace)
+        seen = jobs.probes_seen(self.pods.probe_records(since_wall_ns), created, namespace=self.placement.namespace)
         failure, summary = judge(seen, time.time_ns(), self.settings, final=final)
         if final and not seen and self.loop.errors:  # what kept every probe of the wave from existing comes first
             failure = f"no start probe could be created: {self.loop.errors[-1]}"

@@ -14,37 +14,23 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary import lease, publish
 from pytest_gpucanary.canary.cleanup import RunLeftovers, leftovers
 from pytest_gpucanary.canary.metrics import MetricsError, Prometheus
-from pytest_gpucanary.canary.pool import Pool
-from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION
 from pytest_gpucanary.cluster import ClusterInfo, discover, operator_release
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
-from pytest_gpucanary.gpu_operator import (
-    CLUSTER_POLICY,
-    DRIVER_COMPONENT_SELECTOR,
-    DRIVER_OWNER_LABEL,
-    NVIDIADRIVER,
-    SKIP_LABEL,
-    UPGRADE_FAILED,
-    driver_node_selector,
-)
-from pytest_gpucanary.kube import Kube, patch_as_read
-from pytest_gpucanary.kube.errors import Conflict, NotFound
-from pytest_gpucanary.kube.ownership import OWNER, OWNER_LABEL, saved_run
+from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.receipt.verdict import VerdictKey
-from pytest_gpucanary.widen import plan, state
+from pytest_gpucanary.widen import change, plan, scope, state
+from pytest_gpucanary.widen.change import release_hold
 from pytest_gpucanary.widen.probes import StartProbes
+from pytest_gpucanary.widen.record import read, save
 from pytest_gpucanary.widen.slo import Slo, SloLook
 from pytest_gpucanary.widen.state import FAILED, PASSED, PENDING, ROLLING, SOAKING, Sweep, Wave
-from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, nodes_seen, wait_and_judge
-
-CONFIGMAP = ("v1", "ConfigMap")
+from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, wait_and_judge
 
 
 class Refused(GpucanaryError):
@@ -117,9 +103,9 @@ def widen(
             run_lease.release()
         raise
     try:
-        applied = _applied(cluster, sweep, left if opts.resume else None)
+        applied = change.applied(cluster, sweep, left if opts.resume else None)
         try:
-            _apply(kube, cluster, opts, sweep, applied, report)
+            change.apply(kube, cluster, opts, sweep, applied, report)
         except GpucanaryError:
             report("widen: the change could not be written whole; putting back what was")
             upgrade.restore(kube, applied, report=report)
@@ -133,10 +119,10 @@ def widen(
             sweep.status = state.HALTED
             report(f"widen: halted: {failure}; {_held(sweep)} nodes stay on driver {sweep.prior_version}")
             if opts.rollback:
-                _roll_back(kube, cluster, sweep, applied, report)
+                change.roll_back(kube, cluster, sweep, applied, report)
         else:
             for kind, name in applied.saved:
-                _forget_saved_spec(kube, kind, name, sweep.run_id)
+                change.forget_saved_spec(kube, kind, name, sweep.run_id)
             sweep.status = state.DONE
             report(f"widen: every wave passed: {len(sweep.nodes())} nodes on driver {opts.target}")
         sweep.ended_wall_ns = time.time_ns()
@@ -154,58 +140,6 @@ def widen(
         lease.release_cluster_lock(kube, sweep.run_id)
         run_lease.release()
     return sweep
-
-
-def read(kube: Kube, key: VerdictKey) -> Sweep | None:
-    try:
-        found = kube.get(*CONFIGMAP, state.configmap_name(key), namespace=publish.NAMESPACE)
-    except NotFound:
-        return None
-    try:
-        return Sweep.from_data(found.get("data") or {})
-    except (ValueError, KeyError, TypeError):
-        raise EnvError(
-            f"ConfigMap {publish.NAMESPACE}/{state.configmap_name(key)} holds no sweep gpucanary can read",
-            hint="look at it, and delete it if no sweep is under way",
-        ) from None
-
-
-def save(
-    kube: Kube, sweep: Sweep, on_sweep: Callable[[Sweep], None] = lambda sweep: None, *, replaces: str | None = None
-) -> None:
-    """Write the record, only over a record of the same sweep (a sweep never takes over another's record), or of
-    `replaces`, an earlier sweep of the change judged finished. `on_sweep` sees it once it is in the cluster."""
-    name = state.configmap_name(sweep.key)
-    body: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": publish.NAMESPACE,
-            "labels": {OWNER_LABEL: OWNER, "gpucanary.io/widen": sweep.status},
-        },
-        "data": sweep.data(),
-    }
-    try:
-        kube.create(body)
-        on_sweep(sweep)
-        return
-    except Conflict:
-        pass
-
-    def decide(current: dict) -> tuple[dict, bool]:
-        if (current.get("data") or {}).get("run-id") not in (None, sweep.run_id, replaces):
-            raise EnvError(
-                f"ConfigMap {publish.NAMESPACE}/{name} now records sweep {current['data']['run-id']}, "
-                f"not {sweep.run_id}",
-                hint="two sweeps of one change cannot run at once",
-            )
-        return {"metadata": {"labels": body["metadata"]["labels"]}, "data": body["data"]}, True
-
-    patch_as_read(
-        kube, *CONFIGMAP, name, decide, what=f"ConfigMap {publish.NAMESPACE}/{name}", namespace=publish.NAMESPACE
-    )
-    on_sweep(sweep)
 
 
 def _refuse_earlier(before: Sweep | None, left: RunLeftovers | None) -> None:
@@ -255,7 +189,7 @@ def _start(
     verdict_run: str,
     report: Callable[[str], None],
 ) -> tuple[Sweep, lease.RunLease]:
-    target, prior, nodes = _target(kube, cluster, opts.nvidiadriver, report)
+    target, prior, nodes = scope.target(kube, cluster, opts.nvidiadriver, report)
     if prior == opts.target:
         raise ConfigError(
             f"{target[1]} {target[2]} is at driver {opts.target} already: nothing to widen",
@@ -286,107 +220,6 @@ def _start(
     return sweep, run_lease
 
 
-# A sweep moves an NVIDIADriver only when an administrator set this label to "true" on it; deploy/admission.yaml
-# lets the sweep's own ServiceAccount (deploy/rbac-widen.yaml), and no other of the canary's, change such a one.
-WIDEN_ELIGIBLE_LABEL = "gpucanary.io/widen-eligible"
-
-
-def _target(
-    kube: Kube, cluster: ClusterInfo, name: str | None, report: Callable[[str], None]
-) -> tuple[tuple[str, str, str], str, list[str]]:
-    """What carries the version (the NVIDIADriver, or the ClusterPolicy), the version it is at, and its nodes
-    less those held by someone else or carved out as a canary pool."""
-    if cluster.nvidiadriver_mode:
-        drivers = {
-            d["metadata"]["name"]: d
-            for d in kube.list(*NVIDIADRIVER)
-            if (d["metadata"].get("labels") or {}).get(OWNER_LABEL) != OWNER
-        }
-        if name is None and len(drivers) != 1:
-            raise ConfigError(
-                f"the cluster has {len(drivers)} NVIDIADrivers: name the one to widen",
-                hint=f"--nvidiadriver NAME, one of: {', '.join(sorted(drivers)) or '(none)'}",
-            )
-        name = name or next(iter(drivers))
-        if name not in drivers:
-            raise ConfigError(
-                f"no NVIDIADriver {name} (other than canary pools') in the cluster",
-                hint=f"one of: {', '.join(sorted(drivers)) or '(none)'}",
-            )
-        driver = drivers[name]
-        if (driver["metadata"].get("labels") or {}).get(WIDEN_ELIGIBLE_LABEL) != "true":
-            raise ConfigError(
-                f"NVIDIADriver {name} is not marked for gpucanary widen (no {WIDEN_ELIGIBLE_LABEL}=true)",
-                hint=f"an administrator marks the NVIDIADrivers a sweep may roll out: kubectl label "
-                f"nvidiadriver {name} {WIDEN_ELIGIBLE_LABEL}=true",
-            )
-        nodes = list(kube.each("v1", "Node", label_selector=f"{DRIVER_OWNER_LABEL}={name}")) or list(
-            kube.each("v1", "Node", label_selector=driver_node_selector(driver))
-        )
-        target, prior = (*NVIDIADRIVER, name), str(driver["spec"].get("version") or "")
-    else:
-        policy = kube.get(*CLUSTER_POLICY, cluster.cluster_policy)
-        nodes = [{"metadata": n["metadata"]} for n in upgrade.driver_nodes(kube).values()]
-        target = (*CLUSTER_POLICY, cluster.cluster_policy)
-        prior = str(((policy.get("spec") or {}).get("driver") or {}).get("version") or "")
-    ours = []
-    for node in nodes:
-        meta = node["metadata"]
-        if (meta.get("labels") or {}).get(SKIP_LABEL) == "true":
-            report(f"widen: node {meta['name']} is held by someone else (its skip label): left out of the sweep")
-        elif SAVED_STATE_ANNOTATION in (meta.get("annotations") or {}):
-            report(f"widen: node {meta['name']} is a canary run's pool: left out of the sweep")
-        else:
-            ours.append(meta["name"])
-    return target, prior, ours
-
-
-def _applied(cluster: ClusterInfo, sweep: Sweep, left: RunLeftovers | None) -> upgrade.AppliedUpgrade:
-    """What the sweep changed, as the canary's restore reads it: rebuilt from the sweep's record and what its
-    run id marks in the cluster (`left`, on a resume), so a resumed sweep undoes what the killed one wrote."""
-    applied = upgrade.AppliedUpgrade(
-        run_id=sweep.run_id, operator_namespace=cluster.operator_namespace, prior_version=sweep.prior_version
-    )
-    if cluster.nvidiadriver_mode:
-        applied.nvidiadriver = sweep.target[2]
-    else:
-        applied.cluster_policy = cluster.cluster_policy
-    if left is not None:
-        applied.saved = list(left.specs)
-        applied.skipped_nodes = [node["metadata"]["name"] for node in left.holds]
-    return applied
-
-
-def _apply(
-    kube: Kube,
-    cluster: ClusterInfo,
-    opts: WidenOptions,
-    sweep: Sweep,
-    applied: upgrade.AppliedUpgrade,
-    report: Callable[[str], None],
-) -> None:
-    """Every node held first, then the change: no node can start on the new driver before its wave. Again on a
-    resume, writing only what the killed sweep had not (a second saved copy would save the change itself):
-    before v26.7 an NVIDIADriver's change is two writes, the ClusterPolicy's policy and then its version."""
-    for name in sweep.nodes():
-        if not any(w.outcome != PENDING and name in w.nodes for w in sweep.waves):
-            upgrade.hold_back(kube, kube.get("v1", "Node", name), applied, sweep.run_id)
-    _, kind, name = sweep.target
-    if kind == NVIDIADRIVER[1] and (NVIDIADRIVER, name) not in applied.saved:
-        pool = Pool(nodes=tuple(sweep.nodes()), driver=name, driver_from=sweep.prior_version)
-        write = upgrade.apply_nvidiadriver if applied.saved else upgrade.apply
-        write(kube, cluster, pool, opts.upgrade_policy, driver_to=opts.target, run_id=sweep.run_id, applied=applied)
-    elif kind != NVIDIADRIVER[1] and not applied.saved:
-        upgrade.apply_cluster_policy(
-            kube, cluster, {"upgradePolicy": opts.upgrade_policy, "version": opts.target}, applied, sweep.run_id
-        )
-    else:
-        return
-    report(
-        f"widen: {len(applied.skipped_nodes)} nodes held on driver {sweep.prior_version}; wrote {applied.describe()}"
-    )
-
-
 def _waves(
     kube: Kube,
     cluster: ClusterInfo,
@@ -402,7 +235,7 @@ def _waves(
     while (index := sweep.current()) is not None:
         wave = sweep.waves[index]
         if wave.outcome == PENDING:
-            _take_joined(kube, cluster, sweep, index, report)
+            scope.take_joined(kube, cluster, sweep, index, report)
         where = f"wave {index + 1}/{len(sweep.waves)}"
         pods.watch_nodes(wave.nodes)
         if wave.outcome == PENDING:
@@ -509,76 +342,6 @@ class _Progress:
             phase, limit = ("soak", self.soak_s) if wave.done_wall_ns else ("rolling", self.budget_s)
             self.report(f"widen: {self.where} {phase} {(time.time_ns() - started) / 1e9:.0f}/{limit:g} s: {text}")
             self.said, self.at = text, time.monotonic()
-
-
-def _take_joined(kube: Kube, cluster: ClusterInfo, sweep: Sweep, index: int, report: Callable[[str], None]) -> None:
-    """A node the change reaches that joined since the sweep started gets its first driver pod from the driver
-    DaemonSet's current template, which is the target version: the skip label holds an upgrade, not a first
-    install. It is judged with the wave about to start."""
-    _, _, nodes = _target(kube, cluster, sweep.target[2] if cluster.nvidiadriver_mode else None, lambda line: None)
-    if joined := sorted(set(nodes) - set(sweep.nodes())):
-        sweep.waves[index].nodes.extend(joined)
-        report(
-            f"widen: {', '.join(joined)} joined, on the target driver from its first install: judged in wave "
-            f"{index + 1}"
-        )
-
-
-def release_hold(kube: Kube, node: str, run_id: str) -> bool:
-    """Let the operator upgrade a held node: the skip label and the run's note of it go; its upgrade state stays
-    (upgrade-required, which the operator takes from there). False when the run holds nothing there."""
-
-    def decide(obj: dict) -> tuple[dict | None, bool]:
-        if saved_run(obj, upgrade.SKIP_SET_ANNOTATION) != run_id:
-            return None, False
-        labels = {SKIP_LABEL: None} if (obj["metadata"].get("labels") or {}).get(SKIP_LABEL) == "true" else {}
-        return {"metadata": {"labels": labels, "annotations": {upgrade.SKIP_SET_ANNOTATION: None}}}, True
-
-    return bool(patch_as_read(kube, "v1", "Node", node, decide, what=f"node {node}'s hold"))
-
-
-def _forget_saved_spec(kube: Kube, kind: tuple[str, str], name: str, run_id: str) -> None:
-    """The change is the fleet's state now: the run's saved copy of what it replaced goes."""
-
-    def decide(obj: dict) -> tuple[dict | None, bool]:
-        if saved_run(obj, upgrade.SAVED_SPEC_ANNOTATION) != run_id:
-            return None, False
-        return {"metadata": {"annotations": {upgrade.SAVED_SPEC_ANNOTATION: None}}}, True
-
-    patch_as_read(kube, *kind, name, decide, what=f"{kind[1]} {name}")
-
-
-def _roll_back(
-    kube: Kube,
-    cluster: ClusterInfo,
-    sweep: Sweep,
-    applied: upgrade.AppliedUpgrade,
-    report: Callable[[str], None],
-) -> None:
-    failed = next(w for w in sweep.waves if w.outcome == FAILED)
-    upgraded = [n for w in sweep.waves if w.outcome in (PASSED, FAILED, ROLLING, SOAKING) for n in w.nodes]
-    upgrade.restore(kube, applied, report=report)
-    sweep.status = state.ROLLED_BACK
-    sweep.rollback = (
-        f"{sweep.target[1]} {sweep.target[2]} restored to driver {sweep.prior_version} and its earlier "
-        f"upgradePolicy; the operator takes {', '.join(upgraded)} (the failed wave: "
-        f"{', '.join(failed.nodes)}) back to {sweep.prior_version} under that policy; every held node "
-        f"released once the driver DaemonSet was back at {sweep.prior_version}"
-    )
-    # k8s-operator-libs (ProcessUpgradeFailedNodes) moves an upgrade-failed node on only once its driver pod
-    # matches the DaemonSet again: one whose pod the failed upgrade had already replaced waits for a person
-    stuck = [
-        node
-        for node, now in nodes_seen(kube, failed.nodes, cluster.operator_namespace).items()
-        if now.state == UPGRADE_FAILED and now.driver == sweep.key.target
-    ]
-    for node in stuck:
-        sweep.rollback += (
-            f"; {node} stays {UPGRADE_FAILED} and cordoned, its driver pod at {sweep.key.target}: "
-            f"`kubectl delete pod -n {cluster.operator_namespace} -l {DRIVER_COMPONENT_SELECTOR} "
-            f"--field-selector spec.nodeName={node}` lets the DaemonSet make one at {sweep.prior_version}"
-        )
-    report(f"widen: rolled back: {sweep.rollback}")
 
 
 def _held(sweep: Sweep) -> int:

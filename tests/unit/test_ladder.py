@@ -23,6 +23,7 @@ from pytest_gpucanary.canary.recorder import Record
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.model import CollectiveRun, UpgradePhase
+from pytest_gpucanary.ladder import jobs
 from pytest_gpucanary.ladder.network import check_network
 from pytest_gpucanary.ladder.rollout import check_rollout
 from pytest_gpucanary.ladder.scheduler import check_scheduler
@@ -309,7 +310,7 @@ def test_a_probe_evicted_before_it_ran_is_over_not_in_flight() -> None:
                pod(2.4, "ns", "probe-pool-0000-8w7jb", labels=job, phase="Failed", removing=True,
                    kind_type="DELETED"),
                pod(3, "ns", "probe-fleet-0000-x1", labels={"job-name": "probe-fleet-0000"}, node_name="gpu-2")]
-    seen = timeline.probes_seen(records, {"probe-pool-0000": ("pool", at(0)), "probe-fleet-0000": ("fleet", at(0))},
+    seen = jobs.probes_seen(records, {"probe-pool-0000": ("pool", at(0)), "probe-fleet-0000": ("fleet", at(0))},
                                 namespace="ns")
     assert [(p.name, p.running_wall_ns, p.ended_wall_ns) for p in seen] == [
         ("probe-fleet-0000", at(3), None), ("probe-pool-0000", None, at(1.3))]

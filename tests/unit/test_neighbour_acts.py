@@ -12,7 +12,8 @@ import xml.etree.ElementTree as ET
 from test_ladder import NODE, at, clean_run  # canned runs, shared
 from test_receipt import judged
 
-from pytest_gpucanary.ladder.timeline import NeighbourAct, Record, neighbour_acts
+from pytest_gpucanary.ladder.neighbours import NeighbourAct, neighbour_acts
+from pytest_gpucanary.ladder.timeline import Record
 from pytest_gpucanary.receipt.json import render_json
 from pytest_gpucanary.receipt.junit import render_stage_junit
 from pytest_gpucanary.receipt.markdown import render_markdown

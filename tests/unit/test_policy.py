@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary.errors import ConfigError
-from pytest_gpucanary.policy.parse import (POLICY_PATHS, Drain, PodDeletion, SourceKind, UpgradePolicy, WaitForCompletion,
-                                     load_policy, parse_policy)
+from pytest_gpucanary.policy.model import POLICY_PATHS, Drain, PodDeletion, SourceKind, UpgradePolicy, WaitForCompletion
+from pytest_gpucanary.policy.parse import load_policy, parse_policy
 from pytest_gpucanary.policy.diff import diff_policies
 from pytest_gpucanary.policy.lint import Severity, lint_policy
 

@@ -15,7 +15,8 @@ from pytest_gpucanary.fleet.binaries import operator_chart
 from pytest_gpucanary.policy.helm import HelmChart
 from pytest_gpucanary.policy.diff import diff_policies, render_lines
 from pytest_gpucanary.policy.lint import Severity, lint_policy
-from pytest_gpucanary.policy.parse import SourceKind, load_policy, parse_policy
+from pytest_gpucanary.policy.model import SourceKind
+from pytest_gpucanary.policy.parse import load_policy, parse_policy
 from pytest_gpucanary.policy.render import ChartNote, Rendered, chart_notes, pick_cluster_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -86,12 +86,12 @@ def test_a_log_the_kubelet_cannot_give_while_it_replaces_the_container_is_read_a
     from types import SimpleNamespace
 
     from pytest_gpucanary.canary import waits as waits_module
-    from pytest_gpucanary.ladder import stall
     from pytest_gpucanary.canary.waits import RunWaits
+    from pytest_gpucanary.ladder.cause import Cause
 
     monkeypatch.setattr(waits_module.time, "sleep", lambda s: None)
-    cause = stall.Cause("gpu-kubelet-0", "driver pod", "CrashLoopBackOff", "", 0, 1, "gpu-operator", "driver-x",
-                        "nvidia-driver-ctr")
+    cause = Cause("gpu-kubelet-0", "driver pod", "CrashLoopBackOff", "", 0, 1, "gpu-operator", "driver-x",
+                  "nvidia-driver-ctr")
     answers = ["unable to retrieve container logs for containerd://decf", "Installing...\nERROR: Unable to load\n"]
     said: list[str] = []
     noted: list = []
@@ -109,11 +109,12 @@ def test_a_log_the_kubelet_cannot_give_while_it_replaces_the_container_is_read_a
 def test_the_newest_warning_of_a_pod_without_a_sandbox_is_recorded_once_and_read_again_only_later() -> None:
     from types import SimpleNamespace
 
-    from pytest_gpucanary.ladder import stall
     from pytest_gpucanary.canary.waits import RunWaits
+    from pytest_gpucanary.ladder import diagnosis
+    from pytest_gpucanary.ladder.cause import SANDBOX_NOT_READY, Cause
 
-    cause = stall.Cause("gpu-kubelet-0", "driver pod", stall.SANDBOX_NOT_READY, "", 0, None, "gpu-operator",
-                        "driver-x")
+    cause = Cause("gpu-kubelet-0", "driver pod", SANDBOX_NOT_READY, "", 0, None, "gpu-operator",
+                  "driver-x")
     events = [{"type": "Warning", "reason": "FailedMount", "message": "old", "lastTimestamp": "2026-12-05T01:00:00Z"},
               {"type": "Warning", "reason": "FailedCreatePodSandBox", "message": 'no runtime for "nvidia" is configured',
                "lastTimestamp": "2026-12-05T01:00:09Z"},
@@ -128,7 +129,7 @@ def test_the_newest_warning_of_a_pod_without_a_sandbox_is_recorded_once_and_read
     read_at: dict = {}
     assert RunWaits._read_warnings(run, [cause], recorder, read_at) is True
     assert asked == ["involvedObject.kind=Pod,involvedObject.name=driver-x"]
-    assert stall.last_warning(recorder.records, cause) == 'FailedCreatePodSandBox: no runtime for "nvidia" is configured'
+    assert diagnosis.last_warning(recorder.records, cause) == 'FailedCreatePodSandBox: no runtime for "nvidia" is configured'
     assert RunWaits._read_warnings(run, [cause], recorder, read_at) is False and len(asked) == 1   # not yet again
     read_at.clear()
     assert RunWaits._read_warnings(run, [cause], recorder, read_at) is False and len(recorder.records) == 1

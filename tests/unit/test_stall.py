@@ -4,7 +4,8 @@ themselves become terminal, and those that recover (a slow pull, one restart the
 from __future__ import annotations
 
 from pytest_gpucanary.config import Settings
-from pytest_gpucanary.ladder import stall
+from pytest_gpucanary.ladder import diagnosis, stall
+from pytest_gpucanary.ladder.cause import EVICTION_REFUSED, NOT_STARTED, OPERAND_BLOCKED, SANDBOX_NOT_READY, UNBOUND_POD, Cause
 from pytest_gpucanary.ladder.rollout import check_rollout
 from pytest_gpucanary.ladder.model import Outcome
 from pytest_gpucanary.ladder.timeline import Record
@@ -125,7 +126,7 @@ def unbound(at_s: float, *, node_: str = NODE, type_: str = "MODIFIED", daemonse
     record.object["spec"] = {"nodeName": None, "daemonSetNode": node_}
     if not daemonset:
         record.object["metadata"]["ownerReferences"] = []
-    return Record("unbound-operator-pods", type_, stall.UNBOUND_POD, record.namespace, record.name,
+    return Record("unbound-operator-pods", type_, UNBOUND_POD, record.namespace, record.name,
                   record.received_mono_ns, record.received_wall_ns, record.object)
 
 
@@ -185,9 +186,9 @@ def test_a_crash_loops_log_tail_is_quoted_by_the_rung_and_kept_as_evidence() -> 
     cause = stall.terminal(looping, [NODE], since_wall_ns=0)
     assert (cause.namespace, cause.pod, cause.container) == ("gpu-operator", "nvidia-driver-daemonset-abc",
                                                              "k8s-driver-manager")
-    log = stall.log_record(cause, "unloading nvidia\n+ rmmod nvidia\nrmmod: ERROR: Module nvidia is in use\n\n",
-                           mono_ns=80 * S, wall_ns=80 * S)
-    assert stall.last_meaningful(log.object["lines"]) == "rmmod: ERROR: Module nvidia is in use"
+    log = diagnosis.log_record(cause, "unloading nvidia\n+ rmmod nvidia\nrmmod: ERROR: Module nvidia is in use\n\n",
+                               mono_ns=80 * S, wall_ns=80 * S)
+    assert diagnosis.last_meaningful(log.object["lines"]) == "rmmod: ERROR: Module nvidia is in use"
     shifted = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns) for r in [*looping, log]]
     records = states([(2, "upgrade-required"), (4, "cordon-required"), (6, "pod-restart-required")], name=NODE)
     verdict = check_rollout(run(records + shifted, pool_nodes=(NODE,)), Settings())
@@ -202,7 +203,7 @@ def test_a_log_tail_is_kept_as_plain_lines_without_credentials() -> None:
     cause = stall.terminal(looping, [NODE], since_wall_ns=0)
     text = ("pulling https://robot:s3cret@registry.example/driver\nAuthorization: Bearer eyJh.abc\n"
             "\x1b[31mlogin password=hunter2\x1b[0m\r\n::error::forged\rannotation\n")
-    lines = stall.log_record(cause, text, mono_ns=S, wall_ns=S).object["lines"]
+    lines = diagnosis.log_record(cause, text, mono_ns=S, wall_ns=S).object["lines"]
     assert lines == ["pulling https://***@registry.example/driver", "Authorization: Bearer ***",
                      "login password=***", "::error::forged", "annotation"]
 
@@ -230,7 +231,7 @@ def budget(at_s: float, allowed: int, *, selector: dict | None = None) -> Record
 def test_a_budget_that_refuses_the_drain_is_named_and_terminal_at_the_drains_timeout() -> None:
     records = [budget(0, 0), tenant_pod(1), state(10, "cordon-required"), state(20, "drain-required"), budget(100, 0)]
     [cause] = stall.causes(records, NODE, since_wall_ns=5 * S, policy={"drain": {"timeoutSeconds": 120}})
-    assert cause.what == "pod team-a/trainer-0" and cause.reason == stall.EVICTION_REFUSED
+    assert cause.what == "pod team-a/trainer-0" and cause.reason == EVICTION_REFUSED
     assert cause.message == ("drain cannot evict it: PodDisruptionBudget team-a/trainer allows 0 disruptions "
                              "(1 healthy, 1 required)")
     assert cause.since_wall_ns == 20 * S and cause.terminal_wall_ns is None
@@ -294,27 +295,27 @@ def ready_driver(at_s: float) -> Record:
 
 def test_an_operand_blocked_behind_the_driver_waits_for_the_driver_then_is_terminal() -> None:
     records = [operand_pod(10), driver_pod(10, containers=[waiting("ContainerCreating")]), operand_pod(300)]
-    [cause] = [c for c in stall.causes(records, NODE, since_wall_ns=0) if c.reason == stall.OPERAND_BLOCKED]
+    [cause] = [c for c in stall.causes(records, NODE, since_wall_ns=0) if c.reason == OPERAND_BLOCKED]
     assert cause.terminal_wall_ns is None            # the driver is not there yet: the driver is the one to watch
     assert cause.message == "Init:0/1, in init container driver-validation (the driver is not ready)"
     records += [ready_driver(320), operand_pod(400)]
     assert stall.terminal(records, [NODE], since_wall_ns=0) is None
     stuck = stall.terminal([*records, operand_pod(500)], [NODE], since_wall_ns=0)
-    assert stuck.reason == stall.OPERAND_BLOCKED and stuck.terminal_wall_ns == 500 * S
+    assert stuck.reason == OPERAND_BLOCKED and stuck.terminal_wall_ns == 500 * S
     assert stall.causes([*records, operand_pod(450, holding=False)], NODE, since_wall_ns=0) == []
 
 
 def test_an_operand_blocked_behind_a_ready_driver_is_quoted_by_what_its_check_said_before_the_retry() -> None:
     stuck = stall.terminal([operand_pod(10), ready_driver(20), operand_pod(200)], [NODE], since_wall_ns=0)
     assert stuck.container == "driver-validation" and "(the driver pod is Ready)" in stuck.message, stuck
-    log = stall.log_record(stuck, "Attempting to validate a driver container installation\n"
-                                  "Failed to initialize NVML: Driver/library version mismatch\n"
-                                  "failed to validate the driver, retrying after 5 seconds\n"
-                                  "Attempting to validate a driver container installation\n",
-                           mono_ns=201 * S, wall_ns=201 * S)
-    assert stall.last_meaningful(log.object["lines"]) == "Failed to initialize NVML: Driver/library version mismatch"
-    assert stall.last_meaningful(["waiting", "retrying after 5 seconds"]) == "waiting"
-    assert stall.last_meaningful(["command failed, retrying after 5 seconds"]) == \
+    log = diagnosis.log_record(stuck, "Attempting to validate a driver container installation\n"
+                                      "Failed to initialize NVML: Driver/library version mismatch\n"
+                                      "failed to validate the driver, retrying after 5 seconds\n"
+                                      "Attempting to validate a driver container installation\n",
+                               mono_ns=201 * S, wall_ns=201 * S)
+    assert diagnosis.last_meaningful(log.object["lines"]) == "Failed to initialize NVML: Driver/library version mismatch"
+    assert diagnosis.last_meaningful(["waiting", "retrying after 5 seconds"]) == "waiting"
+    assert diagnosis.last_meaningful(["command failed, retrying after 5 seconds"]) == \
         "command failed, retrying after 5 seconds"           # nothing said before it: the retry is all there is
 
 
@@ -322,10 +323,10 @@ def test_an_operand_that_waits_on_after_its_driver_turned_ready_is_terminal_with
     """The operand's last record says the driver was not ready; the driver's Ready starts its time all the same."""
     records = [operand_pod(70), ready_driver(90)]
     [cause] = [c for c in stall.causes(records, NODE, since_wall_ns=0, now_wall_ns=150 * S)
-               if c.reason == stall.OPERAND_BLOCKED]
+               if c.reason == OPERAND_BLOCKED]
     assert cause.message.endswith("(the driver pod is Ready)") and cause.terminal_wall_ns is None, cause
     stuck = stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=271 * S)
-    assert stuck.reason == stall.OPERAND_BLOCKED and stuck.terminal_wall_ns == 270 * S, stuck
+    assert stuck.reason == OPERAND_BLOCKED and stuck.terminal_wall_ns == 270 * S, stuck
 
 
 def test_of_operands_blocked_at_once_the_one_the_others_wait_on_is_named() -> None:
@@ -443,16 +444,16 @@ def hanging(at_s: float, started: bool = False) -> Record:
 
 
 def said(at_s: float, text: str) -> Record:
-    cause = stall.Cause(NODE, "driver pod", stall.NOT_STARTED, "", 0, None, "gpu-operator",
-                        "nvidia-driver-daemonset-abc", "nvidia-driver-ctr")
-    return stall.log_record(cause, text, mono_ns=int(at_s * S), wall_ns=int(at_s * S))
+    cause = Cause(NODE, "driver pod", NOT_STARTED, "", 0, None, "gpu-operator",
+                  "nvidia-driver-daemonset-abc", "nvidia-driver-ctr")
+    return diagnosis.log_record(cause, text, mono_ns=int(at_s * S), wall_ns=int(at_s * S))
 
 
 def test_a_driver_container_that_hangs_before_its_startup_probe_passes_is_terminal_when_quiet() -> None:
     records = [hanging(40), said(41, "Installing NVIDIA driver kernel modules...")]
     assert stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=220 * S) is None    # quiet 179 s
     cause = stall.terminal(records, [NODE], since_wall_ns=0, now_wall_ns=230 * S)
-    assert cause.reason == stall.NOT_STARTED and cause.terminal_wall_ns == 221 * S
+    assert cause.reason == NOT_STARTED and cause.terminal_wall_ns == 221 * S
     assert cause.line(40) == (f"driver pod gpu-operator/nvidia-driver-daemonset-abc, container nvidia-driver-ctr on "
                               f"{NODE}: NotStarted since +40 s: running, its startup probe has not passed")
     assert stall.terminal([hanging(40)], [NODE], since_wall_ns=0, now_wall_ns=220 * S).terminal_wall_ns == 220 * S
@@ -491,17 +492,17 @@ def no_sandbox(at_s: float, ready: str = "False") -> Record:
 
 def test_a_pod_whose_sandbox_never_comes_is_terminal_after_the_stall_time_in_the_kubelets_words() -> None:
     cause = stall.causes([no_sandbox(10)], NODE, since_wall_ns=0)[0]
-    assert cause.reason == stall.SANDBOX_NOT_READY and cause.terminal_wall_ns is None
+    assert cause.reason == SANDBOX_NOT_READY and cause.terminal_wall_ns is None
     assert "a volume not mounted, or a runtime or network that refuses it" in cause.message
     event = {"type": "Warning", "reason": "FailedMount",
              "message": 'MountVolume.SetUp failed for volume "config" : configmap "kernel-module-params" not found'}
-    said = stall.warning_record(cause, event, mono_ns=50 * S, wall_ns=50 * S)
+    said = diagnosis.warning_record(cause, event, mono_ns=50 * S, wall_ns=50 * S)
     records = [no_sandbox(10), said, no_sandbox(200)]
     stuck = stall.terminal(records, [NODE], since_wall_ns=0)
     assert stuck is not None and stuck.terminal_wall_ns == 190 * S, stuck
     assert stuck.message == 'FailedMount: MountVolume.SetUp failed for volume "config" : configmap ' \
                             '"kernel-module-params" not found'
-    assert stall.last_warning(records, cause) == stuck.message
+    assert diagnosis.last_warning(records, cause) == stuck.message
 
 
 def test_a_sandbox_that_comes_late_is_never_terminal() -> None:

@@ -24,8 +24,9 @@ from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from pytest_gpucanary.shipped import FIXTURES
 from pytest_gpucanary.sweep.inventory import load_inventory
 from pytest_gpucanary.widen import plan, receipt, state
-from pytest_gpucanary.widen.rollout import Refused, WidenOptions, release_hold, widen
-from pytest_gpucanary.widen.rollout import read as rollout_read
+from pytest_gpucanary.widen.change import release_hold
+from pytest_gpucanary.widen.record import read as rollout_read
+from pytest_gpucanary.widen.rollout import Refused, WidenOptions, widen
 from pytest_gpucanary.widen.slo import Slo, SloLook
 from pytest_gpucanary.widen.state import Disruption, Sweep, Wave
 from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, judge
@@ -327,7 +328,7 @@ def test_an_unfinished_sweep_of_the_same_change_is_refused_before_any_write() ->
     upgrade.hold_back(fake, fake.get("v1", "Node", "gpu-2"), applied, "widen-0a1b2c3d")
     halted = sweep_of("passed", "failed", "pending")
     halted.key = VerdictKey.of(POLICY, NEW, None)
-    from pytest_gpucanary.widen.rollout import save
+    from pytest_gpucanary.widen.record import save
 
     save(fake, halted)
     writes = len(fake.writes)
@@ -569,7 +570,7 @@ def test_a_failed_wave_is_never_resumed_and_a_rolled_back_sweep_neither() -> Non
     record_verdict(fake)
     halted = sweep_of("passed", "failed", "pending")
     halted.key, halted.status = VerdictKey.of(POLICY, NEW, None), "running"    # killed while it rolled back
-    from pytest_gpucanary.widen.rollout import save
+    from pytest_gpucanary.widen.record import save
 
     save(fake, halted)
     resume = WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1"), resume=True)
@@ -584,7 +585,7 @@ def test_a_failed_wave_is_never_resumed_and_a_rolled_back_sweep_neither() -> Non
 
 
 def test_a_new_sweep_replaces_the_record_of_a_finished_one_and_never_a_running_ones() -> None:
-    from pytest_gpucanary.widen.rollout import save
+    from pytest_gpucanary.widen.record import save
 
     fake = FakeKube()
     fleet(fake)
@@ -601,19 +602,19 @@ def test_a_new_sweep_replaces_the_record_of_a_finished_one_and_never_a_running_o
 def test_an_nvidiadriver_an_administrator_did_not_mark_for_widen_is_refused_in_one_line() -> None:
     from pytest_gpucanary.cluster import ClusterInfo
     from pytest_gpucanary.gpu_operator import NVIDIADRIVER
-    from pytest_gpucanary.widen.rollout import WIDEN_ELIGIBLE_LABEL, _target
+    from pytest_gpucanary.widen.scope import WIDEN_ELIGIBLE_LABEL, target
 
     fake = FakeKube()
     fake.create({"apiVersion": NVIDIADRIVER[0], "kind": NVIDIADRIVER[1], "metadata": {"name": "fleet"},
                  "spec": {"version": OLD}})
     cluster = ClusterInfo("cluster-policy", True, True, OPERATOR_NS, ())
     with pytest.raises(ConfigError) as refused:
-        _target(fake, cluster, None, print)
+        target(fake, cluster, None, print)
     assert str(refused.value) == f"NVIDIADriver fleet is not marked for gpucanary widen (no {WIDEN_ELIGIBLE_LABEL}=true)" \
         f"; an administrator marks the NVIDIADrivers a sweep may roll out: kubectl label nvidiadriver fleet " \
         f"{WIDEN_ELIGIBLE_LABEL}=true"
     fake.patch(*NVIDIADRIVER, "fleet", {"metadata": {"labels": {WIDEN_ELIGIBLE_LABEL: "true"}}})
-    assert _target(fake, cluster, None, print) == ((*NVIDIADRIVER, "fleet"), OLD, [])
+    assert target(fake, cluster, None, print) == ((*NVIDIADRIVER, "fleet"), OLD, [])
 
 
 def test_a_resume_before_v26_7_writes_the_nvidiadrivers_version_the_killed_sweep_had_not() -> None:
@@ -623,23 +624,23 @@ def test_a_resume_before_v26_7_writes_the_nvidiadrivers_version_the_killed_sweep
 
     from pytest_gpucanary.canary.cleanup import leftovers
     from pytest_gpucanary.gpu_operator import NVIDIADRIVER
-    from pytest_gpucanary.widen.rollout import _applied, _apply
+    from pytest_gpucanary.widen.change import applied, apply
 
     fake = FakeKube()
     cluster, _ = nvidiadriver_cluster(fake, per_driver_policy=False)
     before = {key: content(obj) for key, obj in fake.objects().items()}
     sweep = Sweep("widen-0a1b2c3d", VerdictKey.of(POLICY, NEW, None), (*NVIDIADRIVER, "fleet"), DRIVER_FROM, "fixed:1",
                   0.0, [Wave(nodes=["gpu-1"])], "r1")
-    killed = _applied(cluster, sweep, None)
+    killed = applied(cluster, sweep, None)
     upgrade.apply_cluster_policy(fake, cluster, {"upgradePolicy": POLICY}, killed, sweep.run_id)   # then SIGKILL
     saved = fake.get(*CLUSTER_POLICY, "cluster-policy")["metadata"]["annotations"][upgrade.SAVED_SPEC_ANNOTATION]
-    resumed = _applied(cluster, sweep, leftovers(fake, [], only=sweep.run_id)[sweep.run_id])
+    resumed = applied(cluster, sweep, leftovers(fake, [], only=sweep.run_id)[sweep.run_id])
     lines: list[str] = []
-    _apply(fake, cluster, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1")), sweep, resumed, lines.append)
+    apply(fake, cluster, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1")), sweep, resumed, lines.append)
     assert fake.get(*NVIDIADRIVER, "fleet")["spec"]["version"] == NEW
     assert fake.get(*CLUSTER_POLICY, "cluster-policy")["metadata"]["annotations"][upgrade.SAVED_SPEC_ANNOTATION] == saved
     assert lines == [f"widen: 1 nodes held on driver {DRIVER_FROM}; wrote NVIDIADriver fleet: version"]
-    _apply(fake, cluster, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1")), sweep, resumed, lines.append)
+    apply(fake, cluster, WidenOptions(POLICY, NEW, plan.Strategy.parse("fixed:1")), sweep, resumed, lines.append)
     assert len(lines) == 1                   # resumed again: the change is whole, nothing is written twice
     assert upgrade.saved_json(fake.get(*NVIDIADRIVER, "fleet"), upgrade.SAVED_SPEC_ANNOTATION)["spec"] == {
         "version": DRIVER_FROM}
