@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pytest_gpucanary.canary.outcome import RunOutcome
     from pytest_gpucanary.canary.pool import PoolProvider
     from pytest_gpucanary.kube import Kube
+    from pytest_gpucanary.policy.model import UpgradePolicy
     from pytest_gpucanary.target import TestBed
 
 pytest_plugins = ["pytest_gpucanary.sweep.fixtures"]
@@ -73,6 +74,7 @@ class GpucanarySession:
         self._settings: Settings | None = None
         self.outcome: RunOutcome | None = None
         self.error: GpucanaryError | None = None
+        self.inputs: UpgradePolicy | None = None  # the policy, read and checked at collection
         self.run_properties_recorded = False
 
     @property
@@ -109,7 +111,7 @@ class GpucanarySession:
         bed = None if settings.kubeconfig else request.getfixturevalue("gpucanary_test_bed")
         try:
             self.outcome = CanaryRun(
-                settings, kube, provider, fleet=bed, progress=ProgressLine(self.progress_writer())
+                settings, kube, provider, fleet=bed, progress=ProgressLine(self.progress_writer()), policy=self.inputs
             ).execute()
         except GpucanaryError as err:
             self.fail(err)
@@ -143,7 +145,7 @@ class GpucanarySession:
         from pytest_gpucanary.canary.run import check_inputs
 
         try:
-            check_inputs(self.settings, fleet_chart=target.chart(self.settings))
+            self.inputs = check_inputs(self.settings, fleet_chart=target.chart(self.settings))  # once per run
         except ConfigError as err:
             raise pytest.UsageError(f"gpucanary: {err}") from None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,7 @@ from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.canary.recorder import Recorder
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.ladder import WorkloadRef, timeline
+from pytest_gpucanary.ladder import RunEvidence, WorkloadRef, timeline
 from pytest_gpucanary.ladder.cause import Cause
 from pytest_gpucanary.ladder.model import CollectiveRun, MetricAnswer, Sample
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
@@ -56,6 +56,14 @@ class Measured:
     collective_note: str = ""
     blast_radius: BlastRadiusWatch | None = None  # ClusterPolicy mode: the watch beyond the pool
     stalled: Cause | None = None  # what ended the upgrade's wait before its end state
+
+
+# what goes into the run's evidence as it was measured, under the same name
+MEASURED_AS_IS = tuple(
+    f.name
+    for f in fields(Measured)
+    if f.name in {e.name for e in fields(RunEvidence)} and f.name not in ("blast_radius",)
+)
 
 
 class RunMeasures:

@@ -40,7 +40,7 @@ from pytest_gpucanary.canary.cleanup import leftovers
 from pytest_gpucanary.canary.collective import check_peer
 from pytest_gpucanary.canary.lease import RunLease
 from pytest_gpucanary.canary.load import LoadRun, check_locustfile
-from pytest_gpucanary.canary.measures import Measured, RunMeasures
+from pytest_gpucanary.canary.measures import MEASURED_AS_IS, Measured, RunMeasures
 from pytest_gpucanary.canary.outcome import RunOutcome, judge
 from pytest_gpucanary.canary.pool import PoolProvider
 from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION
@@ -133,14 +133,16 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
         *,
         progress: ProgressLine,
         fleet: LocalEndpoints | None = None,
+        policy: UpgradePolicy | None = None,
     ) -> None:
         self.settings, self.kube, self.provider, self.progress = settings, kube, provider, progress
         self.fleet = fleet  # the local fleet when it is the target: its ingress and Prometheus
+        self.policy = policy  # the inputs as checked already (by the pytest session), else checked here
 
     def execute(self) -> RunOutcome:
         settings, clock = self.settings, StepClock()
         clock.next("preflight")
-        policy = check_inputs(settings, fleet_chart=self.fleet.helm_chart if self.fleet else None)  # before any write
+        policy = self.policy or check_inputs(settings, fleet_chart=self.fleet.helm_chart if self.fleet else None)
         checked = preflight.check(
             self.kube,
             self.provider,
@@ -319,35 +321,23 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
         records = tuple(recorder.records)
         finished_wall_ns = time.time_ns()
         load_samples = self._collect_load(load, run)
+        kept_as_measured = {name: getattr(run, name) for name in MEASURED_AS_IS}
         evidence = RunEvidence(
             records=records,
             pool_nodes=pool.nodes,
             driver_from=pool.driver_from,
             driver_to=self._driver_to,
-            upgrade_started_wall_ns=run.upgrade_started_wall_ns,
-            gpu_job=run.gpu_job,
-            service=run.service,
             probes=tuple(probes.results(list(records))),
             metric_answers=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
             load_samples=load_samples,
-            upgrade_policy=run.upgrade_policy,
-            run_id=run.run_id,
             policy_path=str(settings.policy),
             finished_wall_ns=finished_wall_ns,
             ci=ci_identity(os.environ),
             gpu_job_work_s=settings.job_duration_s,
-            gpu_job_until_wall_ns=run.gpu_job_until_wall_ns,
-            exposure=run.exposure,
-            held_nodes=run.held_nodes,
-            operator_release=run.operator_release,
-            policy_applied_to=run.policy_applied_to,
-            policy_rendering=run.policy_rendering,
-            collective=tuple(run.collective),
-            collective_note=run.collective_note,
             blast_radius=tuple(run.blast_radius.breaches) if run.blast_radius else (),
             pool_setup=tuple(line for line in (pool.fence, *pool.notes) if line),
-            unproven=run.unproven,
             thresholds=settings.thresholds(),
+            **kept_as_measured,
         )
         evidence.write(report_dir)
         return judge(evidence, settings, report_dir)

@@ -90,23 +90,7 @@ class RunEvidence:
     thresholds: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        for name in (
-            "records",
-            "pool_nodes",
-            "probes",
-            "metric_answers",
-            "metric_checks",
-            "load_samples",
-            "service_phases",
-            "service_rate",
-            "exposure",
-            "held_nodes",
-            "policy_rendering",
-            "collective",
-            "blast_radius",
-            "pool_setup",
-            "unproven",
-        ):
+        for name in _TUPLES:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.load_samples and not self.service_phases:
             node = self.pool_nodes[0] if self.pool_nodes else ""
@@ -179,39 +163,19 @@ class RunEvidence:
             raise ValueError(f"not a {SCHEMA} document")
         if len(records) < doc["timeline_records"]:
             raise ValueError(f"the timeline holds {len(records)} records, the evidence {doc['timeline_records']}")
-        return cls(
-            records=records[: doc["timeline_records"]],
-            pool_nodes=tuple(doc["pool_nodes"]),
-            driver_from=doc["driver_from"],
-            driver_to=doc["driver_to"],
-            upgrade_started_wall_ns=doc["upgrade_started_wall_ns"],
-            gpu_job=WorkloadRef(**doc["gpu_job"]),
-            service=WorkloadRef(**doc["service"]),
-            probes=tuple(ProbeSeen(**p) for p in doc["probes"]),
-            metric_answers=tuple(MetricAnswer(**a) for a in doc.get("metric_answers", ())),
-            metric_checks=tuple(MetricCheck(**m) for m in doc["metric_checks"]),
-            load_samples=samples,
-            service_phases=() if samples else tuple(PhaseStats(**s) for s in doc["service_phases"]),
-            service_rate=() if samples else tuple(RatePoint(**r) for r in doc["service_rate"]),
-            upgrade_policy=doc["upgrade_policy"],
-            run_id=doc["run_id"],
-            policy_path=doc["policy_path"],
-            finished_wall_ns=doc["finished_wall_ns"],
-            ci=doc["ci"],
-            gpu_job_work_s=doc.get("gpu_job_work_s", 0.0),
-            gpu_job_until_wall_ns=doc.get("gpu_job_until_wall_ns", 0),
-            exposure=tuple(doc.get("exposure", ())),
-            held_nodes=tuple(doc.get("held_nodes", ())),
-            operator_release=doc.get("operator_release", ""),
-            policy_applied_to=doc.get("policy_applied_to", ""),
-            policy_rendering=tuple(doc.get("policy_rendering", ())),
-            collective=tuple(CollectiveRun(**c) for c in doc.get("collective", ())),
-            collective_note=doc.get("collective_note", ""),
-            blast_radius=tuple(doc.get("blast_radius", ())),
-            pool_setup=tuple(doc.get("pool_setup", ())),
-            unproven=tuple(doc.get("unproven", ())),
-            thresholds=doc.get("thresholds", {}),
-        )
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in _APART or f.name not in doc:
+                continue  # a field newer than the document keeps its default; one without is a KeyError below
+            raw, nested = doc[f.name], _NESTED.get(f.name)
+            if nested is None:
+                values[f.name] = raw
+            else:
+                values[f.name] = tuple(nested(**item) for item in raw) if isinstance(raw, list) else nested(**raw)
+        if samples:  # cut again from the samples
+            values.pop("service_phases", None)
+            values.pop("service_rate", None)
+        return cls(records=records[: doc["timeline_records"]], load_samples=samples, **values)
 
     def write(self, report_dir: Path) -> Path:
         """The evidence and its load samples beside its timeline (the recorder wrote timeline.jsonl as the run
@@ -240,3 +204,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return dict(value)
     raise TypeError(f"cannot write {type(value).__name__} into the evidence")
+
+
+# the fields that hold records of their own in evidence.json, and of which type
+_NESTED: dict[str, Any] = {
+    "gpu_job": WorkloadRef,
+    "service": WorkloadRef,
+    "probes": ProbeSeen,
+    "metric_answers": MetricAnswer,
+    "metric_checks": MetricCheck,
+    "service_phases": PhaseStats,
+    "service_rate": RatePoint,
+    "collective": CollectiveRun,
+}
+# the fields kept as tuples whatever sequence they are given
+_TUPLES = tuple(f.name for f in dataclasses.fields(RunEvidence) if str(f.type).startswith("tuple["))
