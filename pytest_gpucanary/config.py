@@ -132,7 +132,7 @@ class Settings:
     upgrade_budget_s: float = knob(
         1200.0, "Time budget for the pool to reach upgrade-done", check=positive, threshold=True
     )
-    # pull failures and crash loops are called by the kubelet's retries (ladder/stall.py), the rest by this
+    # pull failures and crash loops are called by the kubelet's retries (ladder/cause.py), the rest by this
     stall_s: float = knob(
         180.0,
         "How long a stuck pool node state may last before the run calls it, not waiting "

@@ -10,8 +10,8 @@ change is. Every write is one of
 - a create of an object that carries the run id label at birth (the Lease's namespace and Lease, the
   pool's nodes and NVIDIADriver, the workload namespace; everything else lives in that namespace);
 - a patch that saves the prior value in an annotation naming the run id, strictly before the patch
-  that changes the value (`policy.apply._save_and_patch`), or one patch doing both at once
-  (`existing_node._mark`, `policy.apply.hold_back`);
+  that changes the value (`canary.apply._save_and_patch`), or one patch doing both at once
+  (`existing_node._mark`, `canary.apply.hold_back`);
 - an undo, each one patch that puts the saved value back and drops its annotation in the same write,
   or a delete of an object found by its label; the Lease's namespace goes last;
 - after the restore, the verdict (`publish.record`): a create or a conditional patch of the ConfigMap

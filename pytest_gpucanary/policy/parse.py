@@ -2,8 +2,8 @@
 frozen `UpgradePolicy` in the CR's shape, and refuse the documents the operator would mishandle.
 The record and the checks of its values are in `policy.model`; this module reads the documents.
 
-Pure: takes text and returns records. Never imports `kubernetes` or `kube.py`; writing the policy
-into the cluster belongs to `policy.apply`, which takes `UpgradePolicy.to_cr()`. The lint of legal
+Pure: takes text and returns records. Never imports `kubernetes` or `kube`; writing the policy
+into the cluster belongs to `canary.apply`, which takes `UpgradePolicy.to_cr()`. The lint of legal
 but risky policies is in `policy.lint`. Every fault is a one-line `ConfigError` naming the
 document path (`spec.driver.upgradePolicy.drain.timeoutSeconds`) and what to write instead.
 Helm values are never read by imitating the chart: the values file is checked for what it says,

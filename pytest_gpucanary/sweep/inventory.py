@@ -1,7 +1,7 @@
 """Sweep inputs: a YAML inventory file, or plain node/pod dicts already fetched from a cluster.
 
 Pure: `fleet_from_cluster` receives dicts (as `kubectl get -o json` or the client's `to_dict()`
-gives them, camelCase or snake_case keys) and never calls the API; the fetch belongs to `kube.py`.
+gives them, camelCase or snake_case keys) and never calls the API; the fetch belongs to `kube`.
 Bad input is a ConfigError naming the file or object and the field.
 
 Where node versions come from (first present wins):

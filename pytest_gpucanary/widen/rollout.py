@@ -1,6 +1,6 @@
 """The sweep: hold every node the change reaches, write the change, release and judge one wave at a time.
 
-Containment is the canary run's (policy/apply.py): the holds and the change go through the same writes, each
+Containment is the canary run's (canary/apply.py): the holds and the change go through the same writes, each
 conditional on what was read, each undo saved on the object it undoes under the sweep's run id, and a Lease
 says the sweep lives. A failed wave halts with every later node held; `--rollback` then restores the policy
 object (the failed wave's nodes go back to the old driver under the operator's own policy) and releases
