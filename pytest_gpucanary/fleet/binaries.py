@@ -3,7 +3,6 @@ builds (built on first use by ci/build.sh and ci/build-operator.sh <release>).""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -12,36 +11,39 @@ from pathlib import Path
 
 from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.fleet.layout import FleetSettings
 
 CI_DIR = Path(__file__).resolve().parents[2] / "ci"
 
 
 @dataclass(frozen=True)
 class Build:
-    env_var: str
+    setting: str  # the FleetSettings field naming a prebuilt directory instead
     script: str
     required: tuple[str, ...]
 
+    @property
+    def env_var(self) -> str:
+        return "GPUCANARY_" + self.setting.upper()
+
 
 CONTROL_PLANE = Build(
-    "GPUCANARY_BIN_DIR",
+    "bin_dir",
     "build.sh",
     ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"),
 )
-GPU_OPERATOR = Build("GPUCANARY_OPERATOR_BIN_DIR", "build-operator.sh", ("gpu-operator", "paths.env"))
+GPU_OPERATOR = Build("operator_bin_dir", "build-operator.sh", ("gpu-operator", "paths.env"))
 # the kubelet node's libnvidia-ml stand-in, and the client that asks it through NVIDIA's Go bindings
-NVML_SHIM = Build("GPUCANARY_NVML_SHIM_DIR", "build-nvml-shim.sh", ("libnvidia-ml.so.1", "nvml-check"))
+NVML_SHIM = Build("nvml_shim_dir", "build-nvml-shim.sh", ("libnvidia-ml.so.1", "nvml-check"))
 # NVIDIA's k8s-device-plugin and GFD, unmodified, which a kubelet pool node runs over that stand-in
 # NFD's nfd-master, which labels a kubelet pool node from GFD's NodeFeature
-NFD_MASTER = Build("GPUCANARY_NFD_MASTER_DIR", "build-nfd-master.sh", ("nfd-master", "nfd-api-crds.yaml"))
-DEVICE_PLUGIN = Build(
-    "GPUCANARY_DEVICE_PLUGIN_DIR", "build-device-plugin.sh", ("nvidia-device-plugin", "gpu-feature-discovery")
-)
+NFD_MASTER = Build("nfd_master_dir", "build-nfd-master.sh", ("nfd-master", "nfd-api-crds.yaml"))
+DEVICE_PLUGIN = Build("device_plugin_dir", "build-device-plugin.sh", ("nvidia-device-plugin", "gpu-feature-discovery"))
 
 
 def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> Path:
     """`args` go to the build script (the operator's: the release to build)."""
-    explicit = os.environ.get(build.env_var)
+    explicit = getattr(FleetSettings.from_env(), build.setting)
     script = CI_DIR / build.script
     if explicit:
         bin_dir = Path(explicit)

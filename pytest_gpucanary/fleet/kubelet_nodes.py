@@ -37,7 +37,7 @@ from pytest_gpucanary.fleet.layout import FleetLayout
 Progress = Callable[[str], None]
 Kubectl = Callable[..., str]
 KUBELET_NODE_BUILD = Build(
-    "GPUCANARY_KUBELET_BIN_DIR",
+    "kubelet_bin_dir",
     "build-kubelet.sh",
     ("kubelet", "pause", "gpucanary-netns", "allreduce", "driver-manager", "nvidia-container-runtime"),
 )

@@ -108,6 +108,22 @@ class FleetSettings:
         None, "The fleet's NVIDIADriver is the default one (default: on v26.7)", env_only=True
     )
 
+    # prebuilt binaries instead of the cached builds of ci/build*.sh (an operator directory must hold the release)
+    bin_dir: Path | None = knob(None, "Prebuilt control plane binaries instead of ci/build.sh's", env_only=True)
+    operator_bin_dir: Path | None = knob(
+        None, "A prebuilt GPU Operator of the chosen release instead of ci/build-operator.sh's", env_only=True
+    )
+    kubelet_bin_dir: Path | None = knob(
+        None, "Prebuilt kubelet node binaries instead of ci/build-kubelet.sh's", env_only=True
+    )
+    nvml_shim_dir: Path | None = knob(
+        None, "A prebuilt NVML stand-in instead of ci/build-nvml-shim.sh's", env_only=True
+    )
+    nfd_master_dir: Path | None = knob(None, "A prebuilt nfd-master instead of ci/build-nfd-master.sh's", env_only=True)
+    device_plugin_dir: Path | None = knob(
+        None, "A prebuilt NVIDIA device plugin and GFD instead of ci/build-device-plugin.sh's", env_only=True
+    )
+
     def __post_init__(self) -> None:
         check_all(self, FLEET_KNOBS)
 
