@@ -28,7 +28,7 @@ from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.safe_text import redact_url
 
 if TYPE_CHECKING:
-    from pytest_gpucanary.canary.run import LocalEndpoints
+    from pytest_gpucanary.target import TestBed
 
 WARM_UP_REQUESTS = 20
 
@@ -72,7 +72,7 @@ class RunMeasures:
     settings: Settings
     kube: Kube
     progress: ProgressLine
-    fleet: LocalEndpoints | None
+    fleet: TestBed | None
 
     @property
     def _driver_to(self) -> str:

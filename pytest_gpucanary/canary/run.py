@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.canary import apply as upgrade
@@ -66,15 +66,8 @@ from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.receipt.verdict import Verdict
 from pytest_gpucanary.safe_text import redact_url
 
-
-class LocalEndpoints(Protocol):
-    """What the run asks of a local test bed when it is the target (the fleet's ingress and Prometheus)."""
-
-    prometheus_url: str
-
-    def service_url(self, namespace: str, name: str) -> str: ...
-
-    def helm_chart(self) -> Path: ...
+if TYPE_CHECKING:
+    from pytest_gpucanary.target import TestBed
 
 
 NAMESPACE_GONE_TIMEOUT_S = 180
@@ -132,7 +125,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
         provider: PoolProvider,
         *,
         progress: ProgressLine,
-        fleet: LocalEndpoints | None = None,
+        fleet: TestBed | None = None,
         policy: UpgradePolicy | None = None,
     ) -> None:
         self.settings, self.kube, self.provider, self.progress = settings, kube, provider, progress

@@ -21,7 +21,7 @@ from pytest_gpucanary.widen.state import FAILED, PASSED, PENDING, ROLLING, SOAKI
 from pytest_gpucanary.widen.watch import nodes_seen
 
 if TYPE_CHECKING:
-    from pytest_gpucanary.widen.rollout import WidenOptions
+    from pytest_gpucanary.widen.options import WidenOptions
 
 
 def applied(cluster: ClusterInfo, sweep: Sweep, left: RunLeftovers | None) -> upgrade.AppliedUpgrade:

@@ -99,7 +99,8 @@ def _cmd_widen(args: argparse.Namespace) -> ExitCode:
     from pytest_gpucanary.canary.metrics import Prometheus
     from pytest_gpucanary.policy.parse import load_policy
     from pytest_gpucanary.widen import plan, receipt
-    from pytest_gpucanary.widen.rollout import Refused, WidenOptions, widen
+    from pytest_gpucanary.widen.options import WidenOptions
+    from pytest_gpucanary.widen.rollout import Refused, widen
     from pytest_gpucanary.widen.slo import Slo
 
     settings, policy_path, driver_to = change_settings(args, "a sweep rolls out one policy and one target driver")

@@ -13,44 +13,27 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary import lease, publish
 from pytest_gpucanary.canary.cleanup import RunLeftovers, leftovers
-from pytest_gpucanary.canary.metrics import MetricsError, Prometheus
+from pytest_gpucanary.canary.metrics import MetricsError
 from pytest_gpucanary.cluster import ClusterInfo, discover, operator_release
-from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import ConfigError, EnvError, GpucanaryError
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.receipt.verdict import VerdictKey
 from pytest_gpucanary.widen import change, plan, scope, state
 from pytest_gpucanary.widen.change import release_hold
+from pytest_gpucanary.widen.options import WidenOptions
 from pytest_gpucanary.widen.probes import StartProbes
 from pytest_gpucanary.widen.record import read, save
-from pytest_gpucanary.widen.slo import Slo, SloLook
+from pytest_gpucanary.widen.slo import SloLook
 from pytest_gpucanary.widen.state import FAILED, PASSED, PENDING, ROLLING, SOAKING, Sweep, Wave
 from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, wait_and_judge
 
 
 class Refused(GpucanaryError):
     """The verdict does not let the rollout start: exit 1, nothing written."""
-
-
-@dataclass(frozen=True)
-class WidenOptions:
-    upgrade_policy: dict
-    target: str
-    strategy: plan.Strategy
-    soak_s: float = 300.0
-    wave_budget_s: float = 1800.0
-    max_age_s: float = 24 * 3600.0
-    nvidiadriver: str | None = None
-    resume: bool = False
-    rollback: bool = False
-    settings: Settings = Settings()
-    slos: tuple[Slo, ...] = ()
-    prometheus: Prometheus | None = None  # where the SLOs are read
 
 
 def widen(

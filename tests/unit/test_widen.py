@@ -26,7 +26,8 @@ from pytest_gpucanary.sweep.inventory import load_inventory
 from pytest_gpucanary.widen import plan, receipt, state
 from pytest_gpucanary.widen.change import release_hold
 from pytest_gpucanary.widen.record import read as rollout_read
-from pytest_gpucanary.widen.rollout import Refused, WidenOptions, widen
+from pytest_gpucanary.widen.options import WidenOptions
+from pytest_gpucanary.widen.rollout import Refused, widen
 from pytest_gpucanary.widen.slo import Slo, SloLook
 from pytest_gpucanary.widen.state import Disruption, Sweep, Wave
 from pytest_gpucanary.widen.watch import NodeSeen, PodWatch, judge
