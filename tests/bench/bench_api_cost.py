@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the test
 from testbed.audit import AuditRecord, RunScope, Scope
 from testbed.audit_run import CanaryResult, run_canary
 from pytest_gpucanary.shipped import FIXTURES
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05",
         "--gpucanary-probe-interval-s=10",
@@ -139,4 +140,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with figures.recorded(__file__):
+        main(sys.argv[1:])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pytest_gpucanary.fleet import Fleet, processes
 from pytest_gpucanary.fleet.layout import FleetLayout
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 
 def rss_kib(pid: int) -> int:
@@ -51,4 +52,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with figures.recorded(__file__):
+        main(sys.argv[1:])

@@ -33,6 +33,7 @@ from pytest_gpucanary.kube import Kube
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_api_cost import ARGS  # noqa: E402  (same run as P2)
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 NAMESPACE = "bench-background"
 DEPLOYMENTS = 20
@@ -160,4 +161,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with figures.recorded(__file__):
+        main(sys.argv[1:])

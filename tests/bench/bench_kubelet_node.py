@@ -21,6 +21,7 @@ from pytest_gpucanary.fleet import Fleet, processes
 from pytest_gpucanary.fleet.kubelet_node import TAINT_KEY, node_name
 from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes, namespace_members
 from pytest_gpucanary.kube import Kube
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 NODE = node_name(0)
 
@@ -116,4 +117,5 @@ def main(n: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    with figures.recorded(__file__):
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.timeline import upgrade_cycle
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 STEPS = ("preflight", "pool", "workloads", "baseline", "upgrade", "settle", "evaluate", "restore")
 
@@ -41,4 +42,5 @@ def main(dirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with figures.recorded(__file__):
+        main(sys.argv[1:])

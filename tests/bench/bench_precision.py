@@ -28,6 +28,7 @@ from testbed.audit import read_log
 from testbed.audit_run import run_canary
 from pytest_gpucanary.ladder.model import summarize
 from pytest_gpucanary.shipped import FIXTURES
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 
 def server_times(records: list, job: str) -> tuple[float | None, float | None, float | None]:
@@ -79,4 +80,5 @@ def main(interval_s: str = "5") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    with figures.recorded(__file__):
+        main(*sys.argv[1:])

@@ -23,6 +23,7 @@ from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.rollout import stall_of
 from pytest_gpucanary.ladder.timeline import upgrade_cycle
 from pytest_gpucanary.receipt import FILES
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 BEFORE_UPGRADE = ("preflight", "pool", "workloads", "baseline")
 
@@ -55,4 +56,5 @@ def main(dirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with figures.recorded(__file__):
+        main(sys.argv[1:])

@@ -19,6 +19,7 @@ import time
 
 from pytest_gpucanary.sweep.model import Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
 from pytest_gpucanary.sweep.plan import plan_sweep
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 SHARES_PER_NODE = 32
 WORKLOADS_PER_NODE = 20
@@ -81,4 +82,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with figures.recorded(__file__):
+        sys.exit(main())

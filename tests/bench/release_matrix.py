@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import upgrade_transitions
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 MODULES = ("tests/e2e/test_operator_upgrades.py", "tests/e2e/test_clusterpolicy_mode.py",
            "tests/e2e/test_fleet_releases.py")
@@ -84,4 +85,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    with figures.recorded(__file__):
+        sys.exit(main(sys.argv[1:]))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pytest_gpucanary.canary import recorder
 from pytest_gpucanary.ladder import timeline
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 def durations(path: Path) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per state, the seconds each upgrade cycle spent in it; per terminal state, each cycle's whole time."""
@@ -58,4 +59,5 @@ def table(per_state: dict[str, list[float]]) -> str:
 
 
 if __name__ == "__main__":
-    print(table(collect([Path(p) for p in sys.argv[1:]])))
+    with figures.recorded(__file__):
+        print(table(collect([Path(p) for p in sys.argv[1:]])))
