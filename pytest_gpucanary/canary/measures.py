@@ -9,7 +9,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.canary import metrics, workloads
@@ -26,9 +26,6 @@ from pytest_gpucanary.ladder.model import CollectiveRun, MetricAnswer, Sample
 from pytest_gpucanary.ladder.network import NO_NETWORKING, networking_on
 from pytest_gpucanary.progress import ProgressLine
 from pytest_gpucanary.safe_text import redact_url
-
-if TYPE_CHECKING:
-    from pytest_gpucanary.target import TestBed
 
 WARM_UP_REQUESTS = 20
 
@@ -58,6 +55,18 @@ class Measured:
     stalled: Cause | None = None  # what ended the upgrade's wait before its end state
 
 
+class LocalEndpoints(Protocol):
+    """What the run asks of a local test bed when it is the target (its ingress, Prometheus and chart); a
+    `target.TestBed` is one."""
+
+    @property
+    def prometheus_url(self) -> str: ...
+
+    def service_url(self, namespace: str, name: str) -> str: ...
+
+    def helm_chart(self) -> Path: ...
+
+
 # what goes into the run's evidence as it was measured, under the same name
 MEASURED_AS_IS = tuple(
     f.name
@@ -72,7 +81,7 @@ class RunMeasures:
     settings: Settings
     kube: Kube
     progress: ProgressLine
-    fleet: TestBed | None
+    fleet: LocalEndpoints | None
 
     @property
     def _driver_to(self) -> str:

@@ -30,7 +30,6 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.canary import apply as upgrade
@@ -40,7 +39,7 @@ from pytest_gpucanary.canary.cleanup import leftovers
 from pytest_gpucanary.canary.collective import check_peer
 from pytest_gpucanary.canary.lease import RunLease
 from pytest_gpucanary.canary.load import LoadRun, check_locustfile
-from pytest_gpucanary.canary.measures import MEASURED_AS_IS, Measured, RunMeasures
+from pytest_gpucanary.canary.measures import MEASURED_AS_IS, LocalEndpoints, Measured, RunMeasures
 from pytest_gpucanary.canary.outcome import RunOutcome, judge
 from pytest_gpucanary.canary.pool import PoolProvider
 from pytest_gpucanary.canary.pool.restore import SAVED_STATE_ANNOTATION
@@ -65,10 +64,6 @@ from pytest_gpucanary.progress import STEPS_FILE, ProgressLine, StepClock
 from pytest_gpucanary.receipt.ci import ci_identity
 from pytest_gpucanary.receipt.verdict import Verdict
 from pytest_gpucanary.safe_text import redact_url
-
-if TYPE_CHECKING:
-    from pytest_gpucanary.target import TestBed
-
 
 NAMESPACE_GONE_TIMEOUT_S = 180
 
@@ -125,7 +120,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
         provider: PoolProvider,
         *,
         progress: ProgressLine,
-        fleet: TestBed | None = None,
+        fleet: LocalEndpoints | None = None,
         policy: UpgradePolicy | None = None,
     ) -> None:
         self.settings, self.kube, self.provider, self.progress = settings, kube, provider, progress

@@ -1,1 +1,2 @@
-"""Upgrade policies: parse and validate (`parse`), lint and diff (`lint`), apply to a pool and restore (`apply`)."""
+"""Upgrade policies as data: read and checked (`parse`, `model`), rendered from Helm values (`helm`, `render`),
+linted (`lint`) and compared (`diff`). Applying one to a pool is the canary run's (`canary.apply`)."""
