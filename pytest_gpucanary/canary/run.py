@@ -58,6 +58,7 @@ from pytest_gpucanary.ladder import (
     RunEvidence,
     stall,
 )
+from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.policy.helm import HelmChart
 from pytest_gpucanary.policy.model import UpgradePolicy
 from pytest_gpucanary.policy.parse import load_policy
@@ -327,7 +328,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
             upgrade_started_wall_ns=run.upgrade_started_wall_ns,
             gpu_job=run.gpu_job,
             service=run.service,
-            probes=tuple(probes.results(list(records))),
+            probes=tuple(probes.results(TimelineIndex(records))),
             metric_answers=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
             load_samples=load_samples,
             upgrade_policy=run.upgrade_policy,
