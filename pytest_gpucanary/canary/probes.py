@@ -14,9 +14,8 @@ from pathlib import Path
 from pytest_gpucanary.canary.workloads import Placement, probe
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.ladder import jobs
+from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.ladder.model import ProbeSeen
-from pytest_gpucanary.ladder.timeline import Record
 
 
 class ProbeLoop:
@@ -64,7 +63,5 @@ class ProbeLoop:
             seq += 1
             self._stop.wait(self.interval_s)
 
-    def results(self, records: list[Record]) -> list[ProbeSeen]:
-        return jobs.probes_seen(
-            records, dict(self.created), namespace=self.placement.namespace
-        )  # dict(): the loop adds
+    def results(self, index: TimelineIndex) -> list[ProbeSeen]:
+        return index.probes_seen(dict(self.created), namespace=self.placement.namespace)  # dict(): the loop adds

@@ -1,6 +1,8 @@
 """Flight recorder: append-only JSONL timeline (`ladder.timeline.Record` per line) of what the watches saw.
 
-Each record is flushed as it arrives, so a crash loses at most the line being written. Consumes
+Each record is flushed as it arrives, so a crash loses at most the line being written, and filed in the
+recorder's `TimelineIndex` (`ladder.index`), which the run's waits read: a wait woken by every record looks
+up what it waits for instead of reading the timeline again. Consumes
 `Kube.watch()` events (list, then watch with resume); never polls the API. A watch that fails is
 recorded as a WATCH_ERROR and restarted after a short backoff, so a gap is visible, not silent.
 """
@@ -18,6 +20,7 @@ from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.gpu_operator import daemonset_node, gpus_requested, holds_driver
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.waits import WatchEvent
+from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.ladder.timeline import Record, load
 
 __all__ = ["Record", "Recorder", "StreamSpec", "load", "trim"]
@@ -82,11 +85,15 @@ class Recorder:
         self.kube = kube
         self.path = path
         self.streams = streams
-        self.records: list[Record] = []
+        self.index = TimelineIndex()
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._file: Any = None
+
+    @property
+    def records(self) -> list[Record]:
+        return self.index.records
 
     def start(self) -> Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +129,7 @@ class Recorder:
             if self._file.closed:  # a watch thread still ending after stop(); the run is over
                 return
             self._file.write(record.to_json() + "\n")
-            self.records.append(record)
+            self.index.add(record)
             self._changed.notify_all()
 
     def _run(self, spec: StreamSpec) -> None:
@@ -157,12 +164,14 @@ class Recorder:
                 failures += 1
 
     def wait_for(
-        self, predicate: Callable[[list[Record]], T | None], *, timeout_s: float, what: str = "condition"
+        self, predicate: Callable[[TimelineIndex], T | None], *, timeout_s: float, what: str = "condition"
     ) -> T:
-        """Block until `predicate(records)` returns something other than None; wakes on every record."""
+        """Block until `predicate(index)` returns something other than None; wakes on every record. The index
+        is the records so far (a sequence of them) with the lookups a wait needs: a predicate that reads a
+        lookup costs what the new record added, one that reads every record costs the whole timeline."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while (result := predicate(self.records)) is None:
+            while (result := predicate(self.index)) is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stop.is_set():
                     raise TimeoutError(f"{what} not seen within {timeout_s:.0f} s")

@@ -57,6 +57,7 @@ from pytest_gpucanary.ladder import (
     RunEvidence,
     stall,
 )
+from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.policy.helm import HelmChart
 from pytest_gpucanary.policy.model import UpgradePolicy
 from pytest_gpucanary.policy.parse import load_policy
@@ -315,7 +316,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
             pool_nodes=pool.nodes,
             driver_from=pool.driver_from,
             driver_to=self._driver_to,
-            probes=tuple(probes.results(list(records))),
+            probes=tuple(probes.results(TimelineIndex(records))),
             metric_answers=self._collect_metrics(pool, run.upgrade_started_wall_ns, finished_wall_ns),
             load_samples=load_samples,
             policy_path=str(settings.policy),

@@ -17,8 +17,9 @@ from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.kube.ownership import owned_namespace
-from pytest_gpucanary.ladder import WorkloadRef, timeline
+from pytest_gpucanary.ladder import WorkloadRef
 from pytest_gpucanary.ladder.cause import UNBOUND_POD
+from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.progress import ProgressLine
 
 WORKLOAD_READY_TIMEOUT_S = 180
@@ -168,7 +169,7 @@ class RunStage:
             )
 
 
-def _running(records: list, namespace: str, role: str, *, finished_ok: bool = False) -> bool | None:
+def _running(index: TimelineIndex, namespace: str, role: str, *, finished_ok: bool = False) -> bool | None:
     phases = ("Running", "Succeeded") if finished_ok else ("Running",)
-    pods = timeline.live_pods(records, namespace=namespace, label=(workloads.ROLE_LABEL, role))
+    pods = index.live_pods(namespace=namespace, label=(workloads.ROLE_LABEL, role))
     return True if any(p.phase in phases for p in pods) else None

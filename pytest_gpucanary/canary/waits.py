@@ -6,6 +6,7 @@ Each wait is bounded: what has not happened by then is reported, not waited for.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from pytest_gpucanary import gpu_operator as op
@@ -16,8 +17,9 @@ from pytest_gpucanary.canary.recorder import Recorder
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.ladder import WorkloadRef, diagnosis, jobs, stall, timeline
+from pytest_gpucanary.ladder import WorkloadRef, diagnosis, stall, timeline
 from pytest_gpucanary.ladder.cause import NOT_STARTED, OPERAND_BLOCKED, READY_DRIVER, SANDBOX_NOT_READY, Cause
+from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.progress import ProgressLine
 
 # past the GPU job's deadline: a replacement pod evicted late in the upgrade is scheduled again after the
@@ -49,9 +51,7 @@ class RunWaits:
             if blast_radius is not None and blast_radius.breaches:
                 return list(blast_radius.breaches)
             try:
-                recorder.wait_for(
-                    lambda rs: True if all(timeline.terminal_state(rs, n) for n in pool.nodes) else None, timeout_s=2.0
-                )
+                recorder.wait_for(functools.partial(all_terminal, nodes=pool.nodes), timeout_s=2.0)
                 break
             except TimeoutError:
                 pass
@@ -235,7 +235,7 @@ class RunWaits:
         else:  # the pool is still cordoned: a replacement cannot start, only a running pod can finish
             bound_s = max(0.0, (run.gpu_job_until_wall_ns - time.time_ns()) / 1e9)
         self.progress.line(f"waiting for GPU job {job} to complete (at most {bound_s:.0f} s)")
-        self._wait_quietly(recorder, lambda rs: _job_over(rs, job), bound_s, f"GPU job {job} complete")
+        self._wait_quietly(recorder, functools.partial(_job_over, job=job), bound_s, f"GPU job {job} complete")
         probes.stop()
         # a probe whose pod was evicted before it ran (a Job of backoffLimit 0) is over, not in flight
         self._wait_quietly(
@@ -259,7 +259,12 @@ def _waits_for_requeue(release: str | None) -> bool:
     return series is not None and series >= (26, 3)
 
 
-def _job_over(records: list, job: WorkloadRef) -> bool | None:
+def all_terminal(index: TimelineIndex, nodes: tuple[str, ...]) -> bool | None:
+    """Every node at an end state of its upgrade."""
+    return True if all(index.terminal_state(n) for n in nodes) else None
+
+
+def _job_over(index: TimelineIndex, job: WorkloadRef) -> bool | None:
     """The Job completed or failed for good, as the Job controller says."""
-    seen = jobs.latest_job(records, namespace=job.namespace, name=job.name)
+    seen = index.latest_job(namespace=job.namespace, name=job.name)
     return True if seen is not None and (seen.complete_wall_ns or seen.failed_reason) else None

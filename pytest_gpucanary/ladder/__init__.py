@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pytest_gpucanary.config import DEFAULTS, Settings
-from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.ladder.application import check_application, evictions
 from pytest_gpucanary.ladder.device import capacity_dips, check_device
 from pytest_gpucanary.ladder.evidence import RunEvidence
@@ -77,12 +76,8 @@ def evaluate(evidence: RunEvidence, settings: Settings = DEFAULTS) -> LadderResu
         verdicts,
         settings,
         evictions=tuple(evictions(evidence, settings)),
-        phase_windows=tuple(
-            timeline.phase_windows(evidence.records, first_node, since_wall_ns=evidence.upgrade_started_wall_ns)
-        ),
-        state_spans=tuple(
-            span for node in evidence.pool_nodes for span in timeline.state_spans(evidence.records, node)
-        ),
+        phase_windows=tuple(evidence.index.phase_windows(first_node, since_wall_ns=evidence.upgrade_started_wall_ns)),
+        state_spans=tuple(span for node in evidence.pool_nodes for span in evidence.index.state_spans(node)),
         capacity=capacity_dips(evidence),
         stalls=tuple(c for node in evidence.pool_nodes if (c := stall_of(evidence, node, settings)) is not None),
     )

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from pytest_gpucanary.config import DEFAULTS, Settings, flag
 from pytest_gpucanary.gpu_operator import DRAIN_REQUIRED, POD_DELETION_REQUIRED, TERMINAL_STATES
 from pytest_gpucanary.label_selector import parse_selector
-from pytest_gpucanary.ladder import jobs, timeline
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import Eviction, Evidence, Outcome, Stage, StageVerdict, UpgradePhase
 from pytest_gpucanary.ladder.rules import Finding, metrics_note, stage_metrics, verdict
@@ -40,13 +39,13 @@ def evictions(evidence: RunEvidence, settings: Settings | None = None) -> list[E
     DaemonSet pods are left out: the operator restarts its own operands (driver, validators) by design,
     and neither pod deletion nor drain touches DaemonSet pods. So are the canary's probes."""
     settings = settings or DEFAULTS
-    pods = {(p.namespace, p.name): p for p in timeline.latest_pods(evidence.records)}
+    pods = {(p.namespace, p.name): p for p in evidence.index.latest_pods()}
     found = []
     for node in evidence.pool_nodes:
-        cycle = timeline.upgrade_cycle(evidence.records, node, since_wall_ns=evidence.upgrade_started_wall_ns)
+        cycle = evidence.index.upgrade_cycle(node, since_wall_ns=evidence.upgrade_started_wall_ns)
         drain_ns = next((t.received_wall_ns for t in cycle if t.state == DRAIN_REQUIRED), None)
         end_ns = next((t.received_wall_ns for t in cycle if t.state in TERMINAL_STATES), None)
-        for gone in timeline.pods_gone(evidence.records, node):
+        for gone in evidence.index.pods_gone(node):
             seen = pods.get((gone.namespace, gone.name))
             if gone.received_wall_ns < evidence.upgrade_started_wall_ns or (
                 end_ns is not None and gone.received_wall_ns > end_ns
@@ -77,11 +76,7 @@ def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
     pod that is Running has not done the work yet. A timeline without Job records (recorded before the
     canary watched Jobs) falls back to a Succeeded pod, which is what completes a one-pod Job."""
     job = ev.gpu_job
-    pods = [
-        p
-        for p in timeline.latest_pods(ev.records)
-        if p.namespace == job.namespace and p.labels.get("job-name") == job.name
-    ]
+    pods = [p for p in ev.index.pods_in(job.namespace) if p.labels.get("job-name") == job.name]
     items = [
         Evidence(
             p.received_wall_ns,
@@ -92,7 +87,7 @@ def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
         )
         for p in pods
     ]
-    seen = jobs.latest_job(ev.records, namespace=job.namespace, name=job.name)
+    seen = ev.index.latest_job(namespace=job.namespace, name=job.name)
     if seen is not None:
         items.append(
             Evidence(
@@ -117,7 +112,7 @@ def _gpu_job(ev: RunEvidence) -> tuple[Finding, list[Evidence]]:
     if seen is None and (done := next((p for p in pods if p.phase == "Succeeded"), None)):
         return Finding(Outcome.PASS, f"GPU job {job} succeeded (pod {done.name})"), items
     phases = ", ".join(f"{p.name} {p.phase or 'unknown'}" for p in pods) or "no pods"
-    worked_s = jobs.run_seconds(ev.records, namespace=job.namespace, job_name=job.name)
+    worked_s = ev.index.run_seconds(namespace=job.namespace, job_name=job.name)
     asked = f" of {ev.gpu_job_work_s:.0f} s" if ev.gpu_job_work_s else ""
     deadline = f", deadline +{ev.offset_s(ev.gpu_job_until_wall_ns):.0f}s" if ev.gpu_job_until_wall_ns else ""
     why = (
@@ -138,13 +133,13 @@ def _job_met_pod_deletion(ev: RunEvidence) -> Finding | None:
     if ((ev.upgrade_policy.get("waitForCompletion") or {}).get("podSelector") or "") or not ev.pool_nodes:
         return None
     node, job = ev.pool_nodes[0], ev.gpu_job
-    cycle = timeline.upgrade_cycle(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
+    cycle = ev.index.upgrade_cycle(node, since_wall_ns=ev.upgrade_started_wall_ns)
     at_ns = next((t.received_wall_ns for t in cycle if t.state == POD_DELETION_REQUIRED), None)
     if at_ns is None:
         return None  # a restart in place, or not got there: rollout says which
     pods = [
         p
-        for p in timeline.latest_pods(ev.records, until_wall_ns=at_ns)
+        for p in ev.index.latest_pods(until_wall_ns=at_ns, ever_on=node)
         if p.namespace == job.namespace and p.labels.get("job-name") == job.name and p.node == node
     ]
     if any(p.phase in ("Pending", "Running") for p in pods):
@@ -161,7 +156,7 @@ def _job_met_pod_deletion(ev: RunEvidence) -> Finding | None:
 def _phases_not_passed(ev: RunEvidence) -> set[UpgradePhase]:
     """Phases the first pool node's whole, ended upgrade cycle never entered; none while it is unknown."""
     node = ev.pool_nodes[0] if ev.pool_nodes else ""
-    windows = timeline.phase_windows(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
+    windows = ev.index.phase_windows(node, since_wall_ns=ev.upgrade_started_wall_ns)
     if not windows or windows[-1].phase is not UpgradePhase.AFTER:
         return set()
     return set(UpgradePhase) - {w.phase for w in windows}

@@ -21,7 +21,7 @@ from pytest_gpucanary.ladder.rules import Finding, at, metrics_note, stage_metri
 
 
 def _pods_on(ev: RunEvidence, node: str, is_operand: Callable[[Mapping[str, str]], bool]) -> list[timeline.PodSeen]:
-    return [p for p in timeline.latest_pods(ev.records) if p.node == node and is_operand(p.labels)]
+    return [p for p in ev.index.pods_on(node) if is_operand(p.labels)]
 
 
 def _describe(p: timeline.PodSeen) -> str:
@@ -135,8 +135,8 @@ def _ready_after(
 
 def capacity_dip(ev: RunEvidence, node: str) -> CapacityDip:
     """The node's GPUs leaving allocatable during its upgrade cycle and their return."""
-    cycle = timeline.upgrade_cycle(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
-    series = timeline.allocatable_series(ev.records, node, op.GPU_RESOURCE)
+    cycle = ev.index.upgrade_cycle(node, since_wall_ns=ev.upgrade_started_wall_ns)
+    series = ev.index.allocatable_series(node, op.GPU_RESOURCE)
     start_ns = cycle[0].received_wall_ns if cycle else ev.upgrade_started_wall_ns
     before = next((v for t, v in reversed(series) if t <= start_ns), None)
     during = [(t, v) for t, v in series if t > start_ns]
@@ -174,7 +174,7 @@ def _capacity(ev: RunEvidence, node: str, dip: CapacityDip, settings: Settings) 
 
 
 def _driver_label(ev: RunEvidence, node: str) -> tuple[Finding | None, list[Evidence]]:
-    seen = timeline.latest_node(ev.records, node)
+    seen = ev.index.latest_node(node)
     version = seen.labels.get(op.DRIVER_VERSION_LABEL) if seen else None
     if seen is None or version is None:
         return None, []  # GPU Feature Discovery off: the DCGM metric check still reads the driver
@@ -189,7 +189,7 @@ def _driver_label(ev: RunEvidence, node: str) -> tuple[Finding | None, list[Evid
 
 def _device_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[list[Finding], list[Evidence], CapacityDip]:
     dip = capacity_dip(ev, node)
-    cycle = timeline.upgrade_cycle(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
+    cycle = ev.index.upgrade_cycle(node, since_wall_ns=ev.upgrade_started_wall_ns)
     states = [t.state for t in cycle]
     if "upgrade-done" not in states:
         held = states[-1:] == [op.VALIDATION_REQUIRED] or states[-2:] == [op.VALIDATION_REQUIRED, op.UPGRADE_FAILED]

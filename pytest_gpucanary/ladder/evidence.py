@@ -13,6 +13,7 @@ run restores the cluster, so the evidence names how many timeline lines it holds
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.ladder.model import (
     CollectiveRun,
     MetricAnswer,
@@ -32,7 +34,7 @@ from pytest_gpucanary.ladder.model import (
     Sample,
     WorkloadRef,
 )
-from pytest_gpucanary.ladder.phases import phase_stats, rate_series
+from pytest_gpucanary.ladder.phases import rate_series, starts_of, stats_by_phase
 from pytest_gpucanary.ladder.timeline import Record
 
 if TYPE_CHECKING:
@@ -95,16 +97,20 @@ class RunEvidence:
         if self.load_samples and not self.service_phases:
             node = self.pool_nodes[0] if self.pool_nodes else ""
             since = self.upgrade_started_wall_ns
-            object.__setattr__(
-                self, "service_phases", phase_stats(self.load_samples, self.records, node, since_wall_ns=since)
-            )
+            starts = starts_of(self.index.phase_windows(node, since_wall_ns=since))
+            object.__setattr__(self, "service_phases", stats_by_phase(self.load_samples, starts))
             object.__setattr__(self, "service_rate", tuple(rate_series(self.load_samples)))
+
+    @functools.cached_property
+    def index(self) -> TimelineIndex:
+        """The timeline read once, for the stages' lookups."""
+        return TimelineIndex(self.records)
 
     def offset_s(self, wall_ns: float) -> float:
         return (wall_ns - self.upgrade_started_wall_ns) / 1e9
 
     def end_wall_ns(self) -> int:
-        span = timeline.recording_span(self.records)
+        span = self.index.span()
         return span[1] if span else self.upgrade_started_wall_ns
 
     def frozen_wall_ns(self) -> int:
@@ -116,7 +122,7 @@ class RunEvidence:
 
     def pods_gone(self) -> list[timeline.PodGone]:
         """Every pod removed from the pool nodes during the recording, in the order first seen."""
-        return [gone for node in self.pool_nodes for gone in timeline.pods_gone(self.records, node)]
+        return [gone for node in self.pool_nodes for gone in self.index.pods_gone(node)]
 
     def validator_results(self) -> list[timeline.PodSeen]:
         """The last state seen of each operator validator pod on the pool."""
@@ -139,9 +145,7 @@ class RunEvidence:
         ]
 
     def upgrade_timeline(self) -> list[timeline.Transition]:
-        return [
-            t for node in self.pool_nodes for t in timeline.label_transitions(self.records, node, UPGRADE_STATE_LABEL)
-        ]
+        return [t for node in self.pool_nodes for t in self.index.label_transitions(node, UPGRADE_STATE_LABEL)]
 
     # --- on disk ---------------------------------------------------------------------------------------
 

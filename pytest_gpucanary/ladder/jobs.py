@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_gpucanary.ladder.model import ProbeScope, ProbeSeen
 from pytest_gpucanary.ladder.timeline import SKIP_TYPES, Record, recording_span
@@ -16,34 +17,43 @@ def probes_seen(
     records: Iterable[Record], created: Mapping[str, tuple[str, int]], *, namespace: str
 ) -> list[ProbeSeen]:
     """Probe Jobs by name -> (scope, created wall ns): when the watch first saw each one's pod scheduled and running."""
-    scheduled: dict[str, int] = {}
-    running: dict[str, int] = {}
-    ended: dict[str, int] = {}
-    nodes: dict[str, str] = {}
+    times: dict[str, dict[str, Any]] = {}
     for record in records:
         job = record.object.get("metadata", {}).get("labels", {}).get("job-name")
         if record.kind != "Pod" or record.namespace != namespace or job not in created:
             continue
-        status = record.object.get("status", {})
-        if any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions", [])):
-            scheduled.setdefault(job, record.received_wall_ns)
-        if status.get("phase") in ("Running", "Succeeded"):
-            running.setdefault(job, record.received_wall_ns)
-        elif record.type == "DELETED" or status.get("phase") == "Failed":
-            ended.setdefault(job, record.received_wall_ns)
-        if record.object.get("spec", {}).get("nodeName"):
-            nodes[job] = record.object["spec"]["nodeName"]
+        probe_step(times, job, record)
+    return probes_of(times, created)
+
+
+def probe_step(times: dict[str, dict[str, Any]], job: str, record: Record) -> None:
+    """Fold one record of the Job's pods into its pod times (first scheduled, running, ended; its node)."""
+    seen = times.setdefault(job, {})
+    status = record.object.get("status", {})
+    if any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions", [])):
+        seen.setdefault("scheduled", record.received_wall_ns)
+    if status.get("phase") in ("Running", "Succeeded"):
+        seen.setdefault("running", record.received_wall_ns)
+    elif record.type == "DELETED" or status.get("phase") == "Failed":
+        seen.setdefault("ended", record.received_wall_ns)
+    if record.object.get("spec", {}).get("nodeName"):
+        seen["node"] = record.object["spec"]["nodeName"]
+
+
+def probes_of(times: Mapping[str, Mapping[str, Any]], created: Mapping[str, tuple[str, int]]) -> list[ProbeSeen]:
+    """The created probe Jobs with their pod times, by name."""
     return [
         ProbeSeen(
             name,
             ProbeScope(scope),
             at,
-            scheduled.get(name),
-            running.get(name),
-            nodes.get(name),
-            None if name in running else ended.get(name),
+            seen.get("scheduled"),
+            seen.get("running"),
+            seen.get("node"),
+            None if "running" in seen else seen.get("ended"),
         )
         for name, (scope, at) in sorted(created.items())
+        for seen in [times.get(name, {})]
     ]
 
 
@@ -66,24 +76,29 @@ def latest_job(records: Iterable[Record], *, namespace: str, name: str) -> JobSe
     for record in records:
         if record.kind != "Job" or record.type in SKIP_TYPES or record.namespace != namespace or record.name != name:
             continue
-        status = record.object.get("status", {}) or {}
-        conditions = {c.get("type"): c for c in status.get("conditions", []) or [] if c.get("status") == "True"}
-        complete = (
-            seen.complete_wall_ns
-            if seen and seen.complete_wall_ns
-            else (record.received_wall_ns if "Complete" in conditions else None)
-        )
-        seen = JobSeen(
-            namespace,
-            name,
-            int(status.get("succeeded") or 0),
-            int(status.get("failed") or 0),
-            int(status.get("active") or 0),
-            complete,
-            conditions.get("Failed", {}).get("reason", "") or ("Failed" if "Failed" in conditions else ""),
-            record.received_wall_ns,
-        )
+        seen = job_seen(record, seen)
     return seen
+
+
+def job_seen(record: Record, seen: JobSeen | None) -> JobSeen:
+    """The Job as of this record of it, after `seen`."""
+    status = record.object.get("status", {}) or {}
+    conditions = {c.get("type"): c for c in status.get("conditions", []) or [] if c.get("status") == "True"}
+    complete = (
+        seen.complete_wall_ns
+        if seen and seen.complete_wall_ns
+        else (record.received_wall_ns if "Complete" in conditions else None)
+    )
+    return JobSeen(
+        record.namespace or "",
+        record.name or "",
+        int(status.get("succeeded") or 0),
+        int(status.get("failed") or 0),
+        int(status.get("active") or 0),
+        complete,
+        conditions.get("Failed", {}).get("reason", "") or ("Failed" if "Failed" in conditions else ""),
+        record.received_wall_ns,
+    )
 
 
 def run_seconds(records: Iterable[Record], *, namespace: str, job_name: str) -> float:
@@ -91,6 +106,11 @@ def run_seconds(records: Iterable[Record], *, namespace: str, job_name: str) -> 
     first record of a pod Running to its first record ended or going away, else the recording's end."""
     records = list(records)
     span = recording_span(records)
+    return seconds_run(records, span[1] if span else 0, namespace, job_name)
+
+
+def seconds_run(records: Iterable[Record], end_ns: int, namespace: str, job_name: str) -> float:
+    """`run_seconds`, the recording ending at `end_ns`."""
     started: dict[str, int] = {}
     ended: dict[str, int] = {}
     for record in records:
@@ -109,5 +129,4 @@ def run_seconds(records: Iterable[Record], *, namespace: str, job_name: str) -> 
             phase in ("Succeeded", "Failed") or record.type == "DELETED" or meta.get("deletionTimestamp")
         ):
             ended.setdefault(uid, record.received_wall_ns)
-    end_ns = span[1] if span else 0
     return sum(max(0, ended.get(uid, end_ns) - start) for uid, start in started.items()) / 1e9

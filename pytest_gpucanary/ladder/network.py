@@ -86,9 +86,10 @@ def networking_on(records: Sequence[Record], node: str) -> list[str]:
 
 def _network_node(ev: RunEvidence, node: str) -> tuple[list[Finding], list[Evidence]]:
     """What the node had before its upgrade cycle, and whether each is back at the end of the recording."""
-    cycle = timeline.upgrade_cycle(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
+    cycle = ev.index.upgrade_cycle(node, since_wall_ns=ev.upgrade_started_wall_ns)
     start_ns = cycle[0].received_wall_ns if cycle else ev.upgrade_started_wall_ns
-    before, after = _latest_pod_objects(ev.records, node, until_wall_ns=start_ns), _latest_pod_objects(ev.records, node)
+    on_node = ev.index.pod_records_on(node)
+    before, after = _latest_pod_objects(on_node, node, until_wall_ns=start_ns), _latest_pod_objects(on_node, node)
     findings, items = [], []
     drivers_before = [p for p in before.values() if op.is_driver_pod(_labels(p))]
     drivers_after = [p for p in after.values() if op.is_driver_pod(_labels(p))]
@@ -119,8 +120,8 @@ def _network_node(ev: RunEvidence, node: str) -> tuple[list[Finding], list[Evide
                 Outcome.FAIL, f"the Network Operator's MOFED driver pod on {node} is not Ready after the driver swap"
             )
         )
-    node_before = timeline.latest_node(ev.records, node, until_wall_ns=start_ns)
-    node_after = timeline.latest_node(ev.records, node)
+    node_before = ev.index.latest_node(node, until_wall_ns=start_ns)
+    node_after = ev.index.latest_node(node)
     for resource, count in sorted((node_before.allocatable if node_before else {}).items()):
         if not is_network_resource(resource):
             continue

@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pytest_gpucanary.ladder.model import PhaseStats, RatePoint, Sample, UpgradePhase, summarize
+from pytest_gpucanary.ladder.model import PhaseStats, PhaseWindow, RatePoint, Sample, UpgradePhase, summarize
 from pytest_gpucanary.ladder.timeline import Record, phase_windows
 
 
@@ -26,8 +26,13 @@ class PhaseStart:
 def phase_starts(records: Iterable[Record], node: str, *, since_wall_ns: int = 0) -> list[PhaseStart]:
     """Where each phase of the node's upgrade cycle begins (the cut of `phase_windows`); everything before
     the first is BEFORE."""
+    return starts_of(phase_windows(records, node, since_wall_ns=since_wall_ns))
+
+
+def starts_of(windows: Iterable[PhaseWindow]) -> list[PhaseStart]:
+    """`phase_starts` of the node's phase windows."""
     starts = [PhaseStart(UpgradePhase.BEFORE, 0)]
-    for window in phase_windows(records, node, since_wall_ns=since_wall_ns):
+    for window in windows:
         if window.phase is not starts[-1].phase:
             starts.append(PhaseStart(window.phase, window.start_wall_ns))
     return starts
@@ -64,7 +69,12 @@ def phase_stats(
     samples: Iterable[Sample], records: Iterable[Record], node: str, *, since_wall_ns: int = 0
 ) -> tuple[PhaseStats, ...]:
     """One PhaseStats per upgrade phase, in ladder order; a phase without requests has n = 0 and no quantiles."""
-    split = split_by_phase(samples, phase_starts(records, node, since_wall_ns=since_wall_ns))
+    return stats_by_phase(samples, phase_starts(records, node, since_wall_ns=since_wall_ns))
+
+
+def stats_by_phase(samples: Iterable[Sample], starts: Sequence[PhaseStart]) -> tuple[PhaseStats, ...]:
+    """`phase_stats` cut at the phase starts given."""
+    split = split_by_phase(samples, starts)
     return tuple(stats_of(phase, split[phase]) for phase in UpgradePhase)
 
 

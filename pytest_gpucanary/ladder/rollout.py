@@ -36,7 +36,7 @@ def _state_evidence(ev: RunEvidence, node: str, cycle: list[timeline.Transition]
             f"{e.namespace}/{node}",
             f"{e.type} {e.reason}: {e.message}",
         )
-        for e in timeline.node_events(ev.records, node)
+        for e in ev.index.node_events(node)
         if e.received_wall_ns >= ev.upgrade_started_wall_ns
     ]
     return sorted(items, key=lambda i: i.received_wall_ns or 0)
@@ -50,7 +50,7 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
     step, failed = cycle[-2], cycle[-1]
     pods = [
         p
-        for p in timeline.latest_pods(ev.records, until_wall_ns=failed.received_wall_ns)
+        for p in ev.index.latest_pods(until_wall_ns=failed.received_wall_ns, ever_on=node)
         if p.node == node
         and p.removed_wall_ns is None
         and p.phase in ("Running", "Pending")
@@ -74,7 +74,7 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
             return f"{knob} refused unmanaged pod {pod.namespace}/{pod.name} ({knob}.force=false)"
     waited_s = (failed.received_wall_ns - step.received_wall_ns) / 1e9
     timeout_s = spec.get("timeoutSeconds")
-    until = [r for r in ev.records if r.received_wall_ns < failed.received_wall_ns]
+    until = [r for r in ev.index.stall_records(node) if r.received_wall_ns < failed.received_wall_ns]
     refused = [
         c
         for c in stall.causes(until, node, since_wall_ns=step.received_wall_ns, policy=ev.upgrade_policy)
@@ -93,7 +93,7 @@ def why_failed(ev: RunEvidence, node: str, cycle: list[timeline.Transition]) -> 
 def stall_of(ev: RunEvidence, node: str, settings: Settings) -> Cause | None:
     """The cause on the node that would not clear by itself, judged when the run froze its evidence."""
     return stall.terminal(
-        ev.records,
+        ev.index.stall_records(node),
         [node],
         since_wall_ns=ev.upgrade_started_wall_ns,
         policy=ev.upgrade_policy,
@@ -105,10 +105,10 @@ def stall_of(ev: RunEvidence, node: str, settings: Settings) -> Cause | None:
 def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Finding, float | None]:
     """One node's finding, and its time to upgrade-done (s from upgrade start) when it got there."""
     budget = f"budget {settings.upgrade_budget_s:.0f} s"
-    every = timeline.label_transitions(ev.records, node, UPGRADE_STATE_LABEL)
+    every = ev.index.label_transitions(node, UPGRADE_STATE_LABEL)
     if not every:
         return Finding(Outcome.INCONCLUSIVE, f"no Node records for pool node {node}"), None
-    cycle = timeline.upgrade_cycle(ev.records, node, since_wall_ns=ev.upgrade_started_wall_ns)
+    cycle = ev.index.upgrade_cycle(node, since_wall_ns=ev.upgrade_started_wall_ns)
     states = [t.state for t in cycle]
     if "upgrade-failed" in states:
         failed = cycle[states.index("upgrade-failed")]
@@ -129,7 +129,7 @@ def _rollout_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[Findi
     where = f"in {current}" if states else f"never entered upgrade-required (last state {current})"
     held = f" ({validator_line(ev, node)})" if current == op.VALIDATION_REQUIRED else ""
     if (stuck := stall_of(ev, node, settings)) is not None and stuck.terminal_wall_ns is not None:
-        said = diagnosis.last_meaningful(diagnosis.log_tail(ev.records, stuck))
+        said = diagnosis.last_meaningful(diagnosis.log_tail(ev.index.of_kind(diagnosis.LOG_KIND), stuck))
         return Finding(
             Outcome.FAIL,
             f"node {node} {where}: {stuck.line(ev.offset_s(stuck.since_wall_ns))}"
@@ -168,7 +168,7 @@ def check_rollout(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
         finding, seconds = _rollout_node(evidence, node, settings)
         findings.append(finding)
         done_s += [seconds] if seconds is not None else []
-        cycle = timeline.upgrade_cycle(evidence.records, node, since_wall_ns=evidence.upgrade_started_wall_ns)
+        cycle = evidence.index.upgrade_cycle(node, since_wall_ns=evidence.upgrade_started_wall_ns)
         items += _state_evidence(evidence, node, cycle)
         paths.append(how_upgraded([t.state for t in cycle]))
     items += [
@@ -179,8 +179,7 @@ def check_rollout(evidence: RunEvidence, settings: Settings = DEFAULTS) -> Stage
             f"{r.namespace}/{r.name}/{r.object.get('container', '')}",
             line,
         )
-        for r in evidence.records
-        if r.kind == diagnosis.LOG_KIND
+        for r in evidence.index.of_kind(diagnosis.LOG_KIND)
         for line in r.object.get("lines") or []
     ]
     findings = [Finding(Outcome.FAIL, line) for line in evidence.blast_radius] + findings  # the headline when any

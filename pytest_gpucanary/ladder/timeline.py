@@ -99,7 +99,11 @@ def upgrade_states(records: Iterable[Record], node: str) -> list[str]:
 
 def terminal_state(records: Iterable[Record], node: str, *, since_state: str = UPGRADE_REQUIRED) -> str | None:
     """upgrade-done or upgrade-failed, if the node reached one after it last entered `since_state`."""
-    states = upgrade_states(records, node)
+    return terminal_of(upgrade_states(records, node), since_state)
+
+
+def terminal_of(states: list[str], since_state: str = UPGRADE_REQUIRED) -> str | None:
+    """`terminal_state` of the node's upgrade states, in order."""
     if since_state not in states or states[-1] not in TERMINAL_STATES:
         return None
     last_since = len(states) - 1 - states[::-1].index(since_state)
@@ -208,7 +212,11 @@ def upgrade_cycle(records: Iterable[Record], node: str, *, since_wall_ns: int) -
     """The node's upgrade-state transitions from its first entry into upgrade-required at or after
     `since_wall_ns` (client receive time), or from the upgrade-required it was already in then; empty
     when it has not been upgrade-required since."""
-    every = label_transitions(records, node, UPGRADE_STATE_LABEL)
+    return cycle_of(label_transitions(records, node, UPGRADE_STATE_LABEL), since_wall_ns)
+
+
+def cycle_of(every: list[Transition], since_wall_ns: int) -> list[Transition]:
+    """`upgrade_cycle` of the node's every upgrade-state transition."""
     before = [t for t in every if t.received_wall_ns < since_wall_ns][-1:]
     transitions = before + [t for t in every if t.received_wall_ns >= since_wall_ns]
     starts = [i for i, t in enumerate(transitions) if t.state == UPGRADE_REQUIRED]
@@ -218,8 +226,11 @@ def upgrade_cycle(records: Iterable[Record], node: str, *, since_wall_ns: int) -
 def phase_windows(records: Iterable[Record], node: str, *, since_wall_ns: int) -> list[PhaseWindow]:
     """Consecutive upgrade phases of one node's cycle, from the start to the end of the recording."""
     records = list(records)
-    span = recording_span(records)
-    cycle = upgrade_cycle(records, node, since_wall_ns=since_wall_ns)
+    return windows_of(recording_span(records), upgrade_cycle(records, node, since_wall_ns=since_wall_ns))
+
+
+def windows_of(span: tuple[int, int] | None, cycle: list[Transition]) -> list[PhaseWindow]:
+    """`phase_windows` of the recording's span and the node's upgrade cycle."""
     if span is None or not cycle:
         return []
     windows = [PhaseWindow(UpgradePhase.BEFORE, min(span[0], cycle[0].received_wall_ns), cycle[0].received_wall_ns)]
@@ -262,11 +273,11 @@ def latest_pods(records: Iterable[Record], *, until_wall_ns: int | None = None) 
         if until_wall_ns is not None and record.received_wall_ns > until_wall_ns:
             continue
         uid = record.object.get("metadata", {}).get("uid", "")
-        pods[uid] = _pod_seen(record, pods.get(uid))
+        pods[uid] = pod_seen(record, pods.get(uid))
     return list(pods.values())
 
 
-def _pod_seen(record: Record, before: PodSeen | None) -> PodSeen:
+def pod_seen(record: Record, before: PodSeen | None) -> PodSeen:
     pod = record.object
     meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {}) or {}
     statuses = status.get("containerStatuses", []) or []
@@ -324,8 +335,11 @@ def allocatable_series(records: Iterable[Record], node: str, resource: str) -> l
 def state_spans(records: Iterable[Record], node: str) -> list[StateSpan]:
     """Each stretch of the node's upgrade-state label, the last one up to the end of the recording."""
     records = list(records)
-    transitions = label_transitions(records, node, UPGRADE_STATE_LABEL)
-    span = recording_span(records)
+    return spans_of(node, label_transitions(records, node, UPGRADE_STATE_LABEL), recording_span(records))
+
+
+def spans_of(node: str, transitions: list[Transition], span: tuple[int, int] | None) -> list[StateSpan]:
+    """`state_spans` of the node's upgrade-state transitions and the recording's span."""
     ends = [t.received_wall_ns for t in transitions[1:]] + [span[1] if span else 0]
     return [
         StateSpan(node, t.state, t.received_wall_ns, max(end, t.received_wall_ns)) for t, end in zip(transitions, ends)
