@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from typing import Any
+
+from harness import CLI
 
 APPLIED = "applied; upgrading the pool"     # the run's progress line once the policy under test is on the cluster
 
@@ -15,7 +16,7 @@ def run_until_applied(args: list[str], *, env: dict[str, str] | None = None,
                       **popen: Any) -> tuple[subprocess.Popen[str], list[str]]:
     """`gpucanary run <args>`, unbuffered (in `env`, default this process's), read until the policy is applied:
     the running process and the lines it printed so far."""
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run", *args],
+    proc = subprocess.Popen([*CLI, "run", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}, **popen)
     assert proc.stdout is not None

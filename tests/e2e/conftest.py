@@ -34,6 +34,12 @@ def namespace(kube: Kube) -> Iterator[str]:
     kube.delete("v1", "Namespace", name)
 
 
+@pytest.fixture
+def policy_before(kube: Kube) -> dict:
+    """The ClusterPolicy's upgradePolicy before the test (`harness.assert_nothing_left` wants it back)."""
+    return kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["upgradePolicy"]
+
+
 # --- the canary as least privilege sees it: a ServiceAccount bound to deploy/'s roles ------------------
 
 # in the order docs/real-cluster.md applies them; the fleet's kwok pools need the last

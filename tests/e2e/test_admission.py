@@ -8,8 +8,6 @@ wheel: test_installed_package.py.)
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 
@@ -24,6 +22,7 @@ from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.kube.ownership import owned_labels, owned_namespace
 from pytest_gpucanary.shipped import FIXTURES
+from harness import TARGET, gpucanary
 
 pytestmark = [pytest.mark.e2e]
 
@@ -43,9 +42,9 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
     kubeconfig = canary_service_account(ACCOUNT)
     canary = Kube.connect(kubeconfig, user_agent=USER_AGENT)
     # the preflight, under the same token, says the apiserver enforces them
-    preflight = subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", "preflight", f"--gpucanary-kubeconfig={kubeconfig}",
-                                "--gpucanary-pool-provider=kwok", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                                "--gpucanary-driver-version=580.95.05"], capture_output=True, text=True, timeout=120)
+    preflight = gpucanary("preflight", f"--gpucanary-kubeconfig={kubeconfig}", "--gpucanary-pool-provider=kwok",
+                          f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                          f"--gpucanary-driver-version={TARGET}", unbuffered=False, timeout_s=120)
     assert preflight.returncode == 0, preflight.stdout + preflight.stderr
     assert "the apiserver enforces deploy/admission.yaml (7 policies, bound)" in json.loads(preflight.stdout)["notes"]
     cluster = discover(kube)
@@ -85,7 +84,7 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
         ]
         if cluster.nvidiadriver_mode:
             allowed.append(("patch", *NVIDIADRIVER, {"name": driver, "body": {
-                "spec": {"version": "580.95.05", "labels": {"gpucanary.io/restart": "adversary"}},
+                "spec": {"version": TARGET, "labels": {"gpucanary.io/restart": "adversary"}},
                 "metadata": {"annotations": {"gpucanary.io/saved-spec": "{}"}}}}))
         default = next((d for d in kube.list(*NVIDIADRIVER) if d["spec"].get("default")), None)
         if default is not None:     # a handover's NVIDIADriver, the default one's copy picking the run's nodes
@@ -150,7 +149,7 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
         if cluster.nvidiadriver_mode:
             battery += [
                 ("admission", "the version of an NVIDIADriver not eligible for pools", "patch", *NVIDIADRIVER,
-                 {"name": "fleet", "body": {"spec": {"version": "580.95.05"}}}),
+                 {"name": "fleet", "body": {"spec": {"version": TARGET}}}),
                 ("admission", "the driver image of an eligible NVIDIADriver", "patch", *NVIDIADRIVER,
                  {"name": driver, "body": {"spec": {"image": "evil"}}}),
                 ("admission", "a driver pod label of an eligible NVIDIADriver", "patch", *NVIDIADRIVER,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,10 +18,11 @@ import yaml
 from testbed.audit import read_log
 from testbed.audit_run import CANARY_USER_AGENT, fence
 from pytest_gpucanary.shipped import FIXTURES
+from harness import KEEP_FLEET, TARGET, gpucanary, session_fleet_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-GOOD = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05"]
+GOOD = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", f"--gpucanary-driver-version={TARGET}"]
 INVENTORY = FIXTURES / "sweep" / "inventory.yaml"
 
 
@@ -91,7 +91,7 @@ def cases(f: dict[str, Path]) -> list[tuple[str, list[str], int, dict[str, str]]
     """(id, arguments, exit code, extra environment)."""
     run = [("run", *GOOD)]
     return [*kubeconfig_cases(f),
-        ("run-no-policy", ["run", "--gpucanary-driver-version=580.95.05"], 4, {}),
+        ("run-no-policy", ["run", f"--gpucanary-driver-version={TARGET}"], 4, {}),
         ("run-no-version", ["run", GOOD[0]], 4, {}),
         ("run-missing-policy", ["run", "--gpucanary-policy=/nonexistent.yaml", GOOD[1]], 4, {}),
         ("run-policy-not-yaml", ["run", f"--gpucanary-policy={f['not-yaml.yaml']}", GOOD[1]], 4, {}),
@@ -134,7 +134,7 @@ def cases(f: dict[str, Path]) -> list[tuple[str, list[str], int, dict[str, str]]
         ("lint-duplicate-key", ["lint", str(f["duplicate.yaml"])], 4, {}),
         ("lint-against-missing", ["lint", str(FIXTURES / "policies" / "default.yaml"), "--against", "/nonexistent"],
          4, {}),
-        ("plan-sweep-no-inventory", ["plan-sweep", "--change", "driver=580.95.05"], 4, {}),
+        ("plan-sweep-no-inventory", ["plan-sweep", "--change", f"driver={TARGET}"], 4, {}),
         ("plan-sweep-nan-restore", ["plan-sweep", "--inventory", str(f["inventory-nan.yaml"])], 4, {}),
         ("plan-sweep-unavailable-150", ["plan-sweep", "--inventory", str(INVENTORY), "--max-unavailable", "150%"], 4,
          {}),
@@ -157,15 +157,13 @@ def error_lines(output: str) -> list[str]:
 def test_every_bad_input_is_one_line_the_right_code_and_no_request(gpucanary_fleet, tmp_path: Path) -> None:
     table = cases(files(tmp_path))
     assert len(table) >= 40
-    env = {**os.environ, "GPUCANARY_FLEET_KEEP": "1", "GPUCANARY_FLEET_DIR": str(gpucanary_fleet.fleet.layout.root),
-           "GPUCANARY_FLEET_PORT_BASE": str(gpucanary_fleet.fleet.layout.port_base)}
+    env = {**KEEP_FLEET, **session_fleet_env(gpucanary_fleet)}
     windows, problems = [], []
     for name, args, code, extra in table:
         reports = ["--gpucanary-reports-dir=" + str(tmp_path / "reports")] if args[0] == "run" and not any(
             a.startswith("--gpucanary-reports-dir") for a in args) else []
         since = time.time()
-        done = subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args, *reports], capture_output=True,
-                              text=True, timeout=120, env={**env, **extra})
+        done = gpucanary(*args, *reports, env={**env, **extra}, unbuffered=False, timeout_s=120)
         windows.append((name, since, time.time()))
         output = done.stdout + done.stderr
         lines = error_lines(output)
@@ -198,8 +196,7 @@ def test_a_server_certificate_or_token_the_other_side_refuses_is_one_line_naming
         path = tmp_path / f"{name}.kubeconfig"
         path.write_text(yaml.safe_dump(doc))
         for args in (["preflight", *GOOD, f"--gpucanary-kubeconfig={path}"], ["cleanup", "--kubeconfig", str(path)]):
-            done = subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True,
-                                  text=True, timeout=120)
+            done = gpucanary(*args, unbuffered=False, timeout_s=120)
             lines = error_lines(done.stdout + done.stderr)
             if done.returncode != 6 or len(lines) != 1 or want[name] not in lines[0]:
                 problems.append(f"{name} {args[0]}: exit {done.returncode}: {lines or done.stderr[-400:]}")

@@ -17,14 +17,11 @@ from testbed.audit import Scope, outside
 from testbed.audit_run import run_canary
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
+from harness import FAST, TARGET
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TARGET = "580.95.05"
 POLICY = f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}"
-# as in test_canary_gate: a 2-core CI machine runs the fleet, the operator and locust at once
-FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180"]
 
 
 def describe(records) -> str:

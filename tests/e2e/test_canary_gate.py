@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +20,18 @@ from typing import Any, Iterator
 
 import canary_process
 import pytest
+from harness import (
+    CLI,
+    FAST,
+    KEEP_FLEET,
+    TARGET,
+    UNBUFFERED,
+    assert_nothing_left,
+    gpucanary,
+    live,
+    port_beside_session,
+    receipt_of,
+)
 
 from pytest_gpucanary.canary.load import sigint_default
 from pytest_gpucanary.kube import Kube
@@ -29,26 +40,6 @@ from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TARGET = "580.95.05"
-# a 2-core CI machine runs the fleet, the operator and locust at once; the GPU job keeps the default
-# a GPU job of 120 s: still running when pod deletion comes (seconds after the policy, after a 10 s
-# baseline; a job done by then is inconclusive), and no longer than the wait for the uncordon on v26.7,
-# where its replacement starts
-FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180"]
-UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
-
-
-def gpucanary(*args: str, reports: Path, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args, f"--gpucanary-reports-dir={reports}"]
-                          if args[0] == "run" else [sys.executable, "-m", "pytest_gpucanary.cli", *args],
-                          capture_output=True, text=True, timeout=timeout_s, env=UNBUFFERED)
-
-
-def receipt_of(reports: Path) -> dict:
-    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
-    return json.loads((run_dir / "receipt.json").read_text())
-
 
 def assert_replay_reproduces(reports: Path, *, returncode: int) -> None:
     """`gpucanary evaluate` judges the recorded run again, offline, and gets exactly the run's verdicts."""
@@ -56,17 +47,18 @@ def assert_replay_reproduces(reports: Path, *, returncode: int) -> None:
     before = json.loads((run_dir / "receipt.json").read_text())
     blanked = {**before, "verdicts": [], "first_failed": None, "evictions": []}   # only its thresholds are read
     (run_dir / "receipt.json").write_text(json.dumps(blanked))
-    replayed = gpucanary("evaluate", str(run_dir), reports=reports)
+    replayed = gpucanary("evaluate", str(run_dir), env=KEEP_FLEET, reports=reports)
     assert replayed.returncode == returncode, replayed.stderr[-2000:]
     again = json.loads((run_dir / "receipt.json").read_text())
     assert again["verdicts"] == before["verdicts"] and again["first_failed"] == before["first_failed"]
     assert again["evictions"] == before["evictions"] and again["thresholds"] == before["thresholds"]
     if returncode == 0:  # the recorded load, cut by phase again, judged with a p99 no service meets: fails
-        stricter = gpucanary("evaluate", str(run_dir), "--gpucanary-max-p99-s=0.000001", reports=reports)
+        stricter = gpucanary("evaluate", str(run_dir), "--gpucanary-max-p99-s=0.000001", env=KEEP_FLEET,
+                             reports=reports)
         assert stricter.returncode == 1, stricter.stderr[-2000:]
         assert json.loads((run_dir / "receipt.json").read_text())["first_failed"] == "application"
         p99 = f"--gpucanary-max-p99-s={before['thresholds']['max_p99_s']}"
-        assert gpucanary("evaluate", str(run_dir), p99, reports=reports).returncode == 0
+        assert gpucanary("evaluate", str(run_dir), p99, env=KEEP_FLEET, reports=reports).returncode == 0
 
 
 def run_until_applied(*args: str, reports: Path, **popen: Any) -> tuple[subprocess.Popen[str], list[str]]:
@@ -96,33 +88,13 @@ def eventually_nothing_left(kube: Kube, policy_before: dict, timeout_s: float = 
     assert_nothing_left(kube, policy_before)
 
 
-def live(items: list[dict]) -> list[str]:
-    """Names of objects not already being deleted (namespace deletion finishes asynchronously)."""
-    return [i["metadata"]["name"] for i in items if not i["metadata"].get("deletionTimestamp")]
-
-
-def assert_nothing_left(kube: Kube, policy_before: dict) -> None:
-    assert not [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")]
-    assert not live(kube.list("v1", "Node", label_selector="app.kubernetes.io/managed-by=gpucanary"))
-    assert not live(kube.list("nvidia.com/v1alpha1", "NVIDIADriver",
-                              label_selector="app.kubernetes.io/managed-by=gpucanary"))
-    policy = kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")
-    assert policy["spec"]["driver"]["upgradePolicy"] == policy_before
-    assert "gpucanary.io/saved-spec" not in policy["metadata"].get("annotations", {})
-
-
-@pytest.fixture
-def policy_before(kube: Kube) -> dict:
-    return kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["upgradePolicy"]
-
-
 def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
         gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
     """Given as Helm values: real Helm renders them with the release's chart, and the run applies exactly
     the upgradePolicy of the ClusterPolicy it renders, the same as default.yaml's (the CR form)."""
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'helm-values.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", *FAST, f"--junitxml={tmp_path / 'junit.xml'}",
-                       reports=tmp_path / "reports")
+                       env=KEEP_FLEET, reports=tmp_path / "reports")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     receipt = receipt_of(tmp_path / "reports")
     assert receipt["gate_passed"] is True
@@ -134,7 +106,7 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
     assert receipt["run"]["upgrade_policy"] == load_policy(FIXTURES / "policies" / "default.yaml").to_cr()
     assert receipt["run"]["policy_rendering"], "the receipt shows what Helm rendered"
     junit = (tmp_path / "junit.xml").read_text()
-    assert 'name="gpucanary_driver_to" value="580.95.05"' in junit and 'name="gpucanary_stage:' in junit
+    assert f'name="gpucanary_driver_to" value="{TARGET}"' in junit and 'name="gpucanary_stage:' in junit
     assert_device_evidence_is_from_after_the_new_driver(tmp_path / "reports", receipt)
     assert_baseline_held_and_settle_ended_on_its_events(tmp_path / "reports", receipt, result.stdout + result.stderr)
     assert_nothing_left(kube, policy_before)
@@ -151,7 +123,7 @@ def test_gate_passes_when_gpu_pod_deletion_may_remove_the_shm_emptydir(
 
 def verdict(policy: str, *, target: str = TARGET) -> subprocess.CompletedProcess[str]:
     return gpucanary("verdict", f"--gpucanary-policy={FIXTURES / 'policies' / policy}",
-                     f"--gpucanary-driver-version={target}", reports=Path("."), timeout_s=120)
+                     f"--gpucanary-driver-version={target}", env=KEEP_FLEET, reports=Path("."), timeout_s=120)
 
 
 def assert_baseline_held_and_settle_ended_on_its_events(reports: Path, receipt: dict, output: str) -> None:
@@ -202,7 +174,7 @@ def assert_device_evidence_is_from_after_the_new_driver(reports: Path, receipt: 
 def test_gate_fails_at_application_naming_the_drained_non_gpu_pod(
         gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'field-note.yaml'}",
-                       f"--gpucanary-driver-version={TARGET}", *FAST, reports=tmp_path / "reports")
+                       f"--gpucanary-driver-version={TARGET}", *FAST, env=KEEP_FLEET, reports=tmp_path / "reports")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
     receipt = receipt_of(tmp_path / "reports")
     assert receipt["gate_passed"] is False and receipt["first_failed"] == "application"
@@ -230,7 +202,7 @@ def test_operator_default_policy_with_the_shm_job_fails_at_rollout_saying_why(
         gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
     started = time.monotonic()
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'operator-default.yaml'}",
-                       f"--gpucanary-driver-version={TARGET}", *FAST, reports=tmp_path / "reports")
+                       f"--gpucanary-driver-version={TARGET}", *FAST, env=KEEP_FLEET, reports=tmp_path / "reports")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
     receipt = receipt_of(tmp_path / "reports")
     assert receipt["first_failed"] == "rollout"
@@ -247,7 +219,7 @@ def test_prometheus_stopped_mid_run_makes_metric_checks_inconclusive_and_fails_t
     fleet = gpucanary_fleet.fleet
     config = tmp_path / "prometheus.yml"
     config.write_text((fleet.layout.root / "prometheus.yml").read_text())
-    port = fleet.layout.port_base + 1590     # beside the session fleet's ports, not on a fixed number
+    port = port_beside_session("prometheus")     # beside the session fleet's ports, not on a fixed number
     prometheus = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                    f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
@@ -258,7 +230,7 @@ def test_prometheus_stopped_mid_run_makes_metric_checks_inconclusive_and_fails_t
         while (missing := metrics.missing_series(f"http://127.0.0.1:{port}")) and time.monotonic() < deadline:
             time.sleep(2)
         assert not missing, missing
-        proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
+        proc = subprocess.Popen([*CLI, "run",
                                  f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                                  f"--gpucanary-driver-version={TARGET}", *FAST,
                                  f"--gpucanary-prometheus-url=http://127.0.0.1:{port}",
@@ -288,7 +260,7 @@ def test_malformed_policy_is_refused_in_one_line_and_changes_nothing(
     broken = tmp_path / "broken.yaml"
     broken.write_text("apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nspec:\n  driver: [unclosed\n")
     result = gpucanary("run", f"--gpucanary-policy={broken}", f"--gpucanary-driver-version={TARGET}",
-                       reports=tmp_path / "reports", timeout_s=120)
+                       env=KEEP_FLEET, reports=tmp_path / "reports", timeout_s=120)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stdout + result.stderr
     assert str(broken) in result.stdout + result.stderr
@@ -299,7 +271,8 @@ def test_unknown_pool_node_is_refused_in_one_line(gpucanary_fleet, kube: Kube, t
                                                    policy_before: dict) -> None:
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=existing",
-                       "--gpucanary-pool-node=no-such-node", reports=tmp_path / "reports", timeout_s=120)
+                       "--gpucanary-pool-node=no-such-node", env=KEEP_FLEET, reports=tmp_path / "reports",
+                       timeout_s=120)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert "node 'no-such-node' does not exist" in result.stdout + result.stderr
     assert_nothing_left(kube, policy_before)
@@ -312,7 +285,7 @@ def test_unreachable_cluster_is_an_environment_error(tmp_path: Path) -> None:
                           "current-context: c\n")
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", f"--gpucanary-kubeconfig={kubeconfig}",
-                       reports=tmp_path / "reports", timeout_s=120)
+                       env=KEEP_FLEET, reports=tmp_path / "reports", timeout_s=120)
     assert result.returncode == 6, result.stdout[-2000:] + result.stderr[-2000:]
     assert "cannot reach the apiserver" in result.stdout
 
@@ -354,13 +327,13 @@ def test_cleanup_removes_what_a_killed_run_left(gpucanary_fleet, kube: Kube, tmp
     second = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-run-id=second-after-kill",
                        "--gpucanary-pool-provider=existing", f"--gpucanary-pool-node={pool_node}",
-                       reports=tmp_path / "second", timeout_s=300)
+                       env=KEEP_FLEET, reports=tmp_path / "second", timeout_s=300)
     assert second.returncode == 6, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"gpucanary cleanup --run-id {run_id}" in second.stdout + second.stderr
     assert [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")] == left
     # its Lease was renewed moments ago: cleanup watches it for a whole duration on its own clock before it calls
     # the run dead (nothing renews it now), takes it over, and restores in the run's own order with its waits
-    result = gpucanary("cleanup", "--run-id", run_id, reports=tmp_path)   # as the CI templates call it
+    result = gpucanary("cleanup", "--run-id", run_id, env=KEEP_FLEET, reports=tmp_path)   # as the CI templates call it
     assert result.returncode == 0, result.stderr
     assert f"watching the Lease of {run_id} for 60 s" in result.stderr, result.stderr
     assert f"run {run_id}: nothing of it is left on the cluster" in result.stderr, result.stderr
@@ -391,7 +364,7 @@ def test_existing_node_pool_is_carved_out_and_restored_exactly(gpucanary_fleet, 
             assert owners[node] == standing.name and set(owners.values()) >= {"fleet", standing.name}, owners
         result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                            f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
-                           f"--gpucanary-pool-node={node}", reports=tmp_path / "reports")
+                           f"--gpucanary-pool-node={node}", env=KEEP_FLEET, reports=tmp_path / "reports")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
         # the fleet's operator tolerates the fence (fixtures/fleet), so the carved node was tainted for the run
         assert "pool fenced: gpucanary.io/run=" in result.stdout, result.stdout[-3000:]
@@ -471,7 +444,7 @@ def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back(
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-pool-provider=existing",
                        f"--gpucanary-pool-node={node}", f"--gpucanary-kubeconfig={canary_service_account()}",
-                       reports=tmp_path / "reports")
+                       env=KEEP_FLEET, reports=tmp_path / "reports")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     receipt = receipt_of(tmp_path / "reports")
     run_id = receipt["run"]["run_id"]
@@ -497,7 +470,7 @@ def test_cleanup_hands_a_killed_runs_pool_back_to_the_default_nvidiadriver(
                                f"--gpucanary-pool-node={node}", reports=tmp_path / "reports")
     assert any("pool handed over from the default NVIDIADriver fleet" in line for line in seen), seen[-20:]
     assert driver_owners(kube)[node] == f"gpucanary-{run_id}"
-    result = gpucanary("cleanup", "--run-id", run_id, reports=tmp_path)
+    result = gpucanary("cleanup", "--run-id", run_id, env=KEEP_FLEET, reports=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"deleted NVIDIADriver gpucanary-{run_id}: the default NVIDIADriver fleet takes the pool back" in result.stderr
     assert f"run {run_id}: nothing of it is left on the cluster" in result.stderr, result.stderr
@@ -508,7 +481,8 @@ def test_cleanup_hands_a_killed_runs_pool_back_to_the_default_nvidiadriver(
 def test_non_gpu_node_is_refused_as_pool(gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=existing",
-                       "--gpucanary-pool-node=cpu-node-0", reports=tmp_path / "reports", timeout_s=120)
+                       "--gpucanary-pool-node=cpu-node-0", env=KEEP_FLEET, reports=tmp_path / "reports",
+                       timeout_s=120)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert "node cpu-node-0 is not a GPU node" in result.stdout + result.stderr
     assert_nothing_left(kube, policy_before)
@@ -520,7 +494,8 @@ def test_existing_node_running_foreign_pods_is_refused(gpucanary_fleet, kube: Ku
                  "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "c", "image": "app"}]}})
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=existing",
-                       "--gpucanary-pool-node=gpu-node-1", reports=tmp_path / "reports", timeout_s=120)
+                       "--gpucanary-pool-node=gpu-node-1", env=KEEP_FLEET, reports=tmp_path / "reports",
+                       timeout_s=120)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"node gpu-node-1 runs 1 pods the canary did not put there ({namespace}/tenant...)" in result.stdout
     assert "gpucanary.io/saved-node-state" not in kube.get("v1", "Node", "gpu-node-1")["metadata"].get("annotations", {})

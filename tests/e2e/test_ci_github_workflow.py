@@ -28,6 +28,7 @@ from typing import Iterator
 import pytest
 import xmlschema
 import yaml
+from harness import TARGET
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES, REPO_ROOT
@@ -36,7 +37,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TEMPLATE = REPO_ROOT / "ci" / "templates" / "github-actions.yaml"
 SCHEMA = xmlschema.XMLSchema10(REPO_ROOT / "tests" / "schemas" / "junit-10.xsd")
-TARGET = "580.95.05"
 RUN_ID, ATTEMPT = "4242", "1"
 # What a runner gives each `shell: bash` step (GitHub's documented command line for it).
 BASH = ["bash", "--noprofile", "--norc", "-eo", "pipefail"]

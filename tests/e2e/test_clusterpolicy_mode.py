@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator
@@ -20,6 +19,7 @@ import pytest
 from pytest_gpucanary.fleet.layout import DEFAULT_OPERATOR_RELEASE, KUBELET_POOL_RELEASES
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
+from harness import CLI, TARGET, gpucanary, second_fleet
 from test_kubelet_pool import (  # tests/e2e is on sys.path (rootdir import mode)
     STALL_S, assert_named_in_minutes, stop_kubelet_during_the_upgrade, unschedulable_driver_pod,
 )
@@ -27,33 +27,14 @@ from test_rollout_diagnosis import refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1200  # a second fleet beside the session's
 KWOK_NODES, KUBELET_NODE = ("gpu-node-0", "gpu-node-1"), "gpu-kubelet-0"
 RELEASE = os.environ.get("GPUCANARY_OPERATOR_RELEASE") or DEFAULT_OPERATOR_RELEASE
 KUBELET_POOL = RELEASE in KUBELET_POOL_RELEASES     # before v26.3 the driver cannot take the host's network
 
 
-def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
-
-
-def second_fleet(gpucanary_fleet, root: Path, port_base: int, **settings: str) -> Iterator[dict[str, str]]:
-    """A fleet beside the session's, from the same binaries, with these GPUCANARY_FLEET_* settings: its
-    environment (KUBECONFIG_PATH too) while it runs; it is stopped after."""
-    binaries = gpucanary_fleet.fleet.binaries()
-    env = {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(port_base), **settings,
-           "GPUCANARY_BIN_DIR": str(binaries.control_plane), "GPUCANARY_OPERATOR_BIN_DIR": str(binaries.operator)}
-    up = gpucanary(env, "fleet", "up")
-    assert up.returncode == 0, up.stderr[-2000:]
-    env["KUBECONFIG_PATH"] = up.stdout.strip().splitlines()[-1]
-    yield env
-    gpucanary(env, "fleet", "down")
-
-
 @pytest.fixture(scope="module")
 def clusterpolicy_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    yield from second_fleet(gpucanary_fleet, tmp_path_factory.mktemp("cp-fleet"), PORT_BASE,
+    yield from second_fleet("clusterpolicy", tmp_path_factory.mktemp("cp-fleet"), gpucanary_fleet,
                             GPUCANARY_FLEET_GPU_NODES="2", GPUCANARY_FLEET_DRIVER_MODE="clusterpolicy",
                             GPUCANARY_FLEET_KUBELET_NODES="1",
                             GPUCANARY_FLEET_KUBELET_POOL="1" if KUBELET_POOL else "0")
@@ -72,12 +53,12 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
     before = driver_pods(kube)
     assert set(before) == {*KWOK_NODES, *([KUBELET_NODE] if KUBELET_POOL else [])}
 
-    result = gpucanary(clusterpolicy_fleet, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        "--gpucanary-pool-provider=kwok",
-                       "--gpucanary-driver-version=580.95.05", "--gpucanary-probe-interval-s=10",
+                       f"--gpucanary-driver-version={TARGET}", "--gpucanary-probe-interval-s=10",
                        "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
                        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180",
-                       f"--gpucanary-reports-dir={tmp_path / 'reports'}")
+                       f"--gpucanary-reports-dir={tmp_path / 'reports'}", env=clusterpolicy_fleet)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "operator in ClusterPolicy mode" in result.stdout
 
@@ -98,12 +79,12 @@ def test_clusterpolicy_mode_gate_upgrades_only_the_pool_and_restores_the_rest(cl
 CAUSES = {
     "no-image": ("999.1.1", "nvcr.io/nvidia/driver:999.1.1-ubuntu22.04"),
     "crash": ("574.0.1", f"container nvidia-driver-ctr on {KUBELET_NODE}: CrashLoopBackOff since"),
-    "driver-in-use": ("580.95.05", f"init container k8s-driver-manager on {KUBELET_NODE}: CrashLoopBackOff since"),
+    "driver-in-use": (TARGET, f"init container k8s-driver-manager on {KUBELET_NODE}: CrashLoopBackOff since"),
     "hangs": ("574.0.2", f"container nvidia-driver-ctr on {KUBELET_NODE}: NotStarted since"),
     "unvalidated": ("574.0.3", f"on {KUBELET_NODE}: BlockedInInit since"),
-    "node-not-ready": ("580.95.05", f"node {KUBELET_NODE} on {KUBELET_NODE}: NotReady since"),
-    "eviction-refused": ("580.95.05", "drain cannot evict it: PodDisruptionBudget gpucanary-"),
-    "unschedulable": ("580.95.05", f"on {KUBELET_NODE}: Unschedulable since"),
+    "node-not-ready": (TARGET, f"node {KUBELET_NODE} on {KUBELET_NODE}: NotReady since"),
+    "eviction-refused": (TARGET, "drain cannot evict it: PodDisruptionBudget gpucanary-"),
+    "unschedulable": (TARGET, f"on {KUBELET_NODE}: Unschedulable since"),
 }
 
 
@@ -131,8 +112,8 @@ def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_ever
     no driver.hostNetwork, `fleet up` refuses such a pool in one line, starting nothing."""
     if not KUBELET_POOL:
         root = tmp_path / "refused"
-        up = gpucanary({**clusterpolicy_fleet, "GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_KUBELET_POOL": "1"},
-                       "fleet", "up")
+        up = gpucanary("fleet", "up", env={**clusterpolicy_fleet, "GPUCANARY_FLEET_DIR": str(root),
+                                           "GPUCANARY_FLEET_KUBELET_POOL": "1"})
         assert up.returncode == 4, up.stdout[-2000:] + up.stderr[-2000:]
         assert f"hostNetwork setting, which GPU Operator {RELEASE} does not have" in up.stderr, up.stderr
         assert not (root / "run").exists() or not any((root / "run").iterdir())
@@ -140,7 +121,7 @@ def test_a_driver_that_cannot_come_fails_at_rollout_on_the_kubelet_pool_and_ever
     kube = Kube.connect(clusterpolicy_fleet["KUBECONFIG_PATH"])
     before = driver_pods(kube)
     target, words = CAUSES[case]
-    command = [sys.executable, "-m", "pytest_gpucanary.cli", "run",
+    command = [*CLI, "run",
                f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", f"--gpucanary-driver-version={target}",
                "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
                "--gpucanary-job-duration-s=150", f"--gpucanary-reports-dir={tmp_path / 'reports'}",
@@ -192,9 +173,9 @@ def test_a_gpu_node_that_joins_mid_run_fails_rollout_and_the_target_leaves_it_ag
 
     kube = Kube.connect(clusterpolicy_fleet["KUBECONFIG_PATH"])
     joined = KwokPool(kube, name=f"joined-{uuid.uuid4().hex[:6]}", run_id="autoscaler")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run",
+    proc = subprocess.Popen([*CLI, "run",
                              f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-                             "--gpucanary-driver-version=580.95.05", "--gpucanary-pool-provider=kwok",
+                             f"--gpucanary-driver-version={TARGET}", "--gpucanary-pool-provider=kwok",
                              "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-baseline-s=10",
                              "--gpucanary-job-duration-s=180", f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -215,13 +196,13 @@ def test_a_gpu_node_that_joins_mid_run_fails_rollout_and_the_target_leaves_it_ag
         assert proc.wait(timeout=900) == 1, "".join(output)[-4000:]
         rest.join(timeout=10)
         text = "".join(output)
-        assert f"blast radius: GPU node {joined.nodes[0]} is not held back from the ClusterPolicy's target 580.95.05" \
+        assert f"blast radius: GPU node {joined.nodes[0]} is not held back from the ClusterPolicy's target {TARGET}" \
             in text, text[-4000:]
         assert kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")["spec"]["driver"]["version"] == "580.82.07"
 
         def target_outside_the_pool(pods: dict[str, dict]) -> bool | None:
             at_target = [p["spec"].get("nodeName") for p in pods.values()
-                         if any(":580.95.05" in c.get("image", "") for c in p["spec"]["containers"])]
+                         if any(f":{TARGET}" in c.get("image", "") for c in p["spec"]["containers"])]
             return True if not at_target else None
 
         kube.watch_until("v1", "Pod", target_outside_the_pool, timeout_s=600,   # the operator rolls it back

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -20,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_canary_gate import FAST, TARGET, UNBUFFERED, assert_nothing_left, policy_before  # noqa: F401
+from harness import FAST, KEEP_FLEET, TARGET, assert_nothing_left, gpucanary
 
 from pytest_gpucanary.fleet.node_agent import VALIDATOR_ANNOTATION
 from pytest_gpucanary.gpu_operator import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_STATE_LABEL
@@ -54,11 +53,11 @@ def _run(kube: Kube, fault: str, reports: Path) -> tuple[subprocess.CompletedPro
     injector.start()
     started = time.monotonic()
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest_gpucanary.cli", "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-             f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-upgrade-budget-s={BUDGET_S}",
-             "--gpucanary-load-users=4", f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}"],
-            capture_output=True, text=True, timeout=900, env=UNBUFFERED)
+        result = gpucanary(
+            "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+            f"--gpucanary-driver-version={TARGET}", *FAST, f"--gpucanary-upgrade-budget-s={BUDGET_S}",
+            "--gpucanary-load-users=4", f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}",
+            env=KEEP_FLEET)
     finally:
         stop.set()
     took_s = time.monotonic() - started

@@ -4,10 +4,9 @@ and says what a run there does not prove, naming the nodes; without them it says
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from harness import TARGET, gpucanary
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
@@ -15,12 +14,11 @@ from pytest_gpucanary.shipped import FIXTURES
 pytestmark = [pytest.mark.e2e]
 
 PREFLIGHT = ["preflight", "--gpucanary-pool-provider=kwok", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
-             "--gpucanary-driver-version=580.95.05"]
+             f"--gpucanary-driver-version={TARGET}"]
 
 
 def preflight() -> tuple[dict, str]:
-    done = subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *PREFLIGHT], capture_output=True, text=True,
-                          timeout=120)
+    done = gpucanary(*PREFLIGHT, unbuffered=False, timeout_s=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout), done.stderr
 

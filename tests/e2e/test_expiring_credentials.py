@@ -11,7 +11,6 @@ answer by asking again once. The ServiceAccount holds exactly deploy/'s rules.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -26,13 +25,13 @@ from testbed.audit_run import CANARY_USER_AGENT, fence
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.shipped import FIXTURES
+from harness import TARGET, gpucanary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TOKEN_LIFE_S = 60        # the apiserver accepts a token this long
 STATED_LIFE_S = 120      # what the plugin says: the canary asks again after 90 s, so 401s come first
 HOLDER_LABEL = "gpucanary-tests/exec-token"
-TARGET = "580.95.05"
 RUN = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", f"--gpucanary-driver-version={TARGET}",
        "--gpucanary-pool-provider=kwok", "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420",
        "--gpucanary-max-p99-s=3", "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180",
@@ -85,11 +84,6 @@ def _refused(gpucanary_fleet, token: str) -> bool:
     except urllib.error.HTTPError as err:
         return err.code == 401
     return False
-
-
-def gpucanary(*args: str, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=env)
 
 
 def test_a_gate_cleanup_and_preflight_outlive_tokens_that_die_after_a_minute(

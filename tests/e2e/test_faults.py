@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -35,10 +34,10 @@ from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.ownership import RUN_ID_LABEL
 from pytest_gpucanary.shipped import FIXTURES
 import fault_hooks
+from harness import TARGET, gpucanary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TARGET = "580.95.05"
 ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", f"--gpucanary-driver-version={TARGET}",
         "--gpucanary-probe-interval-s=10", "--gpucanary-job-duration-s=60", "--gpucanary-upgrade-budget-s=420",
         "--gpucanary-max-p99-s=3", "--gpucanary-baseline-s=10"]
@@ -90,8 +89,7 @@ def state_cue(kube: Kube, state: str, fire: Callable[[], None], stop: threading.
 def cleanup_after_lease(fleet, kube: Kube, run_id: str) -> tuple[subprocess.CompletedProcess[str], list]:
     """`gpucanary cleanup` without a run id: it watches the dead run's Lease for one (shortened) duration itself."""
     since_s = time.time()
-    result = subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", "cleanup",
-                             f"--kubeconfig={fleet.kubeconfig}"], capture_output=True, text=True, timeout=300)
+    result = gpucanary("cleanup", f"--kubeconfig={fleet.kubeconfig}", unbuffered=False, timeout_s=300)
     until_s = time.time()
     fence(fleet)
     return result, read_log(fleet.layout.audit_log, user_agent_prefix=CANARY_USER_AGENT, since_s=since_s,

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,12 +21,13 @@ from pytest_gpucanary.fleet import processes
 from pytest_gpucanary.fleet.binaries import read_paths_env
 from pytest_gpucanary.fleet.layout import FleetLayout, OPERATOR_RELEASES
 from pytest_gpucanary.kube import Kube
+from harness import gpucanary, port_beside_session, second_fleet_env
 
 pytestmark = pytest.mark.e2e
 
 SESSION_RELEASE = os.environ.get("GPUCANARY_OPERATOR_RELEASE") or OPERATOR_RELEASES[0]
 # A base of its own beside the session fleet's, away from the other e2e modules' second fleets.
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2000
+PORT_BASE = port_beside_session("releases")
 
 
 def _releases() -> list[str]:
@@ -41,11 +40,6 @@ def _releases() -> list[str]:
         raise pytest.UsageError(f"GPUCANARY_E2E_OPERATOR_RELEASES names {unknown[0]!r}; use all or a comma list "
                                 f"of {', '.join(OPERATOR_RELEASES)}")
     return [SESSION_RELEASE] + [r for r in extra if r != SESSION_RELEASE]
-
-
-def gpucanary(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=900)
 
 
 def crd_names(crd_dir: Path) -> set[str]:
@@ -75,7 +69,7 @@ def test_session_fleet_runs_the_chosen_release_from_one_tree(gpucanary_fleet, ku
         assert Path(paths[key]).is_relative_to(tree), key
     assert fleet.operator_release() == SESSION_RELEASE
     assert_runs_release(kube, fleet.layout.root, paths, SESSION_RELEASE)
-    status = gpucanary({}, "fleet", "status")
+    status = gpucanary("fleet", "status", unbuffered=False)
     assert status.returncode == 0, status.stderr
     assert f"gpu-operator release     {SESSION_RELEASE} (commit {paths['GPU_OPERATOR_COMMIT']}" in status.stdout
 
@@ -85,19 +79,18 @@ def test_session_fleet_runs_the_chosen_release_from_one_tree(gpucanary_fleet, ku
 @pytest.mark.parametrize("release", _releases())
 def test_fleet_up_runs_release(release: str, driver_mode: str, gpucanary_fleet, tmp_path: Path,
                               record_property) -> None:
-    env = {"GPUCANARY_FLEET_DIR": str(tmp_path / "fleet"), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_DRIVER_MODE": driver_mode,
-           "GPUCANARY_OPERATOR_RELEASE": release, "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir()),
-           "GPUCANARY_OPERATOR_BIN_DIR": ""}   # the cached build of `release`, built if missing
+    env = second_fleet_env("releases", tmp_path / "fleet", gpucanary_fleet, GPUCANARY_FLEET_GPU_NODES="1",
+                           GPUCANARY_FLEET_DRIVER_MODE=driver_mode, GPUCANARY_OPERATOR_RELEASE=release,
+                           GPUCANARY_OPERATOR_BIN_DIR="")   # the cached build of `release`, built if missing
     layout = FleetLayout(root=(tmp_path / "fleet").resolve(), port_base=PORT_BASE)
-    up = gpucanary(env, "fleet", "up")
+    up = gpucanary("fleet", "up", env=env, unbuffered=False)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         # the fleet's own figure (monotonic clock, from start to operands Ready), kept in the JUnit report
         up_s = re.search(r"^fleet: up in ([0-9.]+) s", up.stderr, re.MULTILINE)
         assert up_s, up.stderr[-2000:]
         record_property("fleet_up_s", float(up_s.group(1)))
-        status = gpucanary(env, "fleet", "status")
+        status = gpucanary("fleet", "status", env=env, unbuffered=False)
         assert status.returncode == 0, status.stdout + status.stderr
         assert f"gpu-operator release     {release} (" in status.stdout
         assert f"{driver_mode} mode)" in status.stdout
@@ -111,21 +104,21 @@ def test_fleet_up_runs_release(release: str, driver_mode: str, gpucanary_fleet, 
         assert [p["spec"]["nodeName"] for p in kube.list("v1", "Pod", label_selector=driver)] == ["gpu-node-0"]
 
         other = next(r for r in OPERATOR_RELEASES if r != release)
-        refused = gpucanary({**env, "GPUCANARY_OPERATOR_RELEASE": other}, "fleet", "up")
+        refused = gpucanary("fleet", "up", env={**env, "GPUCANARY_OPERATOR_RELEASE": other}, unbuffered=False)
         assert refused.returncode == 6, refused.stderr
         assert refused.stderr.strip().splitlines()[-1] == (
             f"gpucanary: error: the fleet in {layout.root} runs GPU Operator {release}, not {other}; run "
             f"`gpucanary fleet down` first, or set GPUCANARY_OPERATOR_RELEASE={release}")
     finally:
-        down = gpucanary(env, "fleet", "down")
+        down = gpucanary("fleet", "down", env=env, unbuffered=False)
     assert down.returncode == 0, down.stderr
     assert processes.owned_pids(layout) == []
     assert [port for port in range(PORT_BASE, PORT_BASE + 100) if processes.port_in_use(port)] == []
 
 
 def test_unknown_release_is_refused_in_one_line(tmp_path: Path) -> None:
-    result = gpucanary({"GPUCANARY_FLEET_DIR": str(tmp_path / "fleet"), "GPUCANARY_OPERATOR_RELEASE": "v24.9.2"},
-                       "fleet", "up")
+    result = gpucanary("fleet", "up", env={"GPUCANARY_FLEET_DIR": str(tmp_path / "fleet"),
+                                           "GPUCANARY_OPERATOR_RELEASE": "v24.9.2"}, unbuffered=False)
     assert result.returncode == 4, result.stderr
     assert result.stderr.strip().splitlines() == [
         "gpucanary: error: GPUCANARY_OPERATOR_RELEASE='v24.9.2' is not a release the fleet can run; use one of "
@@ -133,13 +126,12 @@ def test_unknown_release_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def test_missing_source_archive_is_refused_in_one_line(gpucanary_fleet, tmp_path: Path) -> None:
-    env = {"GPUCANARY_FLEET_DIR": str(tmp_path / "fleet"), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_OPERATOR_RELEASE": "v26.3.3", "GPUCANARY_OPERATOR_BIN_DIR": "",
-           "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir()),
-           "GPUCANARY_OPERATOR_ARCHIVE_DIR": str(tmp_path / "none"),
-           "GPUCANARY_CACHE": str(tmp_path / "cache"),   # no earlier build of the release to fall back on
-           "GPUCANARY_FLEET_KUBELET_NODES": "0"}
-    result = gpucanary(env, "fleet", "up")
+    env = second_fleet_env("releases", tmp_path / "fleet", gpucanary_fleet,
+                           GPUCANARY_OPERATOR_RELEASE="v26.3.3", GPUCANARY_OPERATOR_BIN_DIR="",
+                           GPUCANARY_OPERATOR_ARCHIVE_DIR=str(tmp_path / "none"),
+                           GPUCANARY_CACHE=str(tmp_path / "cache"),   # no earlier build of the release to fall back on
+                           GPUCANARY_FLEET_KUBELET_NODES="0")
+    result = gpucanary("fleet", "up", env=env, unbuffered=False)
     assert result.returncode == 6, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("gpucanary: error: build-operator.sh failed: no source archive for GPU Operator v26.3.3 "

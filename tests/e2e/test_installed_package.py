@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from harness import TARGET, fast, gpucanary
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import Conflict
@@ -32,11 +33,9 @@ from pytest_gpucanary.shipped import FIXTURES, REPO_ROOT
 pytestmark = [pytest.mark.e2e]    # the installs take about 30 s: the wheelhouse (from pip's cache) and two installs
 
 REQUIREMENT = f"pytest-gpucanary=={metadata.version('pytest-gpucanary')}"
-TARGET = "580.95.05"
 POLICY = f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}"   # the caller's own file
 # the fast settings of the other whole-gate tests; fewer simulated users, as two gates share 2 cores
-FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180", "--gpucanary-load-users=4"]
+FAST = [*fast(), "--gpucanary-load-users=4"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,8 @@ class Installed:
     env: dict[str, str]
 
     def gpucanary(self, *args: str, cwd: Path, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.script), *args], capture_output=True, text=True, cwd=cwd, env=self.env,
-                              timeout=timeout_s)
+        return gpucanary(*args, program=[str(self.script)], base=self.env, unbuffered=False, cwd=cwd,
+                         timeout_s=timeout_s)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -3,9 +3,7 @@ leaves nothing of the node on the machine."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -13,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from harness import gpucanary, port_beside_session, second_fleet_env
 
 from pytest_gpucanary.fleet import node_cgroups, processes
 from pytest_gpucanary.fleet.kubelet_node import TAINT_KEY, KubeletNode, gpu_labels, node_name
@@ -22,9 +21,7 @@ from pytest_gpucanary.kube import Kube
 pytestmark = pytest.mark.e2e
 
 NODE = node_name(0)
-# away from the session fleet and the other e2e fleets (base + 1000, + 1200, + 1800, + 2000; Prometheus at + 1590)
-SESSION_PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400)
-SECOND_FLEET_PORT_BASE = SESSION_PORT_BASE + 1400
+SECOND_FLEET_PORT_BASE = port_beside_session("kubelet-node")
 MACHINE_PATHS = ("/var/lib/kubelet", "/run/containerd", "/run/netns", "/opt/containerd")
 SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
 
@@ -159,17 +156,6 @@ def test_host_network_server_answers_on_loopback(kube: Kube, namespace: str, gpu
     assert not processes.port_in_use(port)
 
 
-def _second_fleet(root: Path, port_base: int, gpucanary_fleet, **settings: str) -> dict[str, str]:
-    return {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(port_base),
-            "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "1",
-            "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir()), **settings}
-
-
-def _gpucanary(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=600)
-
-
 def _machine_mounts(root: Path) -> list[str]:
     return [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
             if str(root) in line or "gpucanary-node" in line]
@@ -182,12 +168,13 @@ def _sysctls() -> dict[str, str]:
 def test_fleet_down_leaves_no_process_port_mount_cgroup_or_directory_of_the_node(
         tmp_path: Path, gpucanary_fleet) -> None:
     root = (tmp_path / "fleet").resolve()
-    env = _second_fleet(root, SECOND_FLEET_PORT_BASE, gpucanary_fleet)
+    env = second_fleet_env("kubelet-node", root, gpucanary_fleet, GPUCANARY_FLEET_GPU_NODES="1",
+                           GPUCANARY_FLEET_KUBELET_NODES="1")
     layout = FleetLayout(root=root, port_base=SECOND_FLEET_PORT_BASE)
     existed = {path: Path(path).exists() for path in MACHINE_PATHS}
     sysctls = _sysctls()
     token = f"leftover-{uuid.uuid4().hex[:8]}"
-    up = _gpucanary(env, "fleet", "up")
+    up = gpucanary("fleet", "up", env=env, timeout_s=600, unbuffered=False)
     try:
         assert up.returncode == 0, up.stderr
         kube = Kube.connect(root / "kubeconfig")
@@ -196,7 +183,7 @@ def test_fleet_down_leaves_no_process_port_mount_cgroup_or_directory_of_the_node
         assert host_processes_with(token), "the pod's process is not on the machine"
         assert _machine_mounts(root) == [], "a node mount escaped its namespace"
     finally:
-        down = _gpucanary(env, "fleet", "down")
+        down = gpucanary("fleet", "down", env=env, timeout_s=600, unbuffered=False)
     assert down.returncode == 0, down.stderr
     assert "stopped kubelet nodes gpu-kubelet-0" in down.stderr
     assert host_processes_with(token) == [], "the pod's process outlived fleet down"

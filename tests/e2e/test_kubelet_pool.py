@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -44,26 +43,19 @@ from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.kube.ownership import RUN_ID_LABEL
 from pytest_gpucanary.shipped import FIXTURES
+from harness import CLI, TARGET, fast, gpucanary, port_beside_session, second_fleet_env
 from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
 from test_rollout_diagnosis import refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NODE, SECOND = node_name(0), node_name(1)
-# beside the session fleet and the other e2e fleets (+ 1000, 1200, 1400, 1590, 2000, 2150, 2250)
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 1800
-TARGET = "580.95.05"
+PORT_BASE = port_beside_session("kubelet-pool")
 STALL_S = 60
 # The GPU job must still run when the upgrade reaches pod deletion, or there is nothing for the policy
 # to refuse. 150 s costs no time: its pod is deleted or evicted within seconds of the upgrade start, and
 # its replacement starts only at the uncordon, past that deadline, on v26.7 ~150 s after the start.
-FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=150"]
-
-
-def gpucanary(env: dict[str, str], *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=_environment(env))
+FAST = fast(job_duration_s=150)
 
 
 def _environment(env: dict[str, str]) -> dict[str, str]:
@@ -73,10 +65,9 @@ def _environment(env: dict[str, str]) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def pool_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     root = tmp_path_factory.mktemp("kubelet-pool-fleet").resolve()
-    env = {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "2", "GPUCANARY_FLEET_KUBELET_POOL": "",
-           "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir())}
-    up = gpucanary(env, "fleet", "up", timeout_s=600)
+    env = second_fleet_env("kubelet-pool", root, gpucanary_fleet, GPUCANARY_FLEET_GPU_NODES="1",
+                           GPUCANARY_FLEET_KUBELET_NODES="2", GPUCANARY_FLEET_KUBELET_POOL="")
+    up = gpucanary("fleet", "up", timeout_s=600, env=env)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         # the operator labels a node's upgrade state at its next reconcile after the driver pod is Ready
@@ -85,7 +76,7 @@ def pool_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 "nvidia.com/gpu-driver-upgrade-state") == "upgrade-done", timeout_s=180)
         yield env
     finally:
-        down = gpucanary(env, "fleet", "down", timeout_s=300)
+        down = gpucanary("fleet", "down", timeout_s=300, env=env)
         assert down.returncode == 0, down.stderr[-2000:]
 
 
@@ -108,7 +99,7 @@ class Run:
 
     def start(self, env: dict[str, str]) -> Run:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_gpucanary.cli", "run", f"--gpucanary-policy={FIXTURES / 'policies' / self.policy}",
+            [*CLI, "run", f"--gpucanary-policy={FIXTURES / 'policies' / self.policy}",
              f"--gpucanary-driver-version={self.target}", *FAST, f"--gpucanary-reports-dir={self.reports}", *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(env))
         return self

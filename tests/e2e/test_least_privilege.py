@@ -9,26 +9,17 @@ Prometheus through the plugin's fleet fixture, which a --gpucanary-kubeconfig ru
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from harness import TARGET, gpucanary
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e]
 
-TARGET = "580.95.05"
 POLICY = f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}"
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-def gpucanary(*args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=ENV)
 
 
 def test_one_rule_removed_is_one_preflight_line_and_the_run_writes_nothing(

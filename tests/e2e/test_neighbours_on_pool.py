@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from canary_process import run_until_applied
+from harness import FAST, TARGET
 
 from pytest_gpucanary.canary.neighbours import NODE_MAINTENANCE
 from pytest_gpucanary.kube import Kube
@@ -19,9 +20,6 @@ from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TARGET = "580.95.05"
-FAST = ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180"]
 QUARANTINE = "nvsentinel.dgxc.nvidia.com/quarantine"
 # the maintenance operator's NodeMaintenance (maintenance.nvidia.com/v1alpha1), only as far as this test needs it
 CRD = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

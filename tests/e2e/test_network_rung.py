@@ -14,7 +14,6 @@ The session fleet has no GPU networking, so its runs report the rung skipped, sa
 from __future__ import annotations
 
 import json
-import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -23,9 +22,8 @@ from typing import Iterator
 
 import pytest
 import yaml
-from test_canary_gate import FAST, TARGET
+from harness import FAST, KEEP_FLEET, TARGET, gpucanary, port_beside_session, second_fleet_env
 from test_device_rung import _inject_once_upgrading
-from test_restart_only import gpucanary
 
 from pytest_gpucanary.canary.collective import CollectiveProbe
 from pytest_gpucanary.canary.workloads import Placement
@@ -38,7 +36,7 @@ from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2250  # a second fleet beside the session's
+PORT_BASE = port_beside_session("rdma")     # a second fleet beside the session's
 PEER = "gpu-node-0"            # the fleet's one KWOK GPU node: on the old driver through every run
 PROBE_TIMEOUT_S = 30
 FAULTS = {"clean": None,
@@ -48,14 +46,14 @@ FAULTS = {"clean": None,
 
 @pytest.fixture(scope="module")
 def rdma_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    binaries = gpucanary_fleet.fleet.binaries()
-    env = {"GPUCANARY_FLEET_DIR": str(tmp_path_factory.mktemp("rdma-fleet")), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "2", "GPUCANARY_FLEET_GPU_RDMA": "1",
-           "GPUCANARY_BIN_DIR": str(binaries.control_plane), "GPUCANARY_OPERATOR_BIN_DIR": str(binaries.operator)}
-    up = gpucanary(env, "fleet", "up")
+    env = second_fleet_env("rdma", tmp_path_factory.mktemp("rdma-fleet"), gpucanary_fleet,
+                           GPUCANARY_FLEET_GPU_NODES="1", GPUCANARY_FLEET_KUBELET_NODES="2",
+                           GPUCANARY_FLEET_GPU_RDMA="1",
+                           GPUCANARY_OPERATOR_BIN_DIR=str(gpucanary_fleet.fleet.binaries().operator))
+    up = gpucanary("fleet", "up", env={**KEEP_FLEET, **env})
     assert up.returncode == 0, up.stderr[-3000:]
     yield env
-    gpucanary(env, "fleet", "down")
+    gpucanary("fleet", "down", env={**KEEP_FLEET, **env})
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +68,10 @@ def _run(env: dict[str, str], kube: Kube, fault: str, reports: Path) -> tuple[in
         threading.Thread(target=_inject_once_upgrading, args=(kube, f"canary-{run_id}-0", FAULTS[fault], stop),
                          daemon=True).start()
     try:
-        result = gpucanary(env, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+        result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                            f"--gpucanary-driver-version={TARGET}", *FAST, "--gpucanary-load-users=4",
                            f"--gpucanary-collective-timeout-s={PROBE_TIMEOUT_S}", f"--gpucanary-run-id={run_id}",
-                           f"--gpucanary-reports-dir={reports}")
+                           f"--gpucanary-reports-dir={reports}", env={**KEEP_FLEET, **env})
     finally:
         stop.set()
     receipt = reports / run_id / "receipt.json"

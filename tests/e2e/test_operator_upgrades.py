@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from harness import FLEET_DRIVER, TARGET
 
 from pytest_gpucanary.canary.recorder import Record, Recorder, StreamSpec
 from pytest_gpucanary.cluster import discover
@@ -28,7 +29,7 @@ from pytest_gpucanary.ladder import timeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-OLD, NEW = "580.82.07", "580.95.05"
+OLD, NEW = FLEET_DRIVER, TARGET
 POD_DELETION_TIMEOUT_S = 45
 UPGRADE_TIMEOUT_S = 420          # two 2-minute requeues of the controller, plus margin
 SEQUENCE = ["upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",

@@ -7,13 +7,12 @@ runs' policies never meet; what would meet is the cleanup, which is what this pr
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
+from harness import CLI, FAST, TARGET, UNBUFFERED, gpucanary
 
 from pytest_gpucanary.canary.apply import SAVED_SPEC_ANNOTATION
 from pytest_gpucanary.cluster import discover
@@ -23,10 +22,8 @@ from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", "--gpucanary-driver-version=580.95.05",
-        "--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
-        "--gpucanary-baseline-s=10", "--gpucanary-job-duration-s=180", "--gpucanary-load-users=4"]
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUCANARY_FLEET_KEEP": "1"}
+ARGS = [f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}", f"--gpucanary-driver-version={TARGET}",
+        *FAST, "--gpucanary-load-users=4"]
 
 
 class Run:
@@ -34,9 +31,9 @@ class Run:
 
     def __init__(self, run_id: str, reports: Path, *extra: str) -> None:
         self.run_id = run_id
-        self.proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", "run", *ARGS, *extra,
+        self.proc = subprocess.Popen([*CLI, "run", *ARGS, *extra,
                                       f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED)
         self.lines: list[str] = []
         self.applied = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -60,8 +57,7 @@ class Run:
 
 
 def cleanup(kube_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", "cleanup"], capture_output=True, text=True,
-                          timeout=300, env=kube_env)
+    return gpucanary("cleanup", base=kube_env, unbuffered=False, timeout_s=300)
 
 
 def owned_by(kube: Kube, run_id: str) -> dict[str, list[str]]:
@@ -87,12 +83,12 @@ def test_two_parallel_runs_each_followed_by_cleanup_leave_the_other_intact(gpuca
     assert first.finish() == 0, first.output[-3000:]
     during = owned_by(kube, second.run_id)
     assert during["nodes"] and during["saved"] and f"gpucanary-{second.run_id}-owner" in during["namespaces"], during
-    swept = cleanup(ENV)                                  # the first pipeline's always-run cleanup step
+    swept = cleanup(UNBUFFERED)                                  # the first pipeline's always-run cleanup step
     assert swept.returncode == 0, swept.stderr
     assert f"left live run {second.run_id} alone" in swept.stderr, swept.stderr
     assert owned_by(kube, second.run_id) == during       # the live run kept everything
 
     assert second.finish() == 0, second.output[-3000:]
-    assert cleanup(ENV).returncode == 0
+    assert cleanup(UNBUFFERED).returncode == 0
     for run in (first, second):
         assert owned_by(kube, run.run_id) == {"nodes": [], "namespaces": [], "saved": []}, run.run_id

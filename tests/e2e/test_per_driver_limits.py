@@ -21,10 +21,11 @@ from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.ladder import timeline
 from pytest_gpucanary.cluster import discover
 from pytest_gpucanary.canary.recorder import Recorder, StreamSpec
+from harness import FLEET_DRIVER, TARGET
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-OLD, NEW = "580.82.07", "580.95.05"
+OLD, NEW = FLEET_DRIVER, TARGET
 ONE_AT_A_TIME = {"autoUpgrade": True, "maxParallelUpgrades": 0, "maxUnavailable": 1,
                  "waitForCompletion": {"podSelector": "", "timeoutSeconds": 0},
                  "podDeletion": {"force": False, "timeoutSeconds": 60, "deleteEmptyDir": False},

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
-from test_canary_gate import FAST, TARGET, UNBUFFERED, assert_nothing_left, policy_before  # noqa: F401
+from harness import FAST, KEEP_FLEET, TARGET, assert_nothing_left, gpucanary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -26,10 +25,9 @@ POLICIES = FIXTURES / "policies"
 
 
 def gate(base: Path, head: Path, reports: Path, gate_id: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", "gate", "--base", str(base), "--head",
-                           str(head), f"--gpucanary-driver-version={TARGET}", *FAST,
-                           f"--gpucanary-run-id={gate_id}", f"--gpucanary-reports-dir={reports}"],
-                          capture_output=True, text=True, timeout=1500, env=UNBUFFERED)
+    return gpucanary("gate", "--base", str(base), "--head", str(head), f"--gpucanary-driver-version={TARGET}", *FAST,
+                     f"--gpucanary-run-id={gate_id}", f"--gpucanary-reports-dir={reports}", env=KEEP_FLEET,
+                     timeout_s=1500)
 
 
 def chromium_dom(page: Path, tmp_path: Path) -> str:

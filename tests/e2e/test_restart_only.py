@@ -7,52 +7,42 @@ deletion evicts the GPU job. Each receipt says which.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from test_canary_gate import FAST, UNBUFFERED
+from harness import FAST, FLEET_DRIVER, KEEP_FLEET, gpucanary, second_fleet_env, session_fleet_env
 
 from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-FLEET_DRIVER = "580.82.07"      # what every fleet node runs: the run keeps it
 OLDER_RELEASE = "v25.10.1"
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2150  # a second fleet beside the session's
-
-
-def gpucanary(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_gpucanary.cli", *args], capture_output=True, text=True,
-                          timeout=900, env={**UNBUFFERED, **env})
 
 
 @pytest.fixture(scope="module")
 def older_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    env = {"GPUCANARY_FLEET_DIR": str(tmp_path_factory.mktemp("v25-fleet")), "GPUCANARY_FLEET_PORT_BASE": str(PORT_BASE),
-           "GPUCANARY_FLEET_GPU_NODES": "1", "GPUCANARY_FLEET_KUBELET_NODES": "0",
-           "GPUCANARY_OPERATOR_RELEASE": OLDER_RELEASE, "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir()),
-           "GPUCANARY_OPERATOR_BIN_DIR": ""}        # the cached build of the release, built if missing
-    up = gpucanary(env, "fleet", "up")
+    env = second_fleet_env("restart-only", tmp_path_factory.mktemp("v25-fleet"), gpucanary_fleet,
+                           GPUCANARY_FLEET_GPU_NODES="1", GPUCANARY_FLEET_KUBELET_NODES="0",
+                           GPUCANARY_OPERATOR_RELEASE=OLDER_RELEASE,
+                           GPUCANARY_OPERATOR_BIN_DIR="")     # the cached build of the release, built if missing
+    up = gpucanary("fleet", "up", env={**KEEP_FLEET, **env})
     assert up.returncode == 0, up.stderr[-3000:]
     yield env
-    gpucanary(env, "fleet", "down")
+    gpucanary("fleet", "down", env={**KEEP_FLEET, **env})
 
 
 @pytest.fixture(scope="module")
 def same_version_runs(gpucanary_fleet, older_fleet: dict[str, str], tmp_path_factory) -> dict[str, tuple]:
-    session = {"GPUCANARY_FLEET_DIR": str(gpucanary_fleet.fleet.layout.root),
-               "GPUCANARY_FLEET_PORT_BASE": str(gpucanary_fleet.fleet.layout.port_base)}
+    session = session_fleet_env(gpucanary_fleet)
 
     def run(env: dict[str, str], name: str) -> tuple[subprocess.CompletedProcess[str], dict]:
         reports = tmp_path_factory.mktemp(name)
-        result = gpucanary(env, "run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+        result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                            f"--gpucanary-driver-version={FLEET_DRIVER}", *FAST, "--gpucanary-load-users=4",
-                           f"--gpucanary-reports-dir={reports}")
+                           f"--gpucanary-reports-dir={reports}", env={**KEEP_FLEET, **env})
         receipts = list(reports.glob("*/receipt.json"))
         return result, json.loads(receipts[0].read_text()) if receipts else {}
 

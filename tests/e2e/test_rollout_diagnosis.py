@@ -15,7 +15,7 @@ import yaml
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
-from test_canary_gate import FAST, TARGET, assert_nothing_left, gpucanary, policy_before, receipt_of  # noqa: F401
+from harness import FAST, KEEP_FLEET, TARGET, assert_nothing_left, gpucanary, receipt_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DRAIN_TIMEOUT_S = 60
@@ -40,7 +40,7 @@ def test_a_budget_that_refuses_the_drain_fails_at_rollout_naming_it(
         gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
     policy, service = refused_drain_options(tmp_path, drain_timeout_s=DRAIN_TIMEOUT_S)
     result = gpucanary("run", policy, f"--gpucanary-driver-version={TARGET}", *FAST, service,
-                       reports=tmp_path / "reports")
+                       env=KEEP_FLEET, reports=tmp_path / "reports")
 
     output = result.stdout[-4000:] + result.stderr[-2000:]
     assert result.returncode == 1, output

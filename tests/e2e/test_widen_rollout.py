@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -37,11 +36,10 @@ from pytest_gpucanary.kube.errors import Conflict
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from pytest_gpucanary.shipped import FIXTURES, REPO_ROOT
-from test_clusterpolicy_mode import gpucanary, second_fleet   # tests/e2e is on sys.path (rootdir import mode)
+from harness import CLI, TARGET, gpucanary, second_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PORT_BASE = int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or 26400) + 2350  # a second fleet beside the session's
 NODES = [f"gpu-node-{i}" for i in range(4)]
 DRIVER = "fleet"
 FAST = ["--soak-s=10", "--wave-budget-s=600"]
@@ -53,7 +51,7 @@ API_ERRORS = ('(sum(rate(gpucanary_ingress_requests_total{service="api-2",code!=
 
 @pytest.fixture(scope="module")
 def widen_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    yield from second_fleet(gpucanary_fleet, tmp_path_factory.mktemp("widen-fleet"), PORT_BASE,
+    yield from second_fleet("widen", tmp_path_factory.mktemp("widen-fleet"), gpucanary_fleet,
                             GPUCANARY_FLEET_GPU_NODES=str(len(NODES)), GPUCANARY_FLEET_KUBELET_NODES="0")
 
 
@@ -95,7 +93,7 @@ def version_change_refused(kube: Kube) -> bool:
     """Whether the apiserver refuses `kube` a new version on the fleet's NVIDIADriver (asked as a dry run)."""
     try:
         kube.dynamic.patch(kube.dynamic.resources.get(api_version=NVIDIADRIVER[0], kind=NVIDIADRIVER[1]), name=DRIVER,
-                           body={"spec": {"version": "580.95.05"}}, dry_run="All",
+                           body={"spec": {"version": TARGET}}, dry_run="All",
                            content_type="application/merge-patch+json")
     except ApiException as exc:
         if exc.status == 403:
@@ -147,21 +145,21 @@ def test_widen_without_a_passing_verdict_or_the_administrators_mark_refuses_befo
     policy = policy_file(tmp_path, "default.yaml")
     before = (kube.get(*NVIDIADRIVER, DRIVER)["metadata"]["resourceVersion"],
               [kube.get("v1", "Node", n)["metadata"]["resourceVersion"] for n in NODES])
-    none = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path), *as_widen)
+    none = gpucanary(*widen_args(policy, TARGET, tmp_path), *as_widen, env=widen_fleet)
     assert none.returncode == 1, none.stderr
     assert none.stderr.strip().splitlines() == [
-        f"gpucanary: hold: no canary verdict for {load_key(kube, policy, '580.95.05').describe()}: run the canary "
+        f"gpucanary: hold: no canary verdict for {load_key(kube, policy, TARGET).describe()}: run the canary "
         "with exactly this policy and target"]
-    record_verdict(kube, policy, "580.95.05", passed=False)
-    failed = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path), *as_widen)
+    record_verdict(kube, policy, TARGET, passed=False)
+    failed = gpucanary(*widen_args(policy, TARGET, tmp_path), *as_widen, env=widen_fleet)
     assert failed.returncode == 1 and failed.stderr.startswith("gpucanary: hold: the canary failed: "), failed.stderr
-    record_verdict(kube, policy, "580.95.05", passed=True)
-    unreadable = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path, "--slo=sum(rate(nope[1m]) < 1"),
-                           *as_widen)
+    record_verdict(kube, policy, TARGET, passed=True)
+    unreadable = gpucanary(*widen_args(policy, TARGET, tmp_path, "--slo=sum(rate(nope[1m]) < 1"),
+                           *as_widen, env=widen_fleet)
     assert unreadable.returncode == 6, unreadable.stderr
     assert unreadable.stderr.startswith("gpucanary: error: SLO `sum(rate(nope[1m]) < 1` cannot be read: Prometheus at "
                                         "http://127.0.0.1:"), unreadable.stderr
-    unmarked = gpucanary(widen_fleet, *widen_args(policy, "580.95.05", tmp_path), *as_widen)
+    unmarked = gpucanary(*widen_args(policy, TARGET, tmp_path), *as_widen, env=widen_fleet)
     assert unmarked.returncode == 4, unmarked.stderr
     assert unmarked.stderr.strip().splitlines() == [
         f"gpucanary: error: NVIDIADriver {DRIVER} is not marked for gpucanary widen (no gpucanary.io/widen-eligible=true); "
@@ -217,7 +215,7 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
     mark_for_widen(kube)
     policy = policy_file(tmp_path, "default.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
     before = driver_version(kube)
-    target = "580.95.05"
+    target = TARGET
     record_verdict(kube, policy, target, passed=True)
     place(kube, NODES[2], "api-2", "trainer-2")      # the default policy deletes GPU pods only
     layout = FleetLayout(root=Path(widen_fleet["GPUCANARY_FLEET_DIR"]),
@@ -239,7 +237,7 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
 def sweep_killed_and_resumed(widen_fleet: dict[str, str], kube: Kube, as_widen: list[str], tmp_path: Path,
                              policy: Path, before: str, target: str) -> None:
     args = widen_args(policy, target, tmp_path / "reports", "--waves=fixed:2", f"--slo={API_ERRORS}", *as_widen)
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_gpucanary.cli", *args], stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([*CLI, *args], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **widen_fleet, "PYTHONUNBUFFERED": "1"})
     said = []
     assert proc.stderr is not None
@@ -253,7 +251,7 @@ def sweep_killed_and_resumed(widen_fleet: dict[str, str], kube: Kube, as_widen: 
     held = nodes_now(kube)
     assert driver_version(kube) == target
     assert all(held[n][1] == "true" and held[n][2] == before for n in NODES[2:]), held   # wave 2 held on the old driver
-    resumed = gpucanary(widen_fleet, *args, "--resume")
+    resumed = gpucanary(*args, "--resume", env=widen_fleet)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     lines = resumed.stderr.splitlines()
     assert any(line.startswith("widen: resuming sweep widen-") and "at wave 1/2" in line for line in lines), lines
@@ -290,7 +288,7 @@ def test_the_field_note_policy_fails_its_first_wave_on_the_evicted_service_and_h
     policy = policy_file(tmp_path, "field-note.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
     record_verdict(kube, policy, target, passed=True)
     place(kube, NODES[0], "sched-api", "trainer")
-    result = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1", *as_widen))
+    result = gpucanary(*widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1", *as_widen), env=widen_fleet)
     assert result.returncode == 1, result.stderr[-4000:]
     halted = [line for line in result.stderr.splitlines() if line.startswith("widen: halted: ")]
     assert len(halted) == 1 and halted[0].startswith("widen: halted: wave 1/4: pod that uses no GPU default/sched-api-")
@@ -302,10 +300,10 @@ def test_the_field_note_policy_fails_its_first_wave_on_the_evicted_service_and_h
     assert [w["outcome"] for w in record["waves"]] == ["failed", "pending", "pending", "pending"]
     junit = (tmp_path / "reports" / record["run_id"] / "widen-junit.xml").read_text()
     assert junit.count("<failure") == 1 and junit.count("<skipped") == 3
-    again = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1", *as_widen))
+    again = gpucanary(*widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1", *as_widen), env=widen_fleet)
     assert again.returncode == 6 and f"sweep {record['run_id']} of this change is halted" in again.stderr, again.stderr
-    cleanup = gpucanary(widen_fleet, "cleanup", f"--run-id={record['run_id']}", "--force",
-                        as_widen[0].replace("--gpucanary-kubeconfig=", "--kubeconfig="))
+    cleanup = gpucanary("cleanup", f"--run-id={record['run_id']}", "--force",
+                        as_widen[0].replace("--gpucanary-kubeconfig=", "--kubeconfig="), env=widen_fleet)
     assert cleanup.returncode == 0, cleanup.stderr[-3000:]
     assert driver_version(kube) == before
     assert all(kube.get("v1", "Node", n)["metadata"].get("labels", {}).get(SKIP_LABEL) is None for n in NODES)
@@ -325,8 +323,8 @@ def test_a_wave_whose_customer_starts_are_too_slow_halts_the_sweep(
     target = "580.95.07"
     policy = policy_file(tmp_path, "default.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
     record_verdict(kube, policy, target, passed=True)
-    result = gpucanary(widen_fleet, *widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1",
-                                                "--gpucanary-max-start-latency-s=0.5", *as_widen))
+    result = gpucanary(*widen_args(policy, target, tmp_path / "reports", "--waves=fixed:1",
+                                   "--gpucanary-max-start-latency-s=0.5", *as_widen), env=widen_fleet)
     assert result.returncode == 1, result.stderr[-4000:]
     [halted] = [line for line in result.stderr.splitlines() if line.startswith("widen: halted: ")]
     assert halted.startswith("widen: halted: wave 1/4: start probes' p99 start latency "), halted
@@ -334,8 +332,8 @@ def test_a_wave_whose_customer_starts_are_too_slow_halts_the_sweep(
     [record] = [r for r in sweep_record(kube) if r["key"]["target"] == target]
     assert [w["outcome"] for w in record["waves"]] == ["failed", "pending", "pending", "pending"]
     assert record["waves"][0]["probes"].startswith(("0 start probes ran", "1 start probe ran")), record["waves"][0]
-    cleanup = gpucanary(widen_fleet, "cleanup", f"--run-id={record['run_id']}", "--force",
-                        as_widen[0].replace("--gpucanary-kubeconfig=", "--kubeconfig="))
+    cleanup = gpucanary("cleanup", f"--run-id={record['run_id']}", "--force",
+                        as_widen[0].replace("--gpucanary-kubeconfig=", "--kubeconfig="), env=widen_fleet)
     assert cleanup.returncode == 0, cleanup.stderr[-3000:]
     assert driver_version(kube) == before
     assert f"run {record['run_id']}: nothing of it is left on the cluster" in cleanup.stderr

@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -78,12 +77,11 @@ def test_two_ranks_all_reduce_and_print_the_nccl_tests_summary(allreduce: Path, 
 
 
 def test_rank_1_without_rank_0_gives_up_with_exit_2(allreduce: Path) -> None:
-    started = time.monotonic()
     result = subprocess.run([str(allreduce), *SMALL_SIZES], capture_output=True, text=True, timeout=30,
                             env=rank_env(1, free_port(), GPUCANARY_CONNECT_TIMEOUT_S="1.5"))
     assert result.returncode == 2
-    assert time.monotonic() - started < 10
     assert "cannot reach rank 0 at 127.0.0.1:" in result.stderr
+    assert " within 1.5s: " in result.stderr      # it gave up at its connect timeout, the one set
     assert result.stdout == ""
 
 

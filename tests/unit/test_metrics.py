@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_gpucanary.ladder import Outcome, Stage
+from pytest_gpucanary.canary import metrics
 from pytest_gpucanary.canary.metrics import MetricsError, Prometheus, default_answers, node_regex, query, window
 from pytest_gpucanary.ladder.metrics import (
     judge_answer, judge_driver_version, judge_upgrade_failed, judge_xid, latest_versions,
@@ -139,17 +140,42 @@ def _all_inconclusive(url: str, *, read_timeout_s: float = 5.0) -> list[str]:
     return [c.detail for c in checks]
 
 
-def test_a_closed_port_is_inconclusive_fast() -> None:
-    started = time.monotonic()
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The timeout each query gave the Prometheus client, in order."""
+    timeouts: list[object] = []
+    custom_query = metrics.PrometheusConnect.custom_query
+
+    def spy(self, *args, **kwargs):
+        timeouts.append(kwargs.get("timeout"))
+        return custom_query(self, *args, **kwargs)
+
+    monkeypatch.setattr(metrics.PrometheusConnect, "custom_query", spy)
+    return timeouts
+
+
+def test_a_closed_port_is_inconclusive_fast(asked: list[object]) -> None:
     details = _all_inconclusive(f"http://127.0.0.1:{_closed_port()}")
-    assert time.monotonic() - started < 5 and "unreachable" in details[0]
+    assert "unreachable" in details[0]
+    # every query bounded by the configured timeouts, none left to the client's defaults
+    assert asked and all(timeout == (metrics.CONNECT_TIMEOUT_S, 5.0) for timeout in asked), asked
 
 
-def test_a_slow_prometheus_times_out_inconclusive(stand_in) -> None:
-    url = stand_in(_reply(200, b"{}", delay_s=2.0))
-    started = time.monotonic()
+def test_a_slow_prometheus_times_out_inconclusive(stand_in, asked: list[object]) -> None:
+    received: list[str] = []
+    slow = _reply(200, b"{}", delay_s=2.0)
+
+    def respond(self: http.server.BaseHTTPRequestHandler) -> None:
+        received.append(self.path)
+        slow(self)
+
+    url = stand_in(respond)
     assert "timed out" in _all_inconclusive(url, read_timeout_s=0.3)[0]
-    assert time.monotonic() - started < 6          # read=0 retries: one timeout per query, not four
+    assert asked and all(timeout == (metrics.CONNECT_TIMEOUT_S, 0.3) for timeout in asked), asked
+    deadline = time.monotonic() + 30     # the stand-in may still be taking the last request in
+    while len(received) < len(asked) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(received) == len(asked), received    # read=0 retries: one request per query, not two
 
 
 def test_5xx_html_and_error_bodies_are_one_line_inconclusive(stand_in) -> None:

@@ -4,7 +4,6 @@ that it reads back unchanged, and that a waiter wakes on the change it waits for
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from kube_double import FakeKube
@@ -56,18 +55,40 @@ def test_a_broken_watch_shows_in_the_timeline_as_an_error_and_a_relist(tmp_path:
 def test_wait_for_wakes_on_the_change_it_waits_for(tmp_path: Path) -> None:
     fake = nodes("canary-0")
     stream = StreamSpec("node-canary-0", "v1", "Node", field_selector="metadata.name=canary-0")
-    change = threading.Timer(0.2, fake.patch, ("v1", "Node", "canary-0",
-                                               {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}}))
+    rec = Recorder(fake, tmp_path / "timeline.jsonl", [stream])
+    rec._changed = wakes = _Wakes()
 
-    with Recorder(fake, tmp_path / "timeline.jsonl", [stream]) as rec:
+    def change() -> None:       # once the waiter waits
+        wakes.waiting.wait(timeout=30)
+        fake.patch("v1", "Node", "canary-0", {"metadata": {"labels": {UPGRADE_STATE_LABEL: "upgrade-required"}}})
+
+    with rec:
         rec.wait_for(lambda rs: True if rs else None, timeout_s=5)
-        started = time.monotonic()
-        change.start()
+        wakes.waiting.clear()
+        wakes.woken.clear()
+        changer = threading.Thread(target=change)
+        changer.start()
         rec.wait_for(state_seen("canary-0", "upgrade-required"), timeout_s=30)
-        waited_s = time.monotonic() - started
-    change.join()
+    changer.join()
 
-    assert waited_s < 2.0      # the waiter re-checks on its own only every 5 s: it was woken by the record
+    # the waiter also re-checks on its own every 5 s; the wait that ended with the change seen was woken by the
+    # record, not ended by that bound
+    assert wakes.woken and wakes.woken[-1] is True, wakes.woken
+
+
+class _Wakes(threading.Condition):
+    """The recorder's condition, noting for each wait whether it was woken (True) or ran out its time (False)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+        self.woken: list[bool] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        woken = super().wait(timeout)
+        self.woken.append(woken)
+        return woken
 
 
 def test_an_event_for_an_object_never_listed_is_recorded_as_the_server_sent_it(tmp_path: Path) -> None:

@@ -1,0 +1,145 @@
+"""What the end-to-end tests share, in one place: the `gpucanary` command as a subprocess, the target driver
+and the fast run options, what a run must leave behind, and the ports and environment of a fleet beside the
+session's. Imported by its bare name (tests/e2e is on sys.path); never part of the package. The fixtures the
+tests share are in conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_gpucanary.fleet.layout import DEFAULT_PORT_BASE
+from pytest_gpucanary.kube import Kube
+
+TARGET = "580.95.05"            # the driver the runs upgrade to
+FLEET_DRIVER = "580.82.07"      # what every fleet node runs before
+# a 2-core CI machine runs the fleet, the operator and locust at once; the GPU job keeps the default
+# a GPU job of 180 s: still running when pod deletion comes (seconds after the policy, after a 10 s
+# baseline; a job done by then is inconclusive), and no longer than the wait for the uncordon on v26.7,
+# where its replacement starts
+def fast(*, job_duration_s: int = 180) -> list[str]:
+    """The fast run options, with a GPU job of `job_duration_s`."""
+    return ["--gpucanary-probe-interval-s=10", "--gpucanary-upgrade-budget-s=420", "--gpucanary-max-p99-s=3",
+            "--gpucanary-baseline-s=10", f"--gpucanary-job-duration-s={job_duration_s}"]
+
+
+FAST = fast()
+KEEP_FLEET = {"GPUCANARY_FLEET_KEEP": "1"}     # a run that found the fleet down leaves it up after
+UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1", **KEEP_FLEET}
+CLI = (sys.executable, "-m", "pytest_gpucanary.cli")      # `gpucanary`, from this checkout
+
+
+def gpucanary(*args: str, env: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None,
+              unbuffered: bool = True, timeout_s: float = 900, reports: Path | None = None, cwd: Path | None = None,
+              check: bool = False, program: Sequence[str] = CLI) -> subprocess.CompletedProcess[str]:
+    """`gpucanary <args>` in a subprocess, its output captured as text, killed after `timeout_s`.
+
+    Its environment is `base` (this process's at the call if None) with `env` over it, and PYTHONUNBUFFERED=1
+    unless `unbuffered` is false. With `reports`, a `run` also gets --gpucanary-reports-dir=<reports> (other
+    commands ignore it). `program` is the command: this checkout's by default, or an installed console script."""
+    environment = {**(os.environ if base is None else base), **(env or {})}
+    if unbuffered:
+        environment["PYTHONUNBUFFERED"] = "1"
+    command = [*program, *args]
+    if reports is not None and args[0] == "run":
+        command.append(f"--gpucanary-reports-dir={reports}")
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=environment, cwd=cwd,
+                          check=check)
+
+
+def receipt_of(reports: Path) -> dict:
+    """The receipt of the one run under `reports`."""
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    return json.loads((run_dir / "receipt.json").read_text())
+
+
+def live(items: list[dict]) -> list[str]:
+    """Names of objects not already being deleted (namespace deletion finishes asynchronously)."""
+    return [i["metadata"]["name"] for i in items if not i["metadata"].get("deletionTimestamp")]
+
+
+def assert_nothing_left(kube: Kube, policy_before: dict) -> None:
+    """No run's namespace, pool node or NVIDIADriver is left, and the ClusterPolicy's upgradePolicy is the one
+    before (the `policy_before` fixture), with no saved spec on it."""
+    assert not [n for n in live(kube.list("v1", "Namespace")) if n.startswith("gpucanary-")]
+    assert not live(kube.list("v1", "Node", label_selector="app.kubernetes.io/managed-by=gpucanary"))
+    assert not live(kube.list("nvidia.com/v1alpha1", "NVIDIADriver",
+                              label_selector="app.kubernetes.io/managed-by=gpucanary"))
+    policy = kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")
+    assert policy["spec"]["driver"]["upgradePolicy"] == policy_before
+    assert "gpucanary.io/saved-spec" not in policy["metadata"].get("annotations", {})
+
+
+# --- ports beside the session fleet's ------------------------------------------------------------------------
+
+# tests/conftest.py gives pytest-xdist worker n the session's port base - 4,000 n, so everything a worker runs
+# beside its own fleet stays within 4,000 ports above its base; a fleet's own ports are its base to + 99
+# (pytest_gpucanary/fleet/layout.py).
+WORKER_PORT_SPACING = 4000
+FLEET_PORTS = 100
+# The offset from the session fleet's port base of what each e2e module runs beside it: a fleet of its own
+# (FLEET_PORTS ports from there), or one port. One table, so that no two share a port.
+BESIDE_SESSION = {
+    "fleet-cli": 1000,          # test_fleet_cli.py: fleets that fail to come up, and one half-started
+    "clusterpolicy": 1200,      # test_clusterpolicy_mode.py: the ClusterPolicy-mode fleet
+    "kubelet-node": 1400,       # test_kubelet_node.py: a fleet brought up and down to see what it leaves
+    "prometheus": 1590,         # test_canary_gate.py: a Prometheus of its own, stopped mid-run (one port)
+    "kubelet-pool": 1800,       # test_kubelet_pool.py: two real kubelet nodes as pools
+    "releases": 2000,           # test_fleet_releases.py: one-node fleets on each release
+    "restart-only": 2150,       # test_restart_only.py: the older release's fleet
+    "rdma": 2250,               # test_network_rung.py: the GPUDirect RDMA fleet
+    "widen": 2350,              # test_widen_rollout.py: widen's four-node fleet
+}
+
+
+def _check_ports_apart() -> None:
+    spans = sorted((offset, offset + (1 if purpose == "prometheus" else FLEET_PORTS), purpose)
+                   for purpose, offset in BESIDE_SESSION.items())
+    assert spans[0][0] >= FLEET_PORTS, "beside the session fleet's own ports"
+    for (_, end, purpose), (start, _, other) in zip(spans, spans[1:]):
+        assert end <= start, f"{purpose}'s ports overlap {other}'s"
+    assert spans[-1][1] <= WORKER_PORT_SPACING, "the next xdist worker's fleet starts there"
+
+
+_check_ports_apart()
+
+
+def session_port_base() -> int:
+    """The session fleet's port base (this xdist worker's, as tests/conftest.py set it)."""
+    return int(os.environ.get("GPUCANARY_FLEET_PORT_BASE") or DEFAULT_PORT_BASE)
+
+
+def port_beside_session(purpose: str) -> int:
+    """The port base of `purpose`'s fleet (or its one port) beside the session's: BESIDE_SESSION."""
+    return session_port_base() + BESIDE_SESSION[purpose]
+
+
+def session_fleet_env(gpucanary_fleet: Any) -> dict[str, str]:
+    """The settings that name the session's own fleet."""
+    return {"GPUCANARY_FLEET_DIR": str(gpucanary_fleet.fleet.layout.root),
+            "GPUCANARY_FLEET_PORT_BASE": str(gpucanary_fleet.fleet.layout.port_base)}
+
+
+def second_fleet_env(purpose: str, root: Path, gpucanary_fleet: Any, **settings: str) -> dict[str, str]:
+    """The settings of a fleet beside the session's, kept in `root`, on `purpose`'s port base, from the session
+    fleet's control-plane binaries, with these GPUCANARY_* settings over them."""
+    return {"GPUCANARY_FLEET_DIR": str(root), "GPUCANARY_FLEET_PORT_BASE": str(port_beside_session(purpose)),
+            "GPUCANARY_BIN_DIR": str(gpucanary_fleet.fleet.bin_dir()), **settings}
+
+
+def second_fleet(purpose: str, root: Path, gpucanary_fleet: Any, **settings: str) -> Iterator[dict[str, str]]:
+    """A fleet beside the session's (`second_fleet_env`), from the same binaries (its GPU Operator build too,
+    unless `settings` name another): its environment (KUBECONFIG_PATH too) while it runs; it is stopped after."""
+    env = second_fleet_env(purpose, root, gpucanary_fleet, **{
+        "GPUCANARY_OPERATOR_BIN_DIR": str(gpucanary_fleet.fleet.binaries().operator), **settings})
+    up = gpucanary("fleet", "up", env=env)
+    assert up.returncode == 0, up.stderr[-2000:]
+    env["KUBECONFIG_PATH"] = up.stdout.strip().splitlines()[-1]
+    yield env
+    gpucanary("fleet", "down", env=env)
