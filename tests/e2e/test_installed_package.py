@@ -173,6 +173,10 @@ def test_each_install_passes_a_whole_gate_from_an_empty_directory_under_the_ship
     hook = venv_install.gpucanary("verdict", f"--gpucanary-kubeconfig={reader}", *verdict_args[1:], cwd=tmp_path,
                                   timeout_s=120)
     assert hook.returncode == 0 and hook.stderr.startswith("gpucanary: proceed: run "), hook.stdout + hook.stderr
+    # both runs took their namespaces with them
+    assert not [n["metadata"]["name"] for n in kube.list("v1", "Namespace")
+                if n["metadata"]["name"].startswith(tuple(f"gpucanary-{r}" for r in installs))
+                and not n["metadata"].get("deletionTimestamp")]
 
 
 def verdict_reader_kubeconfig(kube: Kube, admin_kubeconfig: Path, tmp_path: Path) -> Path:
@@ -189,6 +193,3 @@ def verdict_reader_kubeconfig(kube: Kube, admin_kubeconfig: Path, tmp_path: Path
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
-    assert not [n["metadata"]["name"] for n in kube.list("v1", "Namespace")
-                if n["metadata"]["name"].startswith(tuple(f"gpucanary-{r}" for r in installs))
-                and not n["metadata"].get("deletionTimestamp")]
