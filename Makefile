@@ -23,7 +23,7 @@ demo: setup build
 
 # Three worker processes, whole files each, one fleet per worker (tests/conftest.py): the end-to-end
 # files mostly wait on the GPU Operator's 2-minute requeue, so a third fleet on 2 cores shortens the run.
-# Files go out in collection order, the longest first (tests/e2e/conftest.py), not xdist's by test count.
+# Files go out in collection order, the longest first (tests/e2e_fixtures.py), not xdist's by test count.
 TEST_WORKERS ?= 3
 test: setup build
 	$(VENV)/bin/lint-imports
@@ -35,27 +35,27 @@ test: setup build
 # Every step boundary x SIGINT/SIGTERM/SIGKILL, the crash-after-write samples and the control-plane
 # faults on the local fleet (hours); `make test` runs a subset of each.
 kill-matrix: setup build
-	GPUCANARY_KILL_MATRIX=1 $(PY) -m pytest tests/e2e/test_faults.py tests/e2e/test_control_plane_faults.py \
-		tests/e2e/test_canary_gate.py::test_cleanup_hands_a_killed_runs_pool_back_to_the_default_nvidiadriver -rA $(PYTEST_ARGS)
+	GPUCANARY_KILL_MATRIX=1 $(PY) -m pytest tests/canary/test_faults.py tests/canary/test_control_plane_faults.py \
+		tests/canary/test_canary_gate.py::test_cleanup_hands_a_killed_runs_pool_back_to_the_default_nvidiadriver -rA $(PYTEST_ARGS)
 
 # Every cause of a stuck rollout the watcher names on the kubelet pool: in ClusterPolicy mode one run each, in
 # NVIDIADriver mode two at a time (`make test` runs the no-image case in both modes, and the driver held in
 # NVIDIADriver mode).
 diagnosis-matrix: setup build
-	GPUCANARY_DIAGNOSIS_MATRIX=1 $(PY) -m pytest tests/e2e/test_clusterpolicy_mode.py tests/e2e/test_kubelet_pool.py \
+	GPUCANARY_DIAGNOSIS_MATRIX=1 $(PY) -m pytest tests/canary/test_clusterpolicy_mode.py tests/canary/test_kubelet_pool.py \
 		-k driver_that_cannot_come -rA $(PYTEST_ARGS)
 
 # Both demo policies at once on two real kubelet nodes as canary pools (part of `make test`; alone here).
 test-kubelet-pool: setup build
-	$(PY) -m pytest tests/e2e/test_kubelet_pool.py -rA $(PYTEST_ARGS)
+	$(PY) -m pytest tests/canary/test_kubelet_pool.py -rA $(PYTEST_ARGS)
 
 # The documentation site (docs/, mkdocs.yml), warnings as errors, built outside the repository; `make test` builds
-# it too (tests/unit/test_docs_site.py).
+# it too (tests/docs/test_docs_site.py).
 docs: setup
 	$(VENV)/bin/mkdocs build --strict --site-dir $(HOME)/.cache/gpucanary/site
 
 unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
 
 setup: deps $(VENV)/.installed
 

@@ -22,14 +22,14 @@ import pytest
 
 from pytest_gpucanary.shipped import REPO_ROOT
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "e2e_fixtures"]  # tests/e2e_fixtures.py
 
 WORKER_PORT_SPACING = 4000
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # The test bed's fleets keep KWOK pools as their default (most e2e tests run several pools at once);
-    # tests/e2e/test_kubelet_pool.py brings up a fleet with the real node as its pool.
+    # tests/canary/test_kubelet_pool.py brings up a fleet with the real node as its pool.
     os.environ.setdefault("GPUCANARY_FLEET_KUBELET_POOL", "0")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw") or worker == "gw0":

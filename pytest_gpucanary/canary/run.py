@@ -18,8 +18,8 @@ change is. Every write is one of
   of its key, in the canary's own namespace; nothing to undo.
 So a process killed between any two writes (SIGKILL, OOM, a lost machine) leaves only objects that
 `gpucanary cleanup` finds by label or annotation and restores exactly, once the run's Lease is no
-longer renewed. tests/unit/test_crash_sweep.py kills a run after each of its writes;
-tests/e2e/fault_hooks.py is the hook that does it on a real cluster.
+longer renewed. tests/canary/test_crash_sweep.py kills a run after each of its writes;
+tests/fault_hooks.py is the hook that does it on a real cluster.
 """
 
 from __future__ import annotations

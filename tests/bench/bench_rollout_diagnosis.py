@@ -7,7 +7,7 @@ a PodDisruptionBudget refused until its timeout), when the kubelet first reporte
 (the end of the evaluate step: the upgrade step's start + upgrade + settle + evaluate), and the run's
 total wall time. Goals: verdict within 60 s of terminal; a failing run on the kubelet pool under 6 minutes.
 
-Failing runs to read: the kubelet pool's e2e (`tests/e2e/test_kubelet_pool.py`, its runs of 999.1.1, the
+Failing runs to read: the kubelet pool's e2e (`tests/canary/test_kubelet_pool.py`, its runs of 999.1.1, the
 driver-in-use case and 574.0.2's hang land under pytest's basetemp, failing-runs*/), or any `gpucanary run` with
 --gpucanary-reports-dir. Run: python tests/bench/bench_rollout_diagnosis.py <reports>/<run-id> [...]
 """

@@ -1,7 +1,7 @@
 """One pass over the timeline: what judging a large recorded run costs, and what recording it costs while the
 run waits on it.
 
-Builds a synthetic timeline shaped like the canned records of tests/unit/test_ladder.py, scaled: NODES GPU
+Builds a synthetic timeline shaped like the canned records of tests/ladder/test_ladder.py, scaled: NODES GPU
 nodes listed at the start, the pool's nodes (the first POOL) going through the operator's upgrade states with
 their events, the GPUs leaving allocatable and coming back, their operands restarted and their GPU pods
 evicted; every other node's labels updated once a minute (GPU Feature Discovery) and two events each; about

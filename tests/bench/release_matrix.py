@@ -22,8 +22,8 @@ from pathlib import Path
 import upgrade_transitions
 import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
-MODULES = ("tests/e2e/test_operator_upgrades.py", "tests/e2e/test_clusterpolicy_mode.py",
-           "tests/e2e/test_fleet_releases.py")
+MODULES = ("tests/fleet/test_operator_upgrades.py", "tests/canary/test_clusterpolicy_mode.py",
+           "tests/fleet/test_fleet_releases.py")
 
 
 @dataclass(frozen=True)

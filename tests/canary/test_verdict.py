@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from kube_double import FakeKube
-from test_ladder import NEW, T0, clean_run, field_note_run   # canned runs, shared
+from canned_runs import NEW, T0, clean_run, field_note_run   # canned runs, shared
 
 from pytest_gpucanary.canary import publish
 from pytest_gpucanary.cli import main

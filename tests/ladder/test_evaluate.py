@@ -15,7 +15,7 @@ from pytest_gpucanary.config import Settings
 from pytest_gpucanary.ladder import RunEvidence, UpgradePhase
 from pytest_gpucanary.ladder.evidence import LOAD_FILE, TIMELINE_FILE
 from pytest_gpucanary.ladder.model import MetricAnswer, Sample, Series
-from test_ladder import NEW, NODE, at, clean_run
+from canned_runs import NEW, NODE, at, clean_run
 
 
 def answers(xid: float) -> tuple[MetricAnswer, ...]:

@@ -20,10 +20,10 @@ from pytest_gpucanary.fleet.layout import DEFAULT_OPERATOR_RELEASE, KUBELET_POOL
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
 from harness import CLI, TARGET, gpucanary, second_fleet
-from test_kubelet_pool import (  # tests/e2e is on sys.path (rootdir import mode)
+from test_kubelet_pool import (  # this folder is on sys.path (rootdir import mode)
     STALL_S, assert_named_in_minutes, stop_kubelet_during_the_upgrade, unschedulable_driver_pod,
 )
-from test_rollout_diagnosis import refused_drain_options
+from harness import refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -292,7 +292,7 @@ def test_unreachable_cluster_is_an_environment_error(tmp_path: Path) -> None:
 
 def test_interrupted_run_restores_everything_also_through_a_second_signal(
         gpucanary_fleet, kube: Kube, tmp_path: Path, policy_before: dict) -> None:
-    """Ctrl-C, then Ctrl-C again; SIGTERM takes the same handler (tests/unit/test_run_waits.py), and one during
+    """Ctrl-C, then Ctrl-C again; SIGTERM takes the same handler (tests/canary/test_run_waits.py), and one during
     the restore is test_faults.py's restoring-sigterm case."""
     sig = signal.SIGINT
     proc, seen = run_until_applied(reports=tmp_path / "reports",

@@ -141,7 +141,7 @@ def test_an_unbound_pod_ends_its_cause_once_bound_or_gone_and_only_its_own_nodes
 
 
 def test_the_time_a_stuck_state_may_last_is_the_stall_knob_in_the_run_and_the_rung_alike() -> None:
-    from test_ladder import T0, run, states
+    from canned_runs import T0, run, states
 
     records = [node(10, "False"), node(50, "False")]
     assert stall.terminal(records, [NODE], since_wall_ns=0) is None
@@ -162,7 +162,7 @@ def test_causes_before_the_upgrade_are_not_counted() -> None:
 def test_the_rollout_rung_names_the_terminal_cause_instead_of_the_budget() -> None:
     import dataclasses
 
-    from test_ladder import T0, run, states
+    from canned_runs import T0, run, states
 
     pulled = pulls((40, "ErrImagePull"), (41, "ImagePullBackOff"), (52, "ErrImagePull"), (53, "ImagePullBackOff"),
                    (73, "ErrImagePull"))
@@ -178,7 +178,7 @@ def test_the_rollout_rung_names_the_terminal_cause_instead_of_the_budget() -> No
 def test_a_crash_loops_log_tail_is_quoted_by_the_rung_and_kept_as_evidence() -> None:
     import dataclasses
 
-    from test_ladder import T0, run, states
+    from canned_runs import T0, run, states
 
     unload = {"exitCode": 1, "reason": "Error"}
     looping = [driver_pod(10 + 20 * n, init=[waiting("CrashLoopBackOff", name="k8s-driver-manager", restarts=n,
@@ -263,7 +263,7 @@ def test_pod_deletion_refusals_count_only_gpu_pods_and_selectors_must_match() ->
 def test_the_rung_names_the_budget_when_the_operator_gives_up_the_drain() -> None:
     import dataclasses
 
-    from test_ladder import T0, run, states
+    from canned_runs import T0, run, states
 
     lead = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns)
             for r in (budget(0, 0), tenant_pod(1), state(8, "drain-required"))]
@@ -354,7 +354,7 @@ def test_a_crash_loop_keeps_its_first_moment_across_the_runs_between_crashes() -
 def test_the_receipt_picture_brackets_the_stall_from_first_seen_to_the_call() -> None:
     import dataclasses
 
-    from test_ladder import T0, run, states
+    from canned_runs import T0, run, states
 
     from pytest_gpucanary.ladder import evaluate
     from pytest_gpucanary.receipt.html import timeline_svg
@@ -426,7 +426,7 @@ def test_a_cause_that_holds_its_time_is_terminal_then_without_waiting_for_anothe
 def test_the_rung_calls_a_stall_that_had_held_its_time_when_the_run_froze_the_evidence() -> None:
     import dataclasses
 
-    from test_ladder import T0, run, states
+    from canned_runs import T0, run, states
 
     backing_off = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns)
                    for r in pulls((40, "ErrImagePull"), (41, "ImagePullBackOff"))]   # then nothing new: back-off
@@ -469,7 +469,7 @@ def test_a_start_that_still_prints_keeps_its_time_and_one_that_passes_its_probe_
 def test_the_rung_quotes_what_a_container_that_never_started_said_last() -> None:
     import dataclasses
 
-    from test_ladder import T0, run, states
+    from canned_runs import T0, run, states
 
     hung = [dataclasses.replace(r, received_wall_ns=T0 + r.received_wall_ns)
             for r in (hanging(40), said(41, "Installing NVIDIA driver kernel modules...\nWaiting for the module"))]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import xmlschema
-from test_ladder import clean_run, field_note_run, probes  # canned runs, shared
+from canned_runs import clean_run, field_note_run, probes  # canned runs, shared
 from test_receipt import judged
 
 from pytest_gpucanary.ladder import Stage

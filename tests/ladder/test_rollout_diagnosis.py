@@ -3,7 +3,7 @@ scheduler, eviction API and disruption controller: the run names the budget and 
 the drain's own timeout has passed, and the cluster is left as it was.
 
 (The kubelet pool's cases of a driver that cannot come, no image and a driver held by a pod that asked
-for no GPU, are in test_kubelet_pool.py; each cause's rules are unit-tested in tests/unit/test_stall.py.)
+for no GPU, are in test_kubelet_pool.py; each cause's rules are unit-tested in tests/ladder/test_stall.py.)
 """
 
 from __future__ import annotations
@@ -15,25 +15,10 @@ import yaml
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
-from harness import FAST, KEEP_FLEET, TARGET, assert_nothing_left, gpucanary, receipt_of
+from harness import FAST, KEEP_FLEET, TARGET, assert_nothing_left, gpucanary, receipt_of, refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DRAIN_TIMEOUT_S = 60
-
-
-def refused_drain_options(root: Path, *, drain_timeout_s: int) -> tuple[str, str]:
-    """The field note's policy (pod deletion refuses the job's /dev/shm, so the drain fallback must evict the
-    service) with the drain's timeout, and the service whose budget allows no disruption at all: the run's
-    --gpucanary-policy and --gpucanary-service, written under `root`."""
-    policy = yaml.safe_load((FIXTURES / "policies" / "field-note.yaml").read_text())
-    policy["spec"]["driver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = drain_timeout_s
-    service = list(yaml.safe_load_all((FIXTURES / "workloads" / "service.yaml").read_text()))
-    [budget] = [doc for doc in service if doc["kind"] == "PodDisruptionBudget"]
-    budget["spec"] = {"maxUnavailable": 0, "selector": budget["spec"]["selector"]}
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "policy.yaml").write_text(yaml.safe_dump(policy))
-    (root / "service.yaml").write_text(yaml.safe_dump_all(service))
-    return f"--gpucanary-policy={root / 'policy.yaml'}", f"--gpucanary-service={root / 'service.yaml'}"
 
 
 def test_a_budget_that_refuses_the_drain_fails_at_rollout_naming_it(

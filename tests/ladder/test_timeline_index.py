@@ -20,7 +20,7 @@ from pytest_gpucanary.ladder.diagnosis import LOG_KIND
 from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.ladder.timeline import Record
 
-from test_ladder import NODE, T0, at, clean_run, field_note_run, pod, rdma_run  # canned runs, shared
+from canned_runs import NODE, T0, at, clean_run, field_note_run, pod, rdma_run  # canned runs, shared
 
 CREATED = {"probe-pool-0": ("pool", at(1)), "probe-fleet-0": ("fleet", at(2)), "probe-late": ("pool", at(300))}
 

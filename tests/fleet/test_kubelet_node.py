@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from harness import gpucanary, port_beside_session, second_fleet_env
+from harness import gpucanary, idle, node_pod, phase_is, port_beside_session, second_fleet_env
 
 from pytest_gpucanary.fleet import node_cgroups, processes
 from pytest_gpucanary.fleet.kubelet_node import TAINT_KEY, KubeletNode, gpu_labels, node_name
@@ -24,32 +24,6 @@ NODE = node_name(0)
 SECOND_FLEET_PORT_BASE = port_beside_session("kubelet-node")
 MACHINE_PATHS = ("/var/lib/kubelet", "/run/containerd", "/run/netns", "/opt/containerd")
 SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
-
-
-def node_pod(name: str, namespace: str, script: str, *, gpus: int = 0, host_network: bool = False,
-             grace_s: int = 30, shm: bool = False, restart: str = "Never") -> dict:
-    container: dict = {"name": "main", "image": "localhost/gpucanary/busybox:1", "imagePullPolicy": "Never",
-                       "command": ["sh", "-c", script]}
-    spec: dict = {"nodeSelector": {"kubernetes.io/hostname": NODE},
-                  "tolerations": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}
-                                  for key in (TAINT_KEY, "nvidia.com/gpu")],
-                  "dnsPolicy": "Default", "restartPolicy": restart, "terminationGracePeriodSeconds": grace_s,
-                  "hostNetwork": host_network, "containers": [container]}
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    if shm:
-        container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
-        spec["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-
-
-def idle(token: str) -> str:
-    """A shell command whose process carries `token` in its command line, so the machine's /proc finds it."""
-    return f"exec sh -c 'while :; do sleep 1; done' {token}"
-
-
-def phase_is(*phases: str):
-    return lambda pod: pod.get("status", {}).get("phase") in phases
 
 
 def ready(pod: dict) -> bool:

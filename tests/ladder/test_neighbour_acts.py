@@ -9,7 +9,7 @@ import dataclasses
 import json
 import xml.etree.ElementTree as ET
 
-from test_ladder import NODE, at, clean_run  # canned runs, shared
+from canned_runs import NODE, at, clean_run  # canned runs, shared
 from test_receipt import judged
 
 from pytest_gpucanary.ladder.neighbours import NeighbourAct, neighbour_acts

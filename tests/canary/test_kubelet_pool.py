@@ -44,8 +44,8 @@ from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.kube.ownership import RUN_ID_LABEL
 from pytest_gpucanary.shipped import FIXTURES
 from harness import CLI, TARGET, fast, gpucanary, port_beside_session, second_fleet_env
-from test_kubelet_node import node_pod, phase_is   # tests/e2e is on sys.path (rootdir import mode)
-from test_rollout_diagnosis import refused_drain_options
+from harness import node_pod, phase_is
+from harness import refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

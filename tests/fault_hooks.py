@@ -1,6 +1,6 @@
 """`gpucanary` with fault hooks, for the tests that kill a run; never part of the package.
 
-    python tests/e2e/fault_hooks.py run --gpucanary-... (the CLI's own arguments)
+    python tests/fault_hooks.py run --gpucanary-... (the CLI's own arguments)
 
 reads two settings from its environment, installs the hooks, then runs the CLI as `python -m
 pytest_gpucanary.cli` would:

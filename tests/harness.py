@@ -1,6 +1,6 @@
 """What the end-to-end tests share, in one place: the `gpucanary` command as a subprocess, the target driver
 and the fast run options, what a run must leave behind, and the ports and environment of a fleet beside the
-session's. Imported by its bare name (tests/e2e is on sys.path); never part of the package. The fixtures the
+session's. Imported by its bare name (tests/ is on sys.path); never part of the package. The fixtures the
 tests share are in conftest.py.
 """
 
@@ -14,7 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from pytest_gpucanary.fleet.kubelet_node import TAINT_KEY, node_name
 from pytest_gpucanary.fleet.layout import DEFAULT_PORT_BASE
+from pytest_gpucanary.shipped import FIXTURES
 from pytest_gpucanary.kube import Kube
 
 TARGET = "580.95.05"            # the driver the runs upgrade to
@@ -143,3 +147,49 @@ def second_fleet(purpose: str, root: Path, gpucanary_fleet: Any, **settings: str
     env["KUBECONFIG_PATH"] = up.stdout.strip().splitlines()[-1]
     yield env
     gpucanary("fleet", "down", env=env)
+
+
+# --- shared by the kubelet node's own tests and the runs on it ----------------------------------------------
+
+KUBELET_NODE = node_name(0)
+
+
+def node_pod(name: str, namespace: str, script: str, *, gpus: int = 0, host_network: bool = False,
+             grace_s: int = 30, shm: bool = False, restart: str = "Never") -> dict:
+    container: dict = {"name": "main", "image": "localhost/gpucanary/busybox:1", "imagePullPolicy": "Never",
+                       "command": ["sh", "-c", script]}
+    spec: dict = {"nodeSelector": {"kubernetes.io/hostname": KUBELET_NODE},
+                  "tolerations": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}
+                                  for key in (TAINT_KEY, "nvidia.com/gpu")],
+                  "dnsPolicy": "Default", "restartPolicy": restart, "terminationGracePeriodSeconds": grace_s,
+                  "hostNetwork": host_network, "containers": [container]}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    if shm:
+        container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
+        spec["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def idle(token: str) -> str:
+    """A shell command whose process carries `token` in its command line, so the machine's /proc finds it."""
+    return f"exec sh -c 'while :; do sleep 1; done' {token}"
+
+
+def phase_is(*phases: str):
+    return lambda pod: pod.get("status", {}).get("phase") in phases
+
+
+def refused_drain_options(root: Path, *, drain_timeout_s: int) -> tuple[str, str]:
+    """The field note's policy (pod deletion refuses the job's /dev/shm, so the drain fallback must evict the
+    service) with the drain's timeout, and the service whose budget allows no disruption at all: the run's
+    --gpucanary-policy and --gpucanary-service, written under `root`."""
+    policy = yaml.safe_load((FIXTURES / "policies" / "field-note.yaml").read_text())
+    policy["spec"]["driver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = drain_timeout_s
+    service = list(yaml.safe_load_all((FIXTURES / "workloads" / "service.yaml").read_text()))
+    [budget] = [doc for doc in service if doc["kind"] == "PodDisruptionBudget"]
+    budget["spec"] = {"maxUnavailable": 0, "selector": budget["spec"]["selector"]}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "policy.yaml").write_text(yaml.safe_dump(policy))
+    (root / "service.yaml").write_text(yaml.safe_dump_all(service))
+    return f"--gpucanary-policy={root / 'policy.yaml'}", f"--gpucanary-service={root / 'service.yaml'}"

@@ -166,7 +166,7 @@ def test_a_run_stopped_at_a_step_boundary_leaves_the_cluster_as_it_found_it(
 ])
 def test_a_run_dying_right_after_a_write_is_restored_by_cleanup(gpucanary_fleet, kube: Kube, tmp_path: Path,
                                                                 crash_after: str) -> None:
-    """The e2e sample of tests/unit/test_crash_sweep.py: the process ends with os._exit(137) after the
+    """The e2e sample of tests/canary/test_crash_sweep.py: the process ends with os._exit(137) after the
     named write (fault_hooks.CRASH_AFTER_WRITE_ENV), its locust with it, and cleanup puts everything back."""
     before = snapshot(kube)
     result = run_killed(gpucanary_fleet.fleet, ARGS, reports=tmp_path / "reports", cue=lambda _: False,

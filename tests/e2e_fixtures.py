@@ -1,4 +1,5 @@
-"""End-to-end tests run on the real local fleet; each test works in a namespace of its own."""
+"""The end-to-end tests' fixtures and the collection order of every test (a plugin of tests/conftest.py); each end-to-end
+test runs on the real local fleet and works in a namespace of its own."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def test_the_first_signal_before_the_restore_stops_the_run_says_so_and_the_resto
 def test_the_progress_line_says_a_v26_release_waits_for_its_requeue_once_the_new_driver_is_ready() -> None:
     from types import SimpleNamespace
 
-    from test_ladder import HAPPY, NODE, operands, states
+    from canned_runs import HAPPY, NODE, operands, states
 
     from pytest_gpucanary.config import Settings
     from pytest_gpucanary.canary.pool import Pool

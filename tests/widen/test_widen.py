@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from kube_double import FakeKube
-from test_policy_apply import ORIGINAL_POLICY, OPERATOR_NS, cluster_policy, driver_daemonset, node   # the same shapes
+from cluster_shapes import ORIGINAL_POLICY, OPERATOR_NS, cluster_policy, driver_daemonset, node   # the same shapes
 
 from pytest_gpucanary.canary import publish
 from pytest_gpucanary.canary import apply as upgrade
@@ -621,7 +621,7 @@ def test_an_nvidiadriver_an_administrator_did_not_mark_for_widen_is_refused_in_o
 def test_a_resume_before_v26_7_writes_the_nvidiadrivers_version_the_killed_sweep_had_not() -> None:
     """Before v26.7 an NVIDIADriver's change is two writes (the ClusterPolicy's policy, then its version): a sweep
     killed between them is resumed with the second, and the first one's saved copy of the prior policy kept."""
-    from test_policy_apply import DRIVER_FROM, content, nvidiadriver_cluster
+    from cluster_shapes import DRIVER_FROM, content, nvidiadriver_cluster
 
     from pytest_gpucanary.canary.cleanup import leftovers
     from pytest_gpucanary.gpu_operator import NVIDIADRIVER

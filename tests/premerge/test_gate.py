@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_ladder import clean_run, field_note_run  # canned runs, shared
+from canned_runs import clean_run, field_note_run  # canned runs, shared
 
 from pytest_gpucanary import cli, ladder
 from pytest_gpucanary.command import ExitCode
