@@ -39,6 +39,7 @@ from pytest_gpucanary.canary.recorder import Recorder
 from pytest_gpucanary.gpu_operator import DRIVER_VERSION_LABEL, UPGRADE_STATE_LABEL
 from pytest_gpucanary.ladder import RunEvidence, WorkloadRef, evaluate, jobs, timeline
 from pytest_gpucanary.ladder.timeline import Record
+import figures  # tests/bench/figures.py: this run's output, kept for the docs
 
 T0 = 1_767_000_000 * 10**9
 OLD, NEW = "580.82.07", "580.95.05"
@@ -321,4 +322,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with figures.recorded(__file__):
+        main()
