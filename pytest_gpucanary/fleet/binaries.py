@@ -3,6 +3,7 @@ builds (built on first use by ci/build.sh and ci/build-operator.sh <release>).""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -21,6 +22,7 @@ class Build:
     setting: str  # the FleetSettings field naming a prebuilt directory instead
     script: str
     required: tuple[str, ...]
+    cached_as: str  # how the script names its output under <cache>/bin/ (then the release, if any, then a digest)
 
     @property
     def env_var(self) -> str:
@@ -31,24 +33,35 @@ CONTROL_PLANE = Build(
     "bin_dir",
     "build.sh",
     ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"),
+    "k8s-",
 )
-GPU_OPERATOR = Build("operator_bin_dir", "build-operator.sh", ("gpu-operator", "paths.env"))
+GPU_OPERATOR = Build("operator_bin_dir", "build-operator.sh", ("gpu-operator", "paths.env"), "gpu-operator-")
 # the kubelet node's libnvidia-ml stand-in, and the client that asks it through NVIDIA's Go bindings
-NVML_SHIM = Build("nvml_shim_dir", "build-nvml-shim.sh", ("libnvidia-ml.so.1", "nvml-check"))
+NVML_SHIM = Build("nvml_shim_dir", "build-nvml-shim.sh", ("libnvidia-ml.so.1", "nvml-check"), "nvml-shim-")
 # NVIDIA's k8s-device-plugin and GFD, unmodified, which a kubelet pool node runs over that stand-in
 # NFD's nfd-master, which labels a kubelet pool node from GFD's NodeFeature
-NFD_MASTER = Build("nfd_master_dir", "build-nfd-master.sh", ("nfd-master", "nfd-api-crds.yaml"))
-DEVICE_PLUGIN = Build("device_plugin_dir", "build-device-plugin.sh", ("nvidia-device-plugin", "gpu-feature-discovery"))
+NFD_MASTER = Build("nfd_master_dir", "build-nfd-master.sh", ("nfd-master", "nfd-api-crds.yaml"), "nfd-master-")
+DEVICE_PLUGIN = Build(
+    "device_plugin_dir",
+    "build-device-plugin.sh",
+    ("nvidia-device-plugin", "gpu-feature-discovery"),
+    "k8s-device-plugin-",
+)
 
 
 def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> Path:
-    """`args` go to the build script (the operator's: the release to build)."""
-    explicit = getattr(FleetSettings.from_env(), build.setting)
+    """`args` go to the build script (the operator's: the release to build). Without the checkout's scripts (an
+    installed package), the newest complete build the scripts left in the cache."""
+    settings = FleetSettings.from_env()
+    explicit = getattr(settings, build.setting)
     script = CI_DIR / build.script
     if explicit:
         bin_dir = Path(explicit)
     elif script.exists():
         bin_dir = _build(script, progress, args)
+    elif cached := newest_cached(build, settings.cache, *args):
+        bin_dir = cached
+        progress(f"fleet: {build.required[0]} from the build cache: {bin_dir}")
     else:
         raise EnvError(
             f"no {build.required[0]} binaries found",
@@ -60,6 +73,19 @@ def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> P
             f"missing binary {bin_dir / missing[0]}", hint=f"run {script} or point {build.env_var} at a complete build"
         )
     return bin_dir
+
+
+def newest_cached(build: Build, cache: Path | None, *args: str) -> Path | None:
+    """The most recent directory the build script completed under <cache>/bin (a half-written one ends in
+    `.partial` and lacks files), for `args` (the operator's release) when given."""
+    root = (cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpucanary") / "bin"
+    prefix = build.cached_as + "".join(f"{arg}-" for arg in args)
+    done = [
+        d
+        for d in root.glob(prefix + "*")
+        if d.is_dir() and not d.name.endswith(".partial") and all((d / name).exists() for name in build.required)
+    ]
+    return max(done, key=lambda d: d.stat().st_mtime, default=None)
 
 
 def find_operator_bin_dir(release: str, progress: Callable[[str], None]) -> Path:

@@ -40,6 +40,7 @@ KUBELET_NODE_BUILD = Build(
     "kubelet_bin_dir",
     "build-kubelet.sh",
     ("kubelet", "pause", "gpucanary-netns", "allreduce", "driver-manager", "nvidia-container-runtime"),
+    "kubelet-node-",
 )
 DEBIAN_TOOLS = {
     "containerd": "containerd",

@@ -108,6 +108,11 @@ class FleetSettings:
         None, "The fleet's NVIDIADriver is the default one (default: on v26.7)", env_only=True
     )
 
+    cache: Path | None = knob(
+        None,
+        "The build cache root (default ~/.cache/gpucanary); an installed package finds the builds there",
+        env_only=True,
+    )
     # prebuilt binaries instead of the cached builds of ci/build*.sh (an operator directory must hold the release)
     bin_dir: Path | None = knob(None, "Prebuilt control plane binaries instead of ci/build.sh's", env_only=True)
     operator_bin_dir: Path | None = knob(

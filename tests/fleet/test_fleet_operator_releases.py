@@ -117,3 +117,33 @@ def test_release_labels_are_the_charts_without_claiming_helm() -> None:
     assert labels["app.kubernetes.io/version"] == "v26.3.3"
     assert labels["helm.sh/chart"] == "gpu-operator-v26.3.3"
     assert labels["app.kubernetes.io/managed-by"] == "gpucanary-fleet"
+
+
+def test_without_the_build_scripts_the_newest_complete_cached_build_is_used(tmp_path, monkeypatch) -> None:
+    from pytest_gpucanary.errors import EnvError
+    from pytest_gpucanary.fleet import binaries
+
+    monkeypatch.setattr(binaries, "CI_DIR", tmp_path / "no-checkout")          # an installed package: no ci/
+    monkeypatch.setenv("GPUCANARY_CACHE", str(tmp_path / "cache"))
+    for name in ("GPUCANARY_BIN_DIR", "GPUCANARY_OPERATOR_BIN_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    said: list[str] = []
+    with pytest.raises(EnvError, match="no etcd binaries found; set GPUCANARY_BIN_DIR"):
+        binaries.find_bin_dir(binaries.CONTROL_PLANE, said.append)
+
+    def build(name: str, files: tuple[str, ...], mtime: int) -> None:
+        out = tmp_path / "cache" / "bin" / name
+        out.mkdir(parents=True)
+        for file in files:
+            (out / file).write_text("")
+        os.utime(out, (mtime, mtime))
+
+    build("k8s-1.36.3-etcd-3.6.16-kwok-0.8.0-old", binaries.CONTROL_PLANE.required, 1_000)
+    build("k8s-1.36.3-etcd-3.6.16-kwok-0.8.0-new", binaries.CONTROL_PLANE.required, 2_000)
+    build("k8s-1.36.3-etcd-3.6.16-kwok-0.8.0-newest.partial", binaries.CONTROL_PLANE.required, 3_000)
+    build("k8s-1.36.3-etcd-3.6.16-kwok-0.8.0-half", ("etcd",), 4_000)
+    found = binaries.find_bin_dir(binaries.CONTROL_PLANE, said.append)
+    assert found.name == "k8s-1.36.3-etcd-3.6.16-kwok-0.8.0-new" and said == [f"fleet: etcd from the build cache: {found}"]
+    build("gpu-operator-v26.7.0-abc", binaries.GPU_OPERATOR.required, 1_000)
+    build("gpu-operator-v25.10.1-def", binaries.GPU_OPERATOR.required, 2_000)
+    assert binaries.find_bin_dir(binaries.GPU_OPERATOR, said.append, "v26.7.0").name == "gpu-operator-v26.7.0-abc"
