@@ -124,7 +124,8 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "evaluate",
         help="Judge a recorded run again from its report directory and rewrite its receipt",
-        description="Reads REPORT_DIR/evidence.json and timeline.jsonl, judges them with the run's thresholds "
+        description="Reads REPORT_DIR/evidence.json, timeline.jsonl and load.jsonl, judges them with the run's "
+        "thresholds "
         "(each overridable with its --gpucanary-* option) and rewrites the receipt. Offline: "
         "never contacts a cluster. Exit 0 when the gate passes, 1 when it does not.",
     )

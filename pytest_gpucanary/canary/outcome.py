@@ -1,7 +1,7 @@
 """A run's outcome: its evidence, the ladder's judgement and the receipt; and judging a recorded run again.
 
 `judge` is what a run does at its end; `replay` (`gpucanary evaluate`) does the same, offline, from
-what the run wrote (evidence.json and timeline.jsonl): judging is a pure function of the record.
+what the run wrote (evidence.json, timeline.jsonl, load.jsonl): judging is a pure function of the record.
 Never touches a cluster.
 """
 
