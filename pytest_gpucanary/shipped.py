@@ -8,6 +8,8 @@ is sys.prefix in a venv but the user base for `pip install --user`: the wheel's 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -33,3 +35,27 @@ def _shipped_base() -> Path:
 _BASE = _shipped_base()
 FIXTURES = _BASE / "fixtures"
 CANARIES = _BASE / "canaries"
+
+
+@contextmanager
+def gate_pytest_args(pytest_args: list[str]) -> Iterator[list[str]]:
+    """pytest's arguments for the shipped gate: its own configuration (shipped in the package), rootdir and
+    conftest boundary, never the caller's, whatever the current directory; then the caller's arguments."""
+    from importlib import resources
+
+    with resources.as_file(resources.files("pytest_gpucanary") / "gate-pytest.ini") as ini:
+        # the plugin is imported already (this module is in its package), so pytest cannot rewrite it
+        yield [
+            "-c",
+            str(ini),
+            f"--rootdir={CANARIES}",
+            f"--confcutdir={CANARIES}",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:locust",
+            "-W",
+            "ignore::pytest.PytestAssertRewriteWarning",
+            str(CANARIES),
+            *pytest_args,
+        ]

@@ -8,7 +8,7 @@ nothing outside the test bed knows which it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -81,6 +81,25 @@ def pool_provider(settings: Settings) -> PoolProvider:
     from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
 
     return ExistingNodeProvider.from_settings(settings)
+
+
+def hooked_pool_provider(settings: Settings, pytest_args: Sequence[str] = ()) -> PoolProvider:
+    """The pool `gpucanary run` with these pytest arguments gets: its plugins (installed ones, `-p NAME`) and
+    the shipped gate's conftest asked through the `pytest_gpucanary_make_pool` hook, as the run asks them, so a
+    preflight checks and a gate plans for the pool the run will use."""
+    import pytest
+
+    from pytest_gpucanary.shipped import gate_pytest_args
+
+    with gate_pytest_args(list(pytest_args)) as args:
+        try:
+            config = pytest.Config.fromdictargs({}, args)
+        except pytest.UsageError as err:
+            raise ConfigError(str(err).splitlines()[0]) from None
+    try:
+        return config.hook.pytest_gpucanary_make_pool(config=config, settings=settings)
+    finally:
+        config._ensure_unconfigure()
 
 
 def prometheus_url(settings: Settings) -> str | None:

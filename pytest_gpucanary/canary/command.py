@@ -28,39 +28,14 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_cmd_run, takes_pytest_args=True)
 
 
-GATE_INI = "gate-pytest.ini"
-
-
-def gate_pytest_args(pytest_args: list[str], *, ini: Path) -> list[str]:
-    """The shipped gate with its own configuration (`ini`, shipped in the package), rootdir and conftest
-    boundary, never the caller's, whatever the current directory."""
-    from pytest_gpucanary.shipped import CANARIES
-
-    # the plugin is imported already (this module is in its package), so pytest cannot rewrite it
-    return [
-        "-c",
-        str(ini),
-        f"--rootdir={CANARIES}",
-        f"--confcutdir={CANARIES}",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "no:locust",
-        "-W",
-        "ignore::pytest.PytestAssertRewriteWarning",
-        str(CANARIES),
-        *pytest_args,
-    ]
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     """pytest's own exit code: the session object turns a run that could not happen into 6."""
-    from importlib import resources
-
     import pytest
 
-    with resources.as_file(resources.files("pytest_gpucanary") / GATE_INI) as ini:
-        return int(pytest.main(gate_pytest_args(args.pytest_args, ini=ini)))
+    from pytest_gpucanary.shipped import gate_pytest_args
+
+    with gate_pytest_args(args.pytest_args) as pytest_args:
+        return int(pytest.main(pytest_args))
 
 
 def add_preflight(sub: argparse._SubParsersAction) -> None:
@@ -74,6 +49,15 @@ def add_preflight(sub: argparse._SubParsersAction) -> None:
         "cannot run it, 4 when the input is wrong. Stdout: the findings as JSON.",
     )
     add_knob_options(parser, KNOBS)
+    parser.add_argument(
+        "-p",
+        dest="plugins",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="Load a pytest plugin as `gpucanary run -p NAME` would (one whose pytest_gpucanary_make_pool hook "
+        "gives the pool); installed plugins are loaded without it",
+    )
     parser.set_defaults(handler=_cmd_preflight)
 
 
@@ -87,7 +71,7 @@ def _cmd_preflight(args: argparse.Namespace) -> ExitCode:
     check_inputs(settings, fleet_chart=target.chart(settings))
     report = preflight.check(
         target.connect(settings),
-        target.pool_provider(settings),
+        target.hooked_pool_provider(settings, [arg for name in args.plugins for arg in ("-p", name)]),
         target=settings.driver_version or "",
         prometheus_url=target.prometheus_url(settings),
         service_url=settings.service_url,

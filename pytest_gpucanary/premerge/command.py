@@ -70,7 +70,7 @@ def _cmd_gate(args: argparse.Namespace) -> ExitCode:
         env["GPUCANARY_FLEET_KEEP"] = "1"
     try:
         cluster = discover(target.connect(settings))
-        per_run_pool = getattr(target.pool_provider(settings), "fresh_per_run", False)
+        per_run_pool = getattr(target.hooked_pool_provider(settings, args.pytest_args), "fresh_per_run", False)
         parallel = cluster.nvidiadriver_mode and cluster.per_driver_policy and per_run_pool and not args.sequential
         if not parallel and not args.sequential:
             progress(
