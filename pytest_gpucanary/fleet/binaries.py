@@ -14,6 +14,17 @@ from pytest_gpucanary.config import flag
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.layout import FleetSettings
 
+
+@dataclass(frozen=True)
+class Binaries:
+    """The directories a fleet's processes run from."""
+
+    control_plane: Path
+    operator: Path
+    kubelet_node: Path | None = None  # None: the fleet has no real kubelet nodes
+    nfd_master: Path | None = None  # None: no kubelet pool, so no GFD for nfd-master to serve
+
+
 CI_DIR = Path(__file__).resolve().parents[2] / "ci"
 
 

@@ -11,7 +11,8 @@ import os
 from pytest_kubernetes.options import ClusterOptions
 from pytest_kubernetes.providers.base import AClusterManager
 
-from pytest_gpucanary.fleet.fleet import Fleet, Progress, _quiet
+from pytest_gpucanary.fleet.fleet import Fleet, _quiet
+from pytest_gpucanary.fleet.startup import Progress
 
 
 class FleetClusterManager(AClusterManager):

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +20,7 @@ from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, process
 from pytest_gpucanary.fleet.binaries import (
     CONTROL_PLANE,
     NFD_MASTER,
+    Binaries,
     find_bin_dir,
     find_operator_bin_dir,
     operator_chart,
@@ -30,24 +30,15 @@ from pytest_gpucanary.fleet.binaries import (
 from pytest_gpucanary.fleet.components import Component
 from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
+from pytest_gpucanary.fleet.startup import Progress
 
 if TYPE_CHECKING:
     from pytest_gpucanary.canary.pool import PoolProvider
     from pytest_gpucanary.config import Settings
 
-Progress = Callable[[str], None]
-
 
 def _quiet(line: str) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class Binaries:
-    control_plane: Path
-    operator: Path
-    kubelet_node: Path | None = None  # None: the fleet has no real kubelet nodes
-    nfd_master: Path | None = None  # None: no kubelet pool, so no GFD for nfd-master to serve
 
 
 @dataclass(frozen=True)

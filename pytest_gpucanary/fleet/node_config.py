@@ -8,14 +8,40 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.images import PAUSE_IMAGE
-from pytest_gpucanary.fleet.layout import HOST
+from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 
-if TYPE_CHECKING:
-    from pytest_gpucanary.fleet.kubelet_node import KubeletNode
+
+class KubeletNode(Protocol):
+    """The node as its config files read it (`kubelet_node.KubeletNode`)."""
+
+    @property
+    def layout(self) -> FleetLayout: ...
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def bin_dir(self) -> Path: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dir(self) -> Path: ...
+
+    @property
+    def cgroup_root(self) -> str: ...
+
+    @property
+    def containerd_socket(self) -> Path: ...
+
+    def port(self, name: str) -> int: ...
+
+    def taints(self) -> list[dict[str, str]]: ...
 
 
 def _openssl(*args: str, cwd: Path) -> None:

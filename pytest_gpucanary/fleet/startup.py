@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import yaml
 
@@ -22,13 +22,16 @@ from pytest_gpucanary.canary.publish import NAMESPACE as VERDICT_NAMESPACE
 from pytest_gpucanary.canary.workloads import PRIORITY_CLASS_MANIFEST
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import components, kubelet_nodes, manifests, operator, processes, waits
-from pytest_gpucanary.fleet.binaries import operator_release, read_paths_env
+from pytest_gpucanary.fleet.binaries import Binaries, operator_release, read_paths_env
 from pytest_gpucanary.fleet.kubelet_nodes import KubeletNodes
 from pytest_gpucanary.fleet.pki import ensure_pki, write_kubeconfig
 from pytest_gpucanary.kube import Kube
 
 if TYPE_CHECKING:
-    from pytest_gpucanary.fleet.fleet import Binaries, Fleet, Progress
+    from pytest_gpucanary.fleet.components import Component
+    from pytest_gpucanary.fleet.layout import FleetLayout
+
+Progress = Callable[[str], None]
 
 USER_AGENT = "gpucanary-fleet"  # not gpucanary/<version>: the audit log tells the canary apart by it
 FLEET_NODE_SELECTOR = "gpucanary.io/fleet=local"  # the fleet's own node templates carry it
@@ -38,6 +41,35 @@ START_TIMEOUT_S = {"etcd": 30, "kube-apiserver": 120, "prometheus": 60}
 SERIES_TIMEOUT_S = 120.0
 NODES_READY_TIMEOUT_S = 120
 HOST_ETC_MOUNTPOINT = Path("/host-etc")
+
+
+class Fleet(Protocol):
+    """The fleet as its start-up reads it (`fleet.Fleet`)."""
+
+    @property
+    def layout(self) -> FleetLayout: ...
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    @property
+    def prometheus_url(self) -> str: ...
+
+    def binaries(self) -> Binaries | None: ...
+
+    def operator_release(self) -> str | None: ...
+
+    def gpu_node_names(self) -> list[str]: ...
+
+    def components(self, binaries: Binaries) -> list[Component]: ...
+
+    def all_components(self, binaries: Binaries) -> list[Component]: ...
+
+    def nfd_master(self, binaries: Binaries) -> list[Component]: ...
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, timeout_s: float = 60, bin_dir: Path | None = None
+    ) -> str: ...
 
 
 def _node_ready(node: dict) -> bool:
