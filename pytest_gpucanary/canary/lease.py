@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.kube import Kube
@@ -32,6 +33,27 @@ from pytest_gpucanary.kube.ownership import RUN_ID_LABEL, owned_labels, owned_na
 LEASE = ("coordination.k8s.io/v1", "Lease")
 LEASE_NAME = "gpucanary-run"
 DURATION_S = 60  # a run that has not renewed for this long is gone
+
+
+class Clock(Protocol):
+    """The renewal's time: this host's monotonic clock, and a wait that a stop ends early."""
+
+    def monotonic(self) -> float: ...
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        """Wait `seconds`, or until `stop` is set: True when it was."""
+        ...
+
+
+class _SystemClock:
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def wait(stop: threading.Event, seconds: float) -> bool:
+        return stop.wait(seconds)
+
+
+SYSTEM_CLOCK = _SystemClock()
 
 
 def namespace_of(run_id: str) -> str:
@@ -190,8 +212,10 @@ class RunLease:
     """Creates the Lease and renews it from a thread until `release()`. A renewal is a compare-and-swap on
     the version the last one left; losing the Lease, or a whole duration without a renewal, stops the run."""
 
-    def __init__(self, kube: Kube, run_id: str, *, say: Callable[[str], None] = print) -> None:
-        self.kube, self.run_id, self.say = kube, run_id, say
+    def __init__(
+        self, kube: Kube, run_id: str, *, say: Callable[[str], None] = print, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self.kube, self.run_id, self.say, self.clock = kube, run_id, say, clock
         self.holder = identity()
         self.duration_s = DURATION_S
         self.renew_every_s = (
@@ -199,7 +223,7 @@ class RunLease:
         )  # four chances to renew within one duration, even with a slow apiserver
         self.lost = ""  # why the run no longer owns its changes, once it does not
         self._version = ""
-        self._renewed = 0.0  # time.monotonic() of the last renewal
+        self._renewed = 0.0  # clock.monotonic() of the last renewal
         self._stop = threading.Event()
         self._stopping = threading.Lock()  # a release and a stop never interleave
         self._interrupt = threading.current_thread() is threading.main_thread()
@@ -209,7 +233,7 @@ class RunLease:
         self._version = _create_lease(self.kube, self.run_id, self.holder, self.duration_s)["metadata"][
             "resourceVersion"
         ]
-        self._renewed = time.monotonic()
+        self._renewed = self.clock.monotonic()
         self._thread.start()
         return self
 
@@ -221,20 +245,24 @@ class RunLease:
                 f"run {self.run_id}'s Lease was taken by someone else first",
                 hint="another resume or a cleanup is at work on it",
             )
-        self._version, self._renewed = now.resource_version, time.monotonic()
+        self._version, self._renewed = now.resource_version, self.clock.monotonic()
         self._thread.start()
         return self
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.renew_every_s):
-            try:
-                self._renew()
-            except Exception:  # noqa: BLE001 - the loop outlives any failure; a lapse is judged below
-                pass
-            if not self.lost and time.monotonic() - self._renewed >= self.duration_s:
-                self._stop_run(f"the Lease was not renewed for {self.duration_s} s")
-            if self.lost:
-                return
+        while not self.clock.wait(self._stop, self.renew_every_s) and self.tick():
+            pass
+
+    def tick(self) -> bool:
+        """One renewal turn: renew, and stop the run when the Lease is lost or a whole duration went by without a
+        renewal. False once the run no longer owns its Lease."""
+        try:
+            self._renew()
+        except Exception:  # noqa: BLE001 - the loop outlives any failure; a lapse is judged below
+            pass
+        if not self.lost and self.clock.monotonic() - self._renewed >= self.duration_s:
+            self._stop_run(f"the Lease was not renewed for {self.duration_s} s")
+        return not self.lost
 
     def _renew(self) -> None:
         try:
@@ -253,7 +281,7 @@ class RunLease:
                 self._version = seen.resource_version  # renew from the newest version next tick
             return
         self._version = patched["metadata"]["resourceVersion"]
-        self._renewed = time.monotonic()
+        self._renewed = self.clock.monotonic()
 
     def _stop_run(self, why: str) -> None:
         with self._stopping:

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import pytest
 
 from kube_double import FakeKube
+from manual_clock import ManualClock
 
 from pytest_gpucanary.canary import lease
 from pytest_gpucanary.canary.cleanup import cleanup
@@ -309,29 +310,28 @@ def test_two_cleanups_at_once_take_a_dead_run_over_once() -> None:
         {key: content(found[key]) for key in RUN_A_RESTORED}
 
 
-def test_a_run_whose_renewals_stall_is_taken_over_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+def _held_lease(fake: FakeKube, run_id: str, clock: ManualClock, said: list[str]) -> lease.RunLease:
+    """A run's Lease acquired off the main thread (a lost Lease is reported, the test process is not interrupted),
+    renewed only when the test takes a turn."""
+    held: list[lease.RunLease] = []
+    starter = threading.Thread(target=lambda: held.append(lease.RunLease(fake, run_id, say=said.append,
+                                                                         clock=clock).acquire()))
+    starter.start()
+    starter.join()
+    return held[0]
+
+
+def test_a_run_whose_renewals_stall_is_taken_over_and_stops() -> None:
     """Cleanup judges a run dead on its own clock when the Lease did not move for a whole duration; the run,
     renewing late, loses the compare-and-swap and stops instead of writing on."""
-    monkeypatch.setattr(lease, "DURATION_S", 4)     # renewed every second
-    fake = FakeKube()
-    said: list[str] = []
-    held: list[lease.RunLease] = []
-    starter = threading.Thread(target=lambda: held.append(lease.RunLease(fake, "run-s", say=said.append).acquire()))
-    starter.start()           # not the main thread: a lost Lease is reported, the test process is not interrupted
-    starter.join()
-    run = held[0]
-    stalled = threading.Event()
-    renew = run._renew
-    run._renew = lambda: None if stalled.is_set() else renew()     # a hung apiserver connection, as the run sees it
-    stalled.set()
+    fake, clock, said = FakeKube(), ManualClock(), []
+    run = _held_lease(fake, "run-s", clock, said)
+    run.tick()                                    # renewals move the Lease while the run lives
 
-    dead, live = lease.observe(fake, {"run-s"}, sleep=lambda s: time.sleep(0.2), report=lambda line: None)
-    assert "run-s" in dead and not live
+    dead, live = lease.observe(fake, {"run-s"}, sleep=lambda s: None, report=lambda line: None)
+    assert "run-s" in dead and not live           # no renewal during the observer's wait: a hung connection
     assert lease.take_over(fake, "run-s", dead["run-s"], "cleanup/test")
-    stalled.clear()                                                  # the run's connection comes back
-    deadline = time.monotonic() + 5
-    while not run.lost and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert not run.tick()                         # the run's connection comes back: it renews late
 
     assert run.lost == "its Lease was taken over by cleanup/test"
     assert said == ["run run-s stops: its Lease was taken over by cleanup/test; it restores only what still holds "
@@ -341,14 +341,20 @@ def test_a_run_whose_renewals_stall_is_taken_over_and_stops(monkeypatch: pytest.
     assert lease.read(fake, "run-s") is not None
 
 
-def test_the_renewal_loop_outlives_any_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lease, "DURATION_S", 4)     # renewed every second: three failures stay within it
-    fake = FakeKube()
-    held: list[lease.RunLease] = []
-    starter = threading.Thread(target=lambda: held.append(lease.RunLease(fake, "run-r", say=lambda line: None).acquire()))
-    starter.start()
-    starter.join()
-    run = held[0]
+def test_a_live_run_is_not_judged_dead() -> None:
+    fake, clock = FakeKube(), ManualClock()
+    run = _held_lease(fake, "run-l", clock, [])
+
+    dead, live = lease.observe(fake, {"run-l"}, sleep=lambda s: run.tick(), report=lambda line: None)
+
+    assert "run-l" in live and not dead
+    run.release()
+    assert lease.read(fake, "run-l") is None
+
+
+def test_the_renewal_loop_outlives_any_exception() -> None:
+    fake, clock, said = FakeKube(), ManualClock(), []
+    run = _held_lease(fake, "run-r", clock, said)
     renew, failures = run._renew, []
 
     def flaky() -> None:
@@ -359,24 +365,44 @@ def test_the_renewal_loop_outlives_any_exception(monkeypatch: pytest.MonkeyPatch
 
     run._renew = flaky
     before = lease.read(fake, "run-r").resource_version
-    deadline = time.monotonic() + 5
-    while lease.read(fake, "run-r").resource_version == before and time.monotonic() < deadline:
-        time.sleep(0.05)
+    for _ in range(3):
+        clock.now += run.renew_every_s
+        assert run.tick()                         # three failures stay within one duration
+    assert lease.read(fake, "run-r").resource_version == before
+    clock.now += run.renew_every_s
+    assert run.tick()
+
     assert len(failures) == 3 and lease.read(fake, "run-r").resource_version != before and not run.lost
+    assert said == []
     run.release()
 
 
-def test_a_renewal_that_fails_while_the_run_releases_stops_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_whole_duration_without_a_renewal_stops_the_run() -> None:
+    fake, clock, said = FakeKube(), ManualClock(), []
+    run = _held_lease(fake, "run-d", clock, said)
+
+    def unreachable() -> None:
+        raise ConnectionError("the apiserver does not answer")
+
+    run._renew = unreachable
+    for _ in range(3):
+        clock.now += run.renew_every_s
+        assert run.tick()
+    clock.now += run.renew_every_s
+
+    assert not run.tick()
+    assert run.lost == f"the Lease was not renewed for {lease.DURATION_S} s"
+    assert said == [f"run run-d stops: the Lease was not renewed for {lease.DURATION_S} s; it restores only what "
+                    "still holds what it wrote"]
+    run.release()
+    assert lease.read(fake, "run-d") is not None                     # left for a cleanup to take over
+
+
+def test_a_renewal_that_fails_while_the_run_releases_stops_nothing() -> None:
     """The run is over once it releases: a renewal still in flight that then finds the Lease gone must not
     report a lost Lease or interrupt whatever the process does next."""
-    monkeypatch.setattr(lease, "DURATION_S", 4)
-    fake = FakeKube()
-    said: list[str] = []
-    held: list[lease.RunLease] = []
-    starter = threading.Thread(target=lambda: held.append(lease.RunLease(fake, "run-x", say=said.append).acquire()))
-    starter.start()
-    starter.join()
-    run = held[0]
+    fake, clock, said = FakeKube(), ManualClock(), []
+    run = _held_lease(fake, "run-x", clock, said)
     in_flight, released = threading.Event(), threading.Event()
     renew = run._renew
 
@@ -386,14 +412,15 @@ def test_a_renewal_that_fails_while_the_run_releases_stops_nothing(monkeypatch: 
         renew()                      # the Lease is gone by now: NotFound, then read() finds nobody
 
     run._renew = slow_renew
+    turn = threading.Thread(target=run.tick)
+    turn.start()
     assert in_flight.wait(10)
     releaser = threading.Thread(target=run.release)
     releaser.start()
-    deadline = time.monotonic() + 5
-    while not run._stop.is_set() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert run._stop.wait(10)
     lease.release(fake, "run-x")     # as release() does once the renewal thread is joined
     released.set()
+    turn.join(10)
     releaser.join(10)
     assert run.lost == "" and said == []
 
