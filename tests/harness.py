@@ -10,9 +10,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -57,6 +59,21 @@ def gpucanary(*args: str, env: Mapping[str, str] | None = None, base: Mapping[st
                           check=check)
 
 
+T = TypeVar("T")
+
+
+def eventually(seen: Callable[[], T], *, timeout_s: float, every_s: float = 1,
+               stop: threading.Event | None = None) -> T:
+    """For what has no watch (Prometheus, a process, an HTTP stand-in): `seen()` every `every_s` until it is
+    truthy, `stop` is set or `timeout_s` passed; returns its last value. Kubernetes objects are waited for with
+    `kube.wait_for` / `kube.watch_until`, which watch instead of looking again."""
+    stop = stop or threading.Event()
+    deadline = time.monotonic() + timeout_s
+    while not (value := seen()) and not stop.is_set() and time.monotonic() < deadline:
+        stop.wait(every_s)
+    return value
+
+
 def receipt_of(reports: Path) -> dict:
     """The receipt of the one run under `reports`."""
     [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
@@ -78,6 +95,20 @@ def assert_nothing_left(kube: Kube, policy_before: dict) -> None:
     policy = kube.get("nvidia.com/v1", "ClusterPolicy", "cluster-policy")
     assert policy["spec"]["driver"]["upgradePolicy"] == policy_before
     assert "gpucanary.io/saved-spec" not in policy["metadata"].get("annotations", {})
+
+
+def eventually_nothing_left(kube: Kube, policy_before: dict, timeout_s: float = 60) -> None:
+    """`assert_nothing_left` once namespace deletion, which finishes asynchronously, has had `timeout_s`."""
+
+    def nothing_left() -> bool:
+        try:
+            assert_nothing_left(kube, policy_before)
+        except AssertionError:
+            return False
+        return True
+
+    eventually(nothing_left, timeout_s=timeout_s, every_s=2)
+    assert_nothing_left(kube, policy_before)
 
 
 # --- ports beside the session fleet's ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.snapshot import differences, run_killed, snapshot
+from testbed.snapshot import run_killed, snapshot
 from pytest_gpucanary.gpu_operator import UPGRADE_STATE_LABEL
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.ladder import RunEvidence, timeline

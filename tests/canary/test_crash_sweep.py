@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from harness import eventually
 from kube_double import Crashed, FakeKube
 
 from pytest_gpucanary.canary import lease, publish
@@ -271,9 +271,7 @@ def test_a_driver_pod_at_the_target_outside_the_pool_is_a_breach() -> None:
         recreated = {"spec": {"containers": [{"name": "c", "image": IMAGE.format(DRIVER_TO)}]}}
         fake.patch("v1", "Pod", "nvidia-driver-daemonset-canary-0", recreated, namespace=OPERATOR_NS)  # the pool
         fake.patch("v1", "Pod", "nvidia-driver-daemonset-gpu-2", recreated, namespace=OPERATOR_NS)     # held
-        deadline = time.monotonic() + 5
-        while not watch.breaches and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: watch.breaches, timeout_s=5, every_s=0.05)
     finally:
         watch.stop()
     assert len(watch.breaches) == 1 and watch.breaches[0].startswith(

@@ -43,7 +43,7 @@ from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.kube.ownership import RUN_ID_LABEL
 from pytest_gpucanary.shipped import FIXTURES
-from harness import CLI, TARGET, fast, gpucanary, port_beside_session, second_fleet_env
+from harness import CLI, TARGET, eventually, fast, gpucanary, port_beside_session, second_fleet_env
 from harness import node_pod, phase_is
 from harness import refused_drain_options
 
@@ -389,16 +389,6 @@ def alongside(work: Callable[[threading.Event], None]) -> Iterator[None]:
         thread.join()
 
 
-def until(stop: threading.Event, seen: Callable[[], bool], *, every_s: float = 1, timeout_s: float = 600) -> bool:
-    """Look every `every_s` until `seen()` (True), `stop` is set or the time is up (False)."""
-    deadline = time.monotonic() + timeout_s
-    while not stop.is_set() and time.monotonic() < deadline:
-        if seen():
-            return True
-        stop.wait(every_s)
-    return False
-
-
 @contextmanager
 def unschedulable_driver_pod(env: dict[str, str], node: str) -> Iterator[None]:
     """While it lasts, a container created in the operator's namespace without requests asks for 64 CPUs (a
@@ -409,8 +399,8 @@ def unschedulable_driver_pod(env: dict[str, str], node: str) -> Iterator[None]:
     kube.create(MORE_CPU_THAN_A_NODE_HAS)
 
     def lift_once_unschedulable(stop: threading.Event) -> None:
-        until(stop, lambda: any(daemonset_node(p["spec"]) == node and unplaced(p) for p in kube.list(
-            "v1", "Pod", namespace=OPERATOR_NAMESPACE, field_selector="spec.nodeName=")), every_s=2)
+        eventually(lambda: any(daemonset_node(p["spec"]) == node and unplaced(p) for p in kube.list(
+            "v1", "Pod", namespace=OPERATOR_NAMESPACE, field_selector="spec.nodeName=")), stop=stop, every_s=2, timeout_s=600)
         try:
             kube.delete("v1", "LimitRange", MORE_CPU_THAN_A_NODE_HAS["metadata"]["name"], namespace=OPERATOR_NAMESPACE)
         except NotFound:
@@ -436,12 +426,13 @@ def pause_image_gone(env: dict[str, str], node: str) -> Iterator[None]:
         return kube.get("nvidia.com/v1alpha1", "NVIDIADriver", node)["spec"]["version"]
 
     def take_and_give_back(stop: threading.Event) -> None:
-        if until(stop, lambda: any(p["status"].get("phase") == "Running"
-                                   and p["metadata"]["namespace"].startswith("gpucanary-")
-                                   for p in kube.list("v1", "Pod", field_selector=f"spec.nodeName={node}"))):
+        if eventually(lambda: any(p["status"].get("phase") == "Running"
+                                  and p["metadata"]["namespace"].startswith("gpucanary-")
+                                  for p in kube.list("v1", "Pod", field_selector=f"spec.nodeName={node}")),
+                      stop=stop, timeout_s=600):
             subprocess.run([*ctr, "rm", PAUSE_IMAGE], check=True, capture_output=True, timeout=60)
-            until(stop, lambda: driver_version() == TARGET)
-            until(stop, lambda: driver_version() != TARGET)
+            eventually(lambda: driver_version() == TARGET, stop=stop, timeout_s=600)
+            eventually(lambda: driver_version() != TARGET, stop=stop, timeout_s=600)
         subprocess.run([*ctr, "import", str(tar)], check=True, capture_output=True, timeout=120)
 
     with alongside(take_and_give_back):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from harness import eventually
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -136,9 +137,7 @@ def test_stop_is_bounded_and_a_broken_locustfile_is_reported(tmp_path: Path) -> 
 
 def test_stop_mid_run_interrupts_locust_and_keeps_its_samples(flaky_server: str, tmp_path: Path) -> None:
     run = LoadRun(flaky_server, users=2, spawn_rate=10, run_time_s=120, log_dir=tmp_path).start()
-    deadline = time.monotonic() + 90       # a bound on a loaded machine, not a speed claim
-    while not run.samples() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    eventually(run.samples, timeout_s=90, every_s=0.2)       # a bound on a loaded machine, not a speed claim
     code = run.stop(grace_s=60)            # SIGINT, then SIGKILL after the grace: ample on a loaded machine
     assert not run.running()
     assert code in (0, 1) and run.samples()

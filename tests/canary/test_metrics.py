@@ -11,6 +11,7 @@ import time
 from typing import Callable, Iterator
 
 import pytest
+from harness import eventually
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -172,9 +173,7 @@ def test_a_slow_prometheus_times_out_inconclusive(stand_in, asked: list[object])
     url = stand_in(respond)
     assert "timed out" in _all_inconclusive(url, read_timeout_s=0.3)[0]
     assert asked and all(timeout == (metrics.CONNECT_TIMEOUT_S, 0.3) for timeout in asked), asked
-    deadline = time.monotonic() + 30     # the stand-in may still be taking the last request in
-    while len(received) < len(asked) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(lambda: len(received) >= len(asked), timeout_s=30, every_s=0.05)  # the stand-in may still be reading
     assert len(received) == len(asked), received    # read=0 retries: one request per query, not two
 
 

@@ -22,7 +22,7 @@ from pytest_gpucanary.errors import ConfigError
 from pytest_gpucanary.ladder import Outcome, RunEvidence, Stage, evaluate
 from pytest_gpucanary.shipped import FIXTURES
 
-from canned_runs import at, clean_run, run  # noqa: E402  canned timelines shared with the ladder's tests
+from canned_runs import at, clean_run  # noqa: E402  canned timelines shared with the ladder's tests
 
 PLACEMENT = workloads.Placement("gpucanary-r1", "r1", "canary-r1-0")
 

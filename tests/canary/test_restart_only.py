@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Iterator
 
 import pytest

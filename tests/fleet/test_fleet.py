@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 
 import pytest
+from harness import eventually
 from prometheus_api_client import PrometheusConnect
 
 from pytest_gpucanary.kube import Kube
@@ -72,14 +72,11 @@ def test_evicted_deployment_pod_is_replaced_and_pdb_refuses_second_eviction(kube
 
 
 def _running_pod(kube: Kube, namespace: str, selector: str, *, besides: str = "") -> str:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        for item in kube.list("v1", "Pod", namespace=namespace, label_selector=selector):
-            name = item["metadata"]["name"]
-            if name != besides and is_running(item) and not item["metadata"].get("deletionTimestamp"):
-                return name
-        time.sleep(1)
-    raise AssertionError(f"no Running pod for {selector} besides {besides!r} within 90 s")
+    return kube.watch_until(
+        "v1", "Pod",
+        lambda pods: next((name for name, item in pods.items() if name != besides and is_running(item)
+                           and not item["metadata"].get("deletionTimestamp")), None),
+        namespace=namespace, label_selector=selector, timeout_s=90)
 
 
 def test_job_pod_completes_after_its_configured_duration_not_before(kube: Kube, namespace: str) -> None:
@@ -105,25 +102,24 @@ def _ts(value: str) -> datetime:
 @pytest.mark.parametrize("job", ["apiserver", "gpu-operator"])
 def test_prometheus_reports_the_target_up(gpucanary_fleet, job: str) -> None:
     prometheus = PrometheusConnect(url=gpucanary_fleet.fleet.prometheus_url, disable_ssl=True, timeout=10)
-    deadline = time.monotonic() + 60
-    result: list = []
-    while time.monotonic() < deadline and not result:
-        result = prometheus.custom_query(f'up{{job="{job}"}}')
-        time.sleep(0 if result else 2)
+    result = eventually(lambda: prometheus.custom_query(f'up{{job="{job}"}}'), timeout_s=60, every_s=2)
     assert result, f"Prometheus has no `up` sample for {job} after 60 s"
     assert result[0]["value"][1] == "1"
 
 
 def test_dcgm_metrics_carry_each_gpu_node_s_driver_version(gpucanary_fleet) -> None:
     prometheus = PrometheusConnect(url=gpucanary_fleet.fleet.prometheus_url, disable_ssl=True, timeout=10)
-    deadline = time.monotonic() + 60
-    versions: dict[str, set[str]] = {}
-    while time.monotonic() < deadline and len(versions) < len(gpucanary_fleet.fleet.gpu_node_names()):
-        series = prometheus.custom_query('DCGM_FI_DEV_GPU_UTIL{modelName!=""}')
-        versions = {}
-        for s in series:
+    def versions_by_node() -> dict[str, set[str]]:
+        versions: dict[str, set[str]] = {}
+        for s in prometheus.custom_query('DCGM_FI_DEV_GPU_UTIL{modelName!=""}'):
             versions.setdefault(s["metric"]["Hostname"], set()).add(s["metric"].get("DCGM_FI_DRIVER_VERSION", ""))
-        time.sleep(2)
+        return versions
+
+    def every_node() -> dict[str, set[str]]:
+        versions = versions_by_node()
+        return versions if len(versions) >= len(gpucanary_fleet.fleet.gpu_node_names()) else {}
+
+    versions = eventually(every_node, timeout_s=60, every_s=2) or versions_by_node()
     assert set(versions) >= set(gpucanary_fleet.fleet.gpu_node_names()), versions
     assert all(v == {"580.82.07"} for v in versions.values()), versions
 

@@ -10,14 +10,13 @@ label: the controller does.
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from harness import FLEET_DRIVER, TARGET
+from harness import FLEET_DRIVER, TARGET, eventually
 
 from pytest_gpucanary.canary.recorder import Record, Recorder, StreamSpec
 from pytest_gpucanary.cluster import discover
@@ -233,26 +232,21 @@ def test_dcgm_driver_version_follows_the_new_driver_pod(no_drain_phase: dict[str
     from pytest_gpucanary.ladder.metrics import judge_answer
 
     node = no_drain_phase["plain"].node
-    deadline = time.monotonic() + 60
-    check = None
-    while time.monotonic() < deadline:
+    def judged():
         answer = metrics.ask_driver_version(metrics.Prometheus(gpucanary_fleet.fleet.prometheus_url), nodes=(node,))
-        check = judge_answer(answer, nodes=(node,), target=NEW)
-        if check.outcome.value == "pass":
-            break
-        time.sleep(2)
-    assert check is not None and check.outcome.value == "pass", check
+        return judge_answer(answer, nodes=(node,), target=NEW)
+
+    assert eventually(lambda: judged().outcome.value == "pass", timeout_s=60, every_s=2), judged()
 
 
 def test_operator_metric_counts_the_failed_pool_nodes(no_drain_phase: dict[str, Scenario], gpucanary_fleet) -> None:
     """gpu_operator_nodes_upgrades_failed is set in NVIDIADriver mode too, on every release: the shm and PDB pools."""
     from pytest_gpucanary.canary import metrics
 
-    deadline = time.monotonic() + 60
-    peak = 0.0
-    while time.monotonic() < deadline and peak < 2:
+    def peak() -> float:
         series = metrics.query("max_over_time(gpu_operator_nodes_upgrades_failed[15m])",
                                url=gpucanary_fleet.fleet.prometheus_url)
-        peak = max([s.value for s in series] + [0.0])
-        time.sleep(0 if peak >= 2 else 5)
-    assert peak >= 2, f"gpu_operator_nodes_upgrades_failed peaked at {peak}, 2 pool nodes failed"
+        return max([s.value for s in series] + [0.0])
+
+    assert eventually(lambda: peak() >= 2, timeout_s=60, every_s=5), \
+        f"gpu_operator_nodes_upgrades_failed peaked at {peak()}, 2 pool nodes failed"

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from canned_runs import NEW, OLD, T0, at, clean_run, field_note_run, probes  # canned runs, shared
+from canned_runs import NEW, OLD, at, clean_run, field_note_run, probes  # canned runs, shared
 
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.errors import EnvError

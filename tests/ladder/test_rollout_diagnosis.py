@@ -11,10 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.shipped import FIXTURES
 from harness import FAST, KEEP_FLEET, TARGET, assert_nothing_left, gpucanary, receipt_of, refused_drain_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

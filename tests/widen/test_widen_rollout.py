@@ -24,7 +24,7 @@ import yaml
 
 from kubernetes.client.exceptions import ApiException
 
-from pytest_gpucanary.canary import preflight, publish
+from pytest_gpucanary.canary import publish
 
 from pytest_gpucanary.canary.load import LoadRun
 from pytest_gpucanary.canary.metrics import Prometheus
