@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from harness import eventually
 
 from pytest_gpucanary.canary import metrics
 from pytest_gpucanary.ladder.metrics import judge_answer
@@ -123,10 +124,8 @@ def test_ingress_answers_for_the_ready_pod_then_503_after_eviction(kube: Kube, s
 
 
 def _wait_samples(run: LoadRun, predicate: Callable[[list[Sample]], bool], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate(run.samples()):
-        assert run.running() and time.monotonic() < deadline, f"{what} not seen in the load samples: {run.error()}"
-        time.sleep(0.2)
+    eventually(lambda: predicate(run.samples()) or not run.running(), timeout_s=timeout_s, every_s=0.2)
+    assert predicate(run.samples()), f"{what} not seen in the load samples: {run.error()}"
 
 
 def test_locust_run_sees_the_outage_and_the_recovery(kube: Kube, served: Served, tmp_path: Path) -> None:
@@ -227,10 +226,11 @@ def test_xid_errors_pass_clean_and_fail_once_a_gpu_reports_one(kube: Kube, prome
     assert clean.outcome is Outcome.PASS, clean.detail
     kube.patch("v1", "Node", CPU_NODE_NAME, {"metadata": {"annotations": {XID_ANNOTATION: "79"}}})
     try:  # kwok serves the annotation at the next scrape (5 s); wait for Prometheus, bounded
-        deadline = time.monotonic() + 30
-        while (check := judged(metrics.ask_xid_errors(prometheus, nodes=[CPU_NODE_NAME], **_last_s(30)),
-                               nodes=[CPU_NODE_NAME])).outcome is not Outcome.FAIL and time.monotonic() < deadline:
-            time.sleep(1)
+        def check_now():
+            return judged(metrics.ask_xid_errors(prometheus, nodes=[CPU_NODE_NAME], **_last_s(30)), nodes=[CPU_NODE_NAME])
+
+        eventually(lambda: check_now().outcome is Outcome.FAIL, timeout_s=30)
+        check = check_now()
     finally:
         kube.patch("v1", "Node", CPU_NODE_NAME, {"metadata": {"annotations": {XID_ANNOTATION: None}}})
     assert check.outcome is Outcome.FAIL and "reported XID 79" in check.detail, check.detail

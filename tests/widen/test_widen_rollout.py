@@ -36,7 +36,7 @@ from pytest_gpucanary.kube.errors import Conflict
 from pytest_gpucanary.policy.parse import load_policy
 from pytest_gpucanary.receipt.verdict import Verdict, VerdictKey
 from pytest_gpucanary.shipped import FIXTURES, REPO_ROOT
-from harness import CLI, TARGET, gpucanary, second_fleet
+from harness import CLI, TARGET, eventually, gpucanary, second_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -80,10 +80,9 @@ def as_widen(widen_fleet: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     widen = Kube.connect(path)
-    deadline = time.monotonic() + 30     # the apiserver enforces a new policy once its informer has it
-    while not version_change_refused(widen):
-        assert time.monotonic() < deadline, "deploy/admission.yaml not in force after 30 s"
-        time.sleep(0.5)
+    # the apiserver enforces a new policy once its informer has it
+    assert eventually(lambda: version_change_refused(widen), timeout_s=30, every_s=0.5), \
+        "deploy/admission.yaml not in force after 30 s"
     layout = FleetLayout(root=Path(widen_fleet["GPUCANARY_FLEET_DIR"]),
                          port_base=int(widen_fleet["GPUCANARY_FLEET_PORT_BASE"]))
     return [f"--gpucanary-kubeconfig={path}", f"--gpucanary-prometheus-url={layout.prometheus_url}"]
@@ -223,10 +222,9 @@ def test_a_sweep_killed_mid_wave_resumes_from_the_cluster_and_passes_in_two_wave
     load = LoadRun(f"http://127.0.0.1:{layout.port('ingress')}/svc/default/api-2", users=2, run_time_s=1200,
                    wait_s=0.5, log_dir=tmp_path / "load").start()      # customers of the service, the whole sweep
     try:
-        deadline = time.monotonic() + 90          # two scrapes of the ingress with requests in them
-        while not Prometheus(layout.prometheus_url).query(API_ERRORS.rsplit(" < ", 1)[0]):
-            assert time.monotonic() < deadline, f"no series for the service's error ratio; {load.output_path}"
-            time.sleep(2)
+        # two scrapes of the ingress with requests in them
+        assert eventually(lambda: Prometheus(layout.prometheus_url).query(API_ERRORS.rsplit(" < ", 1)[0]),
+                          timeout_s=90, every_s=2), f"no series for the service's error ratio; {load.output_path}"
         sweep_killed_and_resumed(widen_fleet, kube, as_widen, tmp_path, policy, before, target)
     finally:
         load.stop()
@@ -316,10 +314,10 @@ def test_a_wave_whose_customer_starts_are_too_slow_halts_the_sweep(
     its pod running) halts the first wave on them, with the rest held."""
     mark_for_widen(kube)
     before = driver_version(kube)
-    deadline = time.monotonic() + 600       # an earlier test's roll-back may still take a node back to `before`
-    while (now := nodes_now(kube)) != {n: ("upgrade-done", None, before) for n in NODES}:
-        assert time.monotonic() < deadline, f"the fleet did not settle on driver {before}: {now}"
-        time.sleep(2)
+    settled = {n: ("upgrade-done", None, before) for n in NODES}
+    # an earlier test's roll-back may still take a node back to `before`
+    assert eventually(lambda: nodes_now(kube) == settled, timeout_s=600, every_s=2), \
+        f"the fleet did not settle on driver {before}: {nodes_now(kube)}"
     target = "580.95.07"
     policy = policy_file(tmp_path, "default.yaml", maxParallelUpgrades=0, maxUnavailable="100%")
     record_verdict(kube, policy, target, passed=True)
