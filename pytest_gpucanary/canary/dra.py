@@ -11,11 +11,12 @@ also counts a pod with an allocated `gpu.nvidia.com` claim (`PodHasNVIDIAGPUClai
 from __future__ import annotations
 
 from pytest_gpucanary import gpu_operator as op
+from pytest_gpucanary.canary.recorder import StreamSpec
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import Forbidden, NotFound
+from pytest_gpucanary.ladder.slices import GPU_DRIVER, KIND, stream_name
 
-GPU_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver for GPUs: its driver name and its DeviceClass
-RESOURCE_SLICE = ("resource.k8s.io/v1", "ResourceSlice")
+RESOURCE_SLICE = ("resource.k8s.io/v1", KIND)
 POD_DELETION_SEES_CLAIMS = (26, 7)  # the first release whose pod deletion counts claim-holding pods
 
 
@@ -27,6 +28,19 @@ def gpu_nodes(kube: Kube) -> tuple[str, ...]:
     except (NotFound, Forbidden):
         return ()
     return tuple(sorted({name for s in slices if (name := (s.get("spec") or {}).get("nodeName"))}))
+
+
+def slice_streams(kube: Kube, nodes: tuple[str, ...]) -> list[StreamSpec]:
+    """A watch of each pool node's GPU ResourceSlices, where the cluster serves them and the canary may read them:
+    the device rung wants them gone and back at the target on a node that offers its GPUs through DRA."""
+    try:
+        kube.list(*RESOURCE_SLICE, field_selector=f"spec.driver={GPU_DRIVER}", limit=1)
+    except (NotFound, Forbidden):
+        return []
+    return [
+        StreamSpec(stream_name(node), *RESOURCE_SLICE, field_selector=f"spec.nodeName={node},spec.driver={GPU_DRIVER}")
+        for node in nodes
+    ]
 
 
 def note(nodes: tuple[str, ...], release: str | None) -> str:

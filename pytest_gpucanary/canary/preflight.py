@@ -144,10 +144,10 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_perms("create", "poddisruptionbudgets", "policy", why="the non-GPU service's budget"),
     *_perms("list watch", "poddisruptionbudgets", "policy", why="name the budget that refuses an eviction on the pool"),
     *_perms(
-        "list",
+        "list watch",
         "resourceslices",
         "resource.k8s.io",
-        why="say which nodes offer GPUs through DRA, which the canary's workloads do not claim (where served)",
+        why="say which nodes offer GPUs through DRA and record the pool's slices across the swap (where served)",
     ),
     *_perms(
         "list watch",

@@ -20,6 +20,7 @@ from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.gpu_operator import daemonset_node, gpus_requested, holds_driver
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.waits import WatchEvent
+from pytest_gpucanary.ladder import slices
 from pytest_gpucanary.ladder.index import TimelineIndex
 from pytest_gpucanary.ladder.timeline import Record, load
 
@@ -68,6 +69,8 @@ def trim(kind: str, obj: dict) -> dict:
             trimmed["spec"]["holdsDriver"] = why
         if not spec.get("nodeName") and (node := daemonset_node(spec)):
             trimmed["spec"]["daemonSetNode"] = node
+    if kind == slices.KIND:
+        trimmed["spec"] = slices.trimmed_spec(obj.get("spec") or {})
     if kind == "Job":  # its completion is in status; the pod template is the manifest the run wrote
         spec = obj.get("spec", {})
         trimmed["spec"] = {k: spec.get(k) for k in ("completions", "parallelism", "backoffLimit")}

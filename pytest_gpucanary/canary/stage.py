@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from pytest_gpucanary.canary import neighbours, workloads
+from pytest_gpucanary.canary import dra, neighbours, workloads
 from pytest_gpucanary.canary.measures import Measured
 from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.canary.recorder import Recorder, StreamSpec
@@ -128,6 +128,7 @@ class RunStage:
         ]
         if neighbours.node_maintenance_served(self.kube):  # the maintenance operator may cordon and drain the pool
             streams.append(StreamSpec("node-maintenance", *neighbours.NODE_MAINTENANCE))
+        streams += dra.slice_streams(self.kube, pool.nodes)
         for node in pool.nodes:
             streams += [
                 StreamSpec(f"node-{node}", "v1", "Node", field_selector=f"metadata.name={node}"),

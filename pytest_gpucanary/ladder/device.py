@@ -1,6 +1,7 @@
 """Device: on each pool node, evidence of the new driver and of nothing older. The driver pod at the
 target version Ready; after it, a validator pod Ready and a device plugin pod Ready; the GPUs back in
-allocatable after their dip, within a bound; GPU Feature Discovery's driver label at the target; the
+allocatable after their dip, within a bound; GPU Feature Discovery's driver label at the target; on a
+node that offers its GPUs through DRA, its ResourceSlices gone and back at the target (`slices`); the
 device metrics clean. Pure: judges a RunEvidence.
 
 Order matters because a validator or device plugin pod that was Ready before the new driver was
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.config import DEFAULTS, Settings
-from pytest_gpucanary.ladder import timeline
+from pytest_gpucanary.ladder import slices, timeline
 from pytest_gpucanary.ladder.evidence import RunEvidence
 from pytest_gpucanary.ladder.model import CapacityDip, Evidence, Outcome, Stage, StageVerdict
 from pytest_gpucanary.ladder.rules import Finding, at, metrics_note, stage_metrics, verdict
@@ -216,7 +217,9 @@ def _device_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[list[F
     items.append(Evidence(None, None, "Node", node, f"{op.GPU_RESOURCE} {dip.line()}"))
     label_finding, label_items = _driver_label(ev, node)
     findings += [label_finding] if label_finding else []
-    return findings, items + label_items, dip
+    slice_finding, slice_items = slices.judge(ev, node)
+    findings += [slice_finding] if slice_finding else []
+    return findings, items + label_items + slice_items, dip
 
 
 def capacity_dips(evidence: RunEvidence) -> tuple[CapacityDip, ...]:
@@ -241,8 +244,10 @@ def check_device(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageV
         if gone
         else f"{op.GPU_RESOURCE} allocatable as before"
     )
+    republished = sum(1 for node in evidence.pool_nodes if slices.slice_cycle(evidence, node))
+    dra = f"; {slices.GPU_DRIVER} ResourceSlices republished at the target on {republished}" if republished else ""
     pass_line = (
         f"{n}/{n} pool nodes: driver {evidence.driver_to} Ready, then validator and device plugin Ready; "
-        f"{capacity} (<= {settings.max_gpus_gone_s:.0f} s){metrics_note(metric_findings)}"
+        f"{capacity} (<= {settings.max_gpus_gone_s:.0f} s){dra}{metrics_note(metric_findings)}"
     )
     return verdict(Stage.DEVICE, findings + metric_findings, items + metric_items, pass_line)

@@ -1,0 +1,121 @@
+"""The device rung on a node that offers its GPUs through DRA: its gpu.nvidia.com ResourceSlices gone during the
+swap and back at a higher pool generation with every device at the target (k8s-driver-manager #203)."""
+
+from __future__ import annotations
+
+import json
+
+from canned_runs import HAPPY, NEW, NODE, OLD, at, node, operands, run, states, workloads
+
+from pytest_gpucanary.canary.recorder import Record, trim
+from pytest_gpucanary.ladder import Outcome
+from pytest_gpucanary.ladder.device import check_device
+from pytest_gpucanary.ladder.evidence import RunEvidence
+from pytest_gpucanary.ladder.slices import semver, slice_cycle, stream_name
+
+
+def resource_slice(name: str, *, generation: int, version: str, devices: int = 8, driver: str = "gpu.nvidia.com"
+                   ) -> dict:
+    """As NVIDIA's DRA kubelet plugin publishes one, trimmed as the recorder keeps it."""
+    return trim("ResourceSlice", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name, "managedFields": [{"manager": "kubelet"}]},
+        "spec": {"driver": driver, "nodeName": NODE,
+                 "pool": {"name": NODE, "generation": generation, "resourceSliceCount": 1},
+                 "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"},
+                                                                   "uuid": {"string": f"GPU-{i}"},
+                                                                   "driverVersion": {"version": semver(version)}},
+                              "capacity": {"memory": {"value": "80Gi"}}} for i in range(devices)]}})
+
+
+def seen(offset_s: float, kind_type: str, obj: dict) -> Record:
+    return Record(stream_name(NODE), kind_type, "ResourceSlice", None, obj["metadata"]["name"], at(offset_s),
+                  at(offset_s), obj)
+
+
+def relisted(offset_s: float, *objs: dict) -> list[Record]:
+    marker = Record(stream_name(NODE), "RELISTED", "ResourceSlice", None, None, at(offset_s), at(offset_s),
+                    {"count": len(objs)})
+    return [marker] + [seen(offset_s, "LISTED", o) for o in objs]
+
+
+def upgraded_run(slice_records: list[Record]) -> RunEvidence:
+    schedule = list(zip([5, 10, 12, 14, 26, 90, 130, 135], HAPPY))
+    return run(states(schedule) + operands() + workloads() + [node(500, "upgrade-done")] + slice_records)
+
+
+OLD_SLICE = resource_slice(f"{NODE}-gpu.nvidia.com-abcde", generation=1, version=OLD)
+NEW_SLICE = resource_slice(f"{NODE}-gpu.nvidia.com-fghij", generation=2, version=NEW)
+
+
+def test_the_recorder_keeps_the_pool_and_each_devices_driver_version_only() -> None:
+    assert OLD_SLICE["spec"] == {"driver": "gpu.nvidia.com", "nodeName": NODE,
+                                 "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                                 "devices": [{"name": f"gpu-{i}", "driverVersion": "580.82.7"} for i in range(8)]}
+    assert "managedFields" not in OLD_SLICE["metadata"]
+    assert semver("580.95.05") == "580.95.5" and semver("575.57.08") == "575.57.8"
+
+
+def test_slices_gone_in_the_swap_and_back_at_the_target_pass_with_their_evidence() -> None:
+    evidence = upgraded_run([*relisted(-30, OLD_SLICE), seen(31, "DELETED", OLD_SLICE), seen(95, "ADDED", NEW_SLICE)])
+
+    verdict = check_device(evidence)
+
+    assert verdict.outcome is Outcome.PASS, verdict.summary
+    assert "gpu.nvidia.com ResourceSlices republished at the target on 1" in verdict.summary
+    lines = [e.text for e in verdict.evidence if e.kind == "ResourceSlice"]
+    assert lines == ["generation 1, 8 devices at driverVersion 580.82.7",
+                     "no slice: the DRA kubelet plugin is not registered",
+                     "generation 2, 8 devices at driverVersion 580.95.5"], lines
+    cycle = slice_cycle(evidence, NODE)
+    assert cycle and cycle.gone and cycle.back and cycle.gone.wall_ns == at(31) and cycle.back.wall_ns == at(95)
+
+
+def test_slices_that_never_went_away_fail_naming_the_plugin_left_on_the_old_driver() -> None:
+    verdict = check_device(upgraded_run([*relisted(-30, OLD_SLICE)]))
+
+    assert verdict.outcome is Outcome.FAIL
+    assert f"node {NODE}'s gpu.nvidia.com ResourceSlices never went away (generation 1, 8 devices at driverVersion " \
+           "580.82.7): the DRA kubelet plugin was not restarted" in verdict.summary, verdict.summary
+
+
+def test_slices_back_at_the_old_version_or_without_a_new_generation_fail() -> None:
+    stale = resource_slice(f"{NODE}-gpu.nvidia.com-x", generation=2, version=OLD)
+    same_generation = resource_slice(f"{NODE}-gpu.nvidia.com-y", generation=1, version=NEW)
+    fewer = resource_slice(f"{NODE}-gpu.nvidia.com-z", generation=2, version=NEW, devices=7)
+
+    for back, expected in ((stale, "came back with generation 2, 8 devices at driverVersion 580.82.7, expected 8 "
+                                   "devices at 580.95.5"),
+                           (same_generation, "came back at generation 1, not above 1"),
+                           (fewer, "came back with generation 2, 7 devices")):
+        verdict = check_device(upgraded_run([*relisted(-30, OLD_SLICE), seen(31, "DELETED", OLD_SLICE),
+                                             seen(95, "ADDED", back)]))
+        assert verdict.outcome is Outcome.FAIL and expected in verdict.summary, verdict.summary
+
+
+def test_slices_that_went_away_and_stayed_away_fail() -> None:
+    verdict = check_device(upgraded_run([*relisted(-30, OLD_SLICE), seen(31, "DELETED", OLD_SLICE)]))
+
+    assert verdict.outcome is Outcome.FAIL and "went away and did not come back" in verdict.summary
+
+
+def test_a_relist_after_a_watch_gap_is_one_instant_not_a_gap() -> None:
+    """A relist clears what the stream knew and lists it again at one instant: the slice standing through it is
+    not a slice that went away."""
+    records = [*relisted(-30, OLD_SLICE), *relisted(20, OLD_SLICE), seen(31, "DELETED", OLD_SLICE),
+               *relisted(95, NEW_SLICE)]
+
+    cycle = slice_cycle(upgraded_run(records), NODE)
+
+    assert cycle is not None and cycle.gone is not None and cycle.gone.wall_ns == at(31)
+    assert [o.slices for o in cycle.offers] == [1, 0, 1]
+
+
+def test_a_node_without_dra_gpus_is_judged_as_before() -> None:
+    other_driver = resource_slice("nic", generation=1, version=OLD, driver="rdma.example.com")
+
+    with_nic, without = upgraded_run([seen(-30, "ADDED", other_driver)]), upgraded_run([])
+
+    assert slice_cycle(with_nic, NODE) is None
+    assert check_device(with_nic).summary == check_device(without).summary
+    assert "ResourceSlice" not in json.dumps([e.text for e in check_device(without).evidence])
