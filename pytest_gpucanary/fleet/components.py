@@ -255,6 +255,7 @@ def node_agent(layout: FleetLayout) -> Component:
             f"--kubeconfig={layout.kubeconfig}",
             f"--namespace={OPERATOR_NAMESPACE}",
             f"--health-port={port}",
+            *(["--dra"] if layout.dra else []),
         ),
         f"http://{HOST}:{port}/healthz",
         port,

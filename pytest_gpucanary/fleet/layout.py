@@ -107,6 +107,12 @@ class FleetSettings:
     fleet_default_nvidiadriver: bool | None = knob(
         None, "The fleet's NVIDIADriver is the default one (default: on v26.7)", env_only=True
     )
+    fleet_dra: bool = knob(
+        False,
+        "The KWOK GPU nodes also offer their GPUs through DRA: gpu.nvidia.com ResourceSlices, published and "
+        "withdrawn with the driver as NVIDIA's DRA kubelet plugin does (the node agent's)",
+        env_only=True,
+    )
 
     cache: Path | None = knob(
         None,
@@ -156,6 +162,7 @@ class FleetLayout:
     # NVIDIADriver mode: the fleet's own NVIDIADriver is the default one (no nodeSelector), as clusters run
     # after moving from ClusterPolicy to NVIDIADriver; canary pools keep NVIDIADrivers of their own
     default_driver: bool = False
+    dra: bool = False  # the KWOK GPU nodes' GPUs also as gpu.nvidia.com ResourceSlices (the node agent's)
 
     @classmethod
     def from_env(cls) -> FleetLayout:
@@ -168,6 +175,7 @@ class FleetLayout:
             operator_release=settings.operator_release,
             kubelet_nodes=settings.fleet_kubelet_nodes,
             gpu_rdma=settings.fleet_gpu_rdma,
+            dra=settings.fleet_dra,
         )
         # default on wherever it can be: NVIDIADriver mode (a pool node gets an NVIDIADriver of its own)
         pool = settings.fleet_kubelet_pool

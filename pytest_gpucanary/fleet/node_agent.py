@@ -14,6 +14,11 @@ GPU Feature Discovery's driver labels, and the device plugin's GPU count.
   node annotated `gpucanary.io/simulated-validator: never-ready` keeps its validator pods unready.
 - **Device plugin.** `nvidia.com/gpu` allocatable is the node's GPU count while a device plugin pod
   is Ready on it and 0 otherwise, as the kubelet shows it when the plugin unregisters and registers.
+- **DRA kubelet plugin** (`--dra`, the fleet's `GPUCANARY_FLEET_DRA`). While the device plugin is registered
+  on a loaded driver, the node's GPUs are also published as a ResourceSlice of `gpu.nvidia.com`, shaped as
+  NVIDIA's DRA kubelet plugin publishes them (one pool named after the node, each device's `driverVersion` in
+  semver); it is deleted when the operands leave for the swap, as the kubelet deletes a plugin's slices when it
+  unregisters, and published again on the new driver at a higher pool generation.
 - **RDMA devices.** A node whose driver pod runs `nvidia-peermem-ctr` (GPUDirect RDMA) shows the RDMA
   shared device plugin's `rdma/rdma_shared_device_a` in its allocatable.
 - **peermem lost.** On a node annotated `gpucanary.io/simulated-peermem: lost`, once the node is back in
@@ -44,12 +49,14 @@ from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.canary.collective import is_kwok_node
+from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL
 from pytest_gpucanary.canary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.waits import WatchEvent
+from pytest_gpucanary.ladder.slices import GPU_DRIVER, semver
 
 DRIVER_VERSION_LABELS = (
     op.DRIVER_VERSION_LABEL,
@@ -123,6 +130,9 @@ class NodeAgent:
     probes: dict[str, dict] = field(default_factory=dict)  # uid -> collective probe pod, as last seen
     kwok_nodes: dict[str, bool] = field(default_factory=dict)  # node -> it is a KWOK node
     kubelet_pool: dict[str, dict] = field(default_factory=dict)  # kubelet pool node -> Node, as last seen
+    dra: bool = False  # publish each KWOK GPU node's GPUs as gpu.nvidia.com ResourceSlices too
+    slices_shown: dict[str, str | None] = field(default_factory=dict)  # node -> driver version its slice offers
+    slice_generation: dict[str, int] = field(default_factory=dict)  # node -> the pool generation last published
     lock: threading.Lock = field(default_factory=threading.Lock)  # one watch thread per kind
 
     def handle(self, event: WatchEvent) -> None:
@@ -184,7 +194,10 @@ class NodeAgent:
             self.rdma_shown.add(node)
         plugins = [p for p in on_node if op.is_device_plugin_pod(_labels(p))]
         if plugins or drivers or node in self.gpus_shown:  # a GPU node, not one that only hosts a pod
-            self._show_gpus(node, any(_ready(p) and not _gone(p) for p in plugins))
+            registered = any(_ready(p) and not _gone(p) for p in plugins)
+            self._show_gpus(node, registered)
+            if self.dra:
+                self._show_slices(node, op.driver_version_of(loaded) if registered and loaded else None)
 
     def _driver_manager_starts(self, node: str, pod: dict) -> None:
         self.started.add(pod["metadata"]["uid"])
@@ -251,6 +264,24 @@ class NodeAgent:
             status["capacity"] = {op.GPU_RESOURCE: count}
         self.kube.patch("v1", "Node", node, {"status": status}, status=True)
         self.gpus_shown[node] = registered
+
+    def _show_slices(self, node: str, version: str | None) -> None:
+        """The node's gpu.nvidia.com ResourceSlice offering its GPUs at `version`, or none."""
+        if node in self.slices_shown and self.slices_shown[node] == version:
+            return
+        selector = f"spec.nodeName={node},spec.driver={GPU_DRIVER}"
+        existing = self.kube.list(*RESOURCE_SLICE, field_selector=selector)
+        generations = [int(s["spec"]["pool"]["generation"]) for s in existing]
+        if version and existing and all(_offers(s, version) for s in existing):  # the agent restarted
+            self.slice_generation[node] = max(generations)
+        else:
+            for published in existing:
+                self.kube.delete(*RESOURCE_SLICE, published["metadata"]["name"])
+            if version:
+                generation = max([self.slice_generation.get(node, 0), *generations]) + 1
+                self.kube.create(_resource_slice(self.kube.get("v1", "Node", node), version, generation))
+                self.slice_generation[node] = generation
+        self.slices_shown[node] = version
 
     def kubelet_pool_nodes(self) -> list[dict]:
         with self.lock:
@@ -388,6 +419,50 @@ class NodeAgent:
             if p["spec"].get("nodeName") == node and op.is_driver_pod(_labels(p)) and not _gone(p)
         ]
         return not any(PEERMEM in _containers_ready(p) and not _containers_ready(p)[PEERMEM] for p in drivers)
+
+
+def _resource_slice(node: dict, version: str, generation: int) -> dict:
+    """The node's GPUs as NVIDIA's DRA kubelet plugin publishes them (its device attributes, fewer of them)."""
+    meta = node["metadata"]
+    name = meta["name"]
+    count = int((meta.get("labels") or {}).get(op.GPU_COUNT_LABEL, "8"))
+    devices = [
+        {
+            "name": f"gpu-{i}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": f"GPU-{name}-{i}"},
+                "index": {"int": i},
+                "minor": {"int": i},
+                "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                "brand": {"string": "Nvidia"},
+                "architecture": {"string": "Hopper"},
+                "cudaComputeCapability": {"version": "9.0.0"},
+                "driverVersion": {"version": semver(version)},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+        for i in range(count)
+    ]
+    return {
+        "apiVersion": RESOURCE_SLICE[0],
+        "kind": RESOURCE_SLICE[1],
+        "metadata": {
+            "generateName": f"{name}-{GPU_DRIVER}-",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta["uid"]}],
+        },
+        "spec": {
+            "driver": GPU_DRIVER,
+            "nodeName": name,
+            "pool": {"name": name, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def _offers(published: dict, version: str) -> bool:
+    devices = published["spec"].get("devices") or []
+    return bool(devices) and all(d["attributes"]["driverVersion"]["version"] == semver(version) for d in devices)
 
 
 def _containers_ready(pod: dict) -> dict[str, bool]:

@@ -109,12 +109,13 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--health-port", type=int, required=True)
+    parser.add_argument("--dra", action="store_true", help="publish the KWOK GPU nodes' GPUs as ResourceSlices too")
     args = parser.parse_args()
     agents: list[NodeAgent] = []
     _serve(args.health_port, lambda: agents[0].kubelet_pool_nodes() if agents else [])
     while True:
         try:
-            agents[:] = [NodeAgent(Kube.connect(args.kubeconfig, user_agent=USER_AGENT))]
+            agents[:] = [NodeAgent(Kube.connect(args.kubeconfig, user_agent=USER_AGENT), dra=args.dra)]
             run(agents[0], args.kubeconfig, args.namespace, threading.Event())
         except GpucanaryError as err:  # the first connection
             print(f"node agent: {err}; retrying", flush=True)
