@@ -150,7 +150,7 @@ OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX", "diagnosis_matrix":
 LONGEST_FIRST = ("test_canary_gate.py", "test_kubelet_pool.py", "test_clusterpolicy_mode.py", "test_widen_rollout.py",
                  "test_ci_github_workflow.py", "test_policy_gate.py", "test_faults.py", "test_parallel_runs.py",
                  "test_device_rung.py", "test_operator_upgrades.py", "test_network_rung.py",
-                 "test_expiring_credentials.py", "test_restart_only.py", "test_installed_package.py",
+                 "test_expiring_credentials.py", "test_restart_only.py", "test_dra_cluster.py", "test_installed_package.py",
                  "test_per_driver_limits.py", "test_control_plane_faults.py", "test_canary_audit.py",
                  "test_bad_inputs.py", "test_rollout_diagnosis.py", "test_load_on_fleet.py")
 

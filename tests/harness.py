@@ -130,6 +130,7 @@ BESIDE_SESSION = {
     "restart-only": 2150,       # test_restart_only.py: the older release's fleet
     "rdma": 2250,               # test_network_rung.py: the GPUDirect RDMA fleet
     "widen": 2350,              # test_widen_rollout.py: widen's four-node fleet
+    "dra": 2450,                # test_dra_cluster.py: KWOK GPU nodes that offer their GPUs through DRA
 }
 
 

@@ -1,12 +1,16 @@
 """A cluster that offers GPUs through DRA: preflight finds NVIDIA's ResourceSlices on the real apiserver (resource.k8s.io/v1)
-and says what a run there does not prove, naming the nodes; without them it says nothing of DRA."""
+and says what a run there does not prove, naming the nodes; without them it says nothing of DRA. On a fleet whose
+KWOK GPU nodes publish their GPUs as ResourceSlices (GPUCANARY_FLEET_DRA=1), a run's device rung reads the pool
+node's slices across the real operator's driver swap."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from harness import TARGET, gpucanary
+from harness import FAST, TARGET, gpucanary, receipt_of, second_fleet
 
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.shipped import FIXTURES
@@ -41,3 +45,36 @@ def test_preflight_names_the_nodes_that_offer_gpus_through_dra(gpucanary_fleet, 
     assert line.startswith(f"1 node(s) offer GPUs through DRA (gpu.nvidia.com ResourceSlices: {node}): the canary's GPU "
                            "job and probes request nvidia.com/gpu"), line
     assert f"gpucanary: not proven: {line}" in stderr
+
+
+@pytest.fixture(scope="module")
+def dra_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    yield from second_fleet("dra", tmp_path_factory.mktemp("dra-fleet"), gpucanary_fleet,
+                            GPUCANARY_FLEET_GPU_NODES="1", GPUCANARY_FLEET_KUBELET_NODES="0",
+                            GPUCANARY_FLEET_DRA="1")
+
+
+@pytest.mark.slow
+def test_a_dra_run_passes_with_the_pool_nodes_resource_slices_in_its_receipt(dra_fleet: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    """The real operator swaps the pool node's driver; the node's slices go away with its operands and come back
+    at a higher generation offering the target (580.95.05 as 580.95.5), which the device rung says with its
+    evidence. The fleet's own GPU node offers slices too: preflight names it as not proven by this run."""
+    kube = Kube.connect(Path(dra_fleet["KUBECONFIG_PATH"]))
+    fleet_slices = kube.list("resource.k8s.io/v1", "ResourceSlice", field_selector="spec.driver=gpu.nvidia.com")
+    assert {s["spec"]["nodeName"] for s in fleet_slices} == {"gpu-node-0"}, fleet_slices
+
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, env=dra_fleet, reports=tmp_path / "reports")
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    receipt = receipt_of(tmp_path / "reports")
+    device = next(v for v in receipt["verdicts"] if v["stage"] == "device")
+    assert device["outcome"] == "pass" and "gpu.nvidia.com ResourceSlices republished at the target on 1" \
+        in device["summary"], device["summary"]
+    offers = [e["text"] for e in device["evidence"] if e["kind"] == "ResourceSlice"]
+    assert offers[0].startswith("generation 1, 8 devices at driverVersion 580.82.7"), offers
+    assert "no slice: the DRA kubelet plugin is not registered" in offers, offers
+    assert offers[-1].startswith("generation 2, 8 devices at driverVersion 580.95.5"), offers
+    assert "not proven: 1 node(s) offer GPUs through DRA (gpu.nvidia.com ResourceSlices: gpu-node-0" \
+        in result.stdout + result.stderr
