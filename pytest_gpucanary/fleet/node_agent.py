@@ -14,23 +14,14 @@ GPU Feature Discovery's driver labels, and the device plugin's GPU count.
   node annotated `gpucanary.io/simulated-validator: never-ready` keeps its validator pods unready.
 - **Device plugin.** `nvidia.com/gpu` allocatable is the node's GPU count while a device plugin pod
   is Ready on it and 0 otherwise, as the kubelet shows it when the plugin unregisters and registers.
-- **DRA kubelet plugin** (`--dra`, the fleet's `GPUCANARY_FLEET_DRA`). While the device plugin is registered
-  on a loaded driver, the node's GPUs are also published as a ResourceSlice of `gpu.nvidia.com`, shaped as
-  NVIDIA's DRA kubelet plugin publishes them (one pool named after the node, each device's `driverVersion` in
-  semver); it is deleted when the operands leave for the swap, as the kubelet deletes a plugin's slices when it
-  unregisters, and published again on the new driver at a higher pool generation.
+- **DRA kubelet plugin** (`GPUCANARY_FLEET_DRA`): the node's GPUs as ResourceSlices too, `dra_slices`.
 - **RDMA devices.** A node whose driver pod runs `nvidia-peermem-ctr` (GPUDirect RDMA) shows the RDMA
   shared device plugin's `rdma/rdma_shared_device_a` in its allocatable.
 - **peermem lost.** On a node annotated `gpucanary.io/simulated-peermem: lost`, once the node is back in
   service (upgrade-done), the driver pod that came with the swap loses nvidia_peermem: its
   `nvidia-peermem-ctr` fails its liveness probe (`nvidia-driver probe_nvidia_peermem`), restarts and
   stays unready, as when a MOFED reinstall unloads the module and it does not load again.
-- **Collective probe.** A pod of the canary's collective probe on a KWOK node runs no process. When
-  both ranks are Running, the agent ends them Succeeded with the termination message nccl-tests' summary
-  would leave: `# Avg bus bandwidth : <GB/s>`, the lower of the two nodes' `gpucanary.io/simulated-busbw-gbps`
-  (default 24). It never ends them (the all-reduce hangs) when a node is annotated
-  `gpucanary.io/simulated-collective: never-completes` or its driver pod's nvidia-peermem-ctr is not
-  ready. Pairs with a real kubelet node are left to the real processes.
+- **Collective probe** on KWOK nodes: `collective_stand_in`.
 
 - **Kubelet pool nodes** (real nodes, whose driver manager, driver, validator, device plugin and GFD are
   processes there, GFD's labels written by nfd-master): only what no process there does yet, DCGM series
@@ -44,19 +35,17 @@ deletes no pod. It writes nothing to a real kubelet node.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.canary.collective import is_kwok_node
-from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL
-from pytest_gpucanary.canary.workloads import COLLECTIVE_LABEL, COLLECTIVE_ROLE, ROLE_LABEL
 from pytest_gpucanary.errors import GpucanaryError
+from pytest_gpucanary.fleet.collective_stand_in import utc_now
+from pytest_gpucanary.fleet.dra_slices import SlicePublisher
 from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.waits import WatchEvent
-from pytest_gpucanary.ladder.slices import GPU_DRIVER, semver
 
 DRIVER_VERSION_LABELS = (
     op.DRIVER_VERSION_LABEL,
@@ -70,10 +59,7 @@ VALIDATOR_ANNOTATION = "gpucanary.io/simulated-validator"  # "never-ready": vali
 # pod runs nvidia-peermem: its devices do not depend on the GPU driver, so they stay through a swap.
 RDMA_RESOURCE, RDMA_DEVICES = "rdma/rdma_shared_device_a", "63"
 PEERMEM_ANNOTATION = "gpucanary.io/simulated-peermem"  # "lost": peermem gone once the node is back
-COLLECTIVE_ANNOTATION = "gpucanary.io/simulated-collective"  # "never-completes": the all-reduce hangs
-BUSBW_ANNOTATION, DEFAULT_BUSBW = "gpucanary.io/simulated-busbw-gbps", "24.0"
 PEERMEM = "nvidia-peermem-ctr"
-COLLECTIVE_SELECTOR = f"{ROLE_LABEL}={COLLECTIVE_ROLE}"
 
 
 def driver_labels(version: str) -> dict[str, str]:
@@ -127,12 +113,10 @@ class NodeAgent:
     gpus_shown: dict[str, bool] = field(default_factory=dict)  # node -> allocatable shows its GPUs
     rdma_shown: set[str] = field(default_factory=set)  # nodes given their RDMA devices
     swapped: set[str] = field(default_factory=set)  # driver pods that came with a driver swap
-    probes: dict[str, dict] = field(default_factory=dict)  # uid -> collective probe pod, as last seen
     kwok_nodes: dict[str, bool] = field(default_factory=dict)  # node -> it is a KWOK node
     kubelet_pool: dict[str, dict] = field(default_factory=dict)  # kubelet pool node -> Node, as last seen
-    dra: bool = False  # publish each KWOK GPU node's GPUs as gpu.nvidia.com ResourceSlices too
-    slices_shown: dict[str, str | None] = field(default_factory=dict)  # node -> driver version its slice offers
-    slice_generation: dict[str, int] = field(default_factory=dict)  # node -> the pool generation last published
+    slices: SlicePublisher | None = None  # each KWOK GPU node's GPUs as gpu.nvidia.com ResourceSlices too
+
     lock: threading.Lock = field(default_factory=threading.Lock)  # one watch thread per kind
 
     def handle(self, event: WatchEvent) -> None:
@@ -196,8 +180,8 @@ class NodeAgent:
         if plugins or drivers or node in self.gpus_shown:  # a GPU node, not one that only hosts a pod
             registered = any(_ready(p) and not _gone(p) for p in plugins)
             self._show_gpus(node, registered)
-            if self.dra:
-                self._show_slices(node, op.driver_version_of(loaded) if registered and loaded else None)
+            if self.slices:
+                self.slices.show(node, op.driver_version_of(loaded) if registered and loaded else None)
 
     def _driver_manager_starts(self, node: str, pod: dict) -> None:
         self.started.add(pod["metadata"]["uid"])
@@ -265,24 +249,6 @@ class NodeAgent:
         self.kube.patch("v1", "Node", node, {"status": status}, status=True)
         self.gpus_shown[node] = registered
 
-    def _show_slices(self, node: str, version: str | None) -> None:
-        """The node's gpu.nvidia.com ResourceSlice offering its GPUs at `version`, or none."""
-        if node in self.slices_shown and self.slices_shown[node] == version:
-            return
-        selector = f"spec.nodeName={node},spec.driver={GPU_DRIVER}"
-        existing = self.kube.list(*RESOURCE_SLICE, field_selector=selector)
-        generations = [int(s["spec"]["pool"]["generation"]) for s in existing]
-        if version and existing and all(_offers(s, version) for s in existing):  # the agent restarted
-            self.slice_generation[node] = max(generations)
-        else:
-            for published in existing:
-                self.kube.delete(*RESOURCE_SLICE, published["metadata"]["name"])
-            if version:
-                generation = max([self.slice_generation.get(node, 0), *generations]) + 1
-                self.kube.create(_resource_slice(self.kube.get("v1", "Node", node), version, generation))
-                self.slice_generation[node] = generation
-        self.slices_shown[node] = version
-
     def kubelet_pool_nodes(self) -> list[dict]:
         with self.lock:
             return list(self.kubelet_pool.values())
@@ -314,7 +280,7 @@ class NodeAgent:
                             self._lose_peermem(pod)
 
     def _lose_peermem(self, pod: dict) -> None:
-        now = _now()
+        now = utc_now()
         statuses = [
             {
                 **c,
@@ -344,74 +310,7 @@ class NodeAgent:
             status=True,
         )
 
-    # --- the collective probe on KWOK nodes ----------------------------------------------------------
-
-    def handle_collective(self, event: WatchEvent) -> None:
-        with self.lock:
-            if event.type == "RELISTED":
-                self.probes = {p["metadata"]["uid"]: p for p in event.object["items"]}
-            elif event.type == "DELETED":
-                self.probes.pop(event.object["metadata"]["uid"], None)
-            else:
-                self.probes[event.object["metadata"]["uid"]] = event.object
-            runs: dict[tuple[str, str], list[dict]] = {}
-            for pod in self.probes.values():
-                key = (pod["metadata"]["namespace"], _labels(pod).get(COLLECTIVE_LABEL, ""))
-                runs.setdefault(key, []).append(pod)
-            for ranks in runs.values():
-                if len(ranks) == 2 and all(p.get("status", {}).get("phase") == "Running" for p in ranks):
-                    self._all_reduce(ranks)
-
-    def _all_reduce(self, ranks: list[dict]) -> None:
-        nodes = [self.kube.get("v1", "Node", p["spec"]["nodeName"]) for p in ranks]
-        if not all(is_kwok_node(n) for n in nodes):
-            return  # a real kubelet node: its processes do the all-reduce
-        annotations = [n["metadata"].get("annotations") or {} for n in nodes]
-        if any(a.get(COLLECTIVE_ANNOTATION) == "never-completes" for a in annotations) or any(
-            not self._peermem_ok(n["metadata"]["name"]) for n in nodes
-        ):
-            return  # the all-reduce hangs: the canary's timeout ends it
-        busbw = min(float(a.get(BUSBW_ANNOTATION, DEFAULT_BUSBW)) for a in annotations)
-        message = f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {busbw:.3f}\n"
-        now = _now()
-        for pod in ranks:
-            meta = pod["metadata"]
-            statuses = [
-                {
-                    "name": c["name"],
-                    "image": c["image"],
-                    "imageID": "",
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "state": {
-                        "terminated": {
-                            "exitCode": 0,
-                            "reason": "Completed",
-                            "message": message,
-                            "finishedAt": now,
-                            "startedAt": now,
-                        }
-                    },
-                }
-                for c in pod["spec"]["containers"]
-            ]
-            conditions = [
-                {**c, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
-                if c.get("type") in ("Ready", "ContainersReady")
-                else c
-                for c in pod["status"].get("conditions") or []
-            ]
-            self.probes[meta["uid"]] = self.kube.patch(
-                "v1",
-                "Pod",
-                meta["name"],
-                {"status": {"phase": "Succeeded", "containerStatuses": statuses, "conditions": conditions}},
-                namespace=meta["namespace"],
-                status=True,
-            )
-
-    def _peermem_ok(self, node: str) -> bool:
+    def peermem_ok(self, node: str) -> bool:
         """False while the node's driver pod runs nvidia-peermem-ctr unready: no GPUDirect RDMA path."""
         drivers = [
             p
@@ -421,53 +320,5 @@ class NodeAgent:
         return not any(PEERMEM in _containers_ready(p) and not _containers_ready(p)[PEERMEM] for p in drivers)
 
 
-def _resource_slice(node: dict, version: str, generation: int) -> dict:
-    """The node's GPUs as NVIDIA's DRA kubelet plugin publishes them (its device attributes, fewer of them)."""
-    meta = node["metadata"]
-    name = meta["name"]
-    count = int((meta.get("labels") or {}).get(op.GPU_COUNT_LABEL, "8"))
-    devices = [
-        {
-            "name": f"gpu-{i}",
-            "attributes": {
-                "type": {"string": "gpu"},
-                "uuid": {"string": f"GPU-{name}-{i}"},
-                "index": {"int": i},
-                "minor": {"int": i},
-                "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                "brand": {"string": "Nvidia"},
-                "architecture": {"string": "Hopper"},
-                "cudaComputeCapability": {"version": "9.0.0"},
-                "driverVersion": {"version": semver(version)},
-            },
-            "capacity": {"memory": {"value": "80Gi"}},
-        }
-        for i in range(count)
-    ]
-    return {
-        "apiVersion": RESOURCE_SLICE[0],
-        "kind": RESOURCE_SLICE[1],
-        "metadata": {
-            "generateName": f"{name}-{GPU_DRIVER}-",
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta["uid"]}],
-        },
-        "spec": {
-            "driver": GPU_DRIVER,
-            "nodeName": name,
-            "pool": {"name": name, "generation": generation, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
-
-
-def _offers(published: dict, version: str) -> bool:
-    devices = published["spec"].get("devices") or []
-    return bool(devices) and all(d["attributes"]["driverVersion"]["version"] == semver(version) for d in devices)
-
-
 def _containers_ready(pod: dict) -> dict[str, bool]:
     return {c.get("name", ""): bool(c.get("ready")) for c in pod.get("status", {}).get("containerStatuses") or []}
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -13,8 +13,10 @@ from collections.abc import Callable
 
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import GpucanaryError
+from pytest_gpucanary.fleet.collective_stand_in import COLLECTIVE_SELECTOR, CollectiveStandIn
+from pytest_gpucanary.fleet.dra_slices import SlicePublisher
 from pytest_gpucanary.fleet.manifests import DCGM_SERIES, KUBELET_DCGM_PATH
-from pytest_gpucanary.fleet.node_agent import COLLECTIVE_SELECTOR, NodeAgent
+from pytest_gpucanary.fleet.node_agent import NodeAgent
 from pytest_gpucanary.kube import Kube
 
 USER_AGENT = "gpucanary-fleet-node-agent"  # not gpucanary/<version>: the audit log tells the canary apart by it
@@ -71,7 +73,7 @@ def run(agent: NodeAgent, kubeconfig: str, namespace: str, stop: threading.Event
         threading.Thread(target=_watch_forever, args=(kubeconfig, "Node", agent.handle_node, stop), daemon=True),
         threading.Thread(
             target=_watch_forever,
-            args=(kubeconfig, "Pod", agent.handle_collective, stop),
+            args=(kubeconfig, "Pod", CollectiveStandIn(agent.kube, agent.peermem_ok, agent.lock).handle, stop),
             kwargs={"label_selector": COLLECTIVE_SELECTOR},
             daemon=True,
         ),
@@ -104,6 +106,10 @@ def _serve(port: int, pool_nodes: Callable[[], list[dict]]) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
 
+def _agent(kube: Kube, *, dra: bool) -> NodeAgent:
+    return NodeAgent(kube, slices=SlicePublisher(kube) if dra else None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubeconfig", required=True)
@@ -115,7 +121,7 @@ def main() -> None:
     _serve(args.health_port, lambda: agents[0].kubelet_pool_nodes() if agents else [])
     while True:
         try:
-            agents[:] = [NodeAgent(Kube.connect(args.kubeconfig, user_agent=USER_AGENT), dra=args.dra)]
+            agents[:] = [_agent(Kube.connect(args.kubeconfig, user_agent=USER_AGENT), dra=args.dra)]
             run(agents[0], args.kubeconfig, args.namespace, threading.Event())
         except GpucanaryError as err:  # the first connection
             print(f"node agent: {err}; retrying", flush=True)

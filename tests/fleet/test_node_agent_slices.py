@@ -7,6 +7,7 @@ from __future__ import annotations
 from kube_double import FakeKube
 
 from pytest_gpucanary.canary.dra import RESOURCE_SLICE
+from pytest_gpucanary.fleet.dra_slices import SlicePublisher
 from pytest_gpucanary.fleet.node_agent import NodeAgent
 
 NODE = "gpu-node-0"
@@ -20,13 +21,13 @@ def test_a_slice_per_loaded_driver_at_a_higher_generation_each_time() -> None:
     fake = FakeKube()
     fake.create({"apiVersion": "v1", "kind": "Node",
                  "metadata": {"name": NODE, "labels": {"nvidia.com/gpu.count": "8"}}})
-    agent = NodeAgent(fake, dra=True)
+    agent = NodeAgent(fake, slices=SlicePublisher(fake))
 
-    agent._show_slices(NODE, "580.82.07")
+    agent.slices.show(NODE, "580.82.07")
     [first] = slices(fake)
-    agent._show_slices(NODE, None)                      # the operands left for the swap
+    agent.slices.show(NODE, None)                      # the operands left for the swap
     gone = slices(fake)
-    agent._show_slices(NODE, "580.95.05")
+    agent.slices.show(NODE, "580.95.05")
     [second] = slices(fake)
 
     assert first["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
@@ -40,13 +41,13 @@ def test_a_slice_per_loaded_driver_at_a_higher_generation_each_time() -> None:
 def test_a_restarted_agent_keeps_the_slice_it_finds_at_the_loaded_version() -> None:
     fake = FakeKube()
     fake.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {}}})
-    NodeAgent(fake, dra=True)._show_slices(NODE, "580.82.07")
+    NodeAgent(fake, slices=SlicePublisher(fake)).slices.show(NODE, "580.82.07")
     [before] = slices(fake)
     writes = len(fake.writes)
 
-    again = NodeAgent(fake, dra=True)
-    again._show_slices(NODE, "580.82.07")
-    again._show_slices(NODE, "580.95.05")
+    again = NodeAgent(fake, slices=SlicePublisher(fake))
+    again.slices.show(NODE, "580.82.07")
+    again.slices.show(NODE, "580.95.05")
 
     [after] = slices(fake)
     assert len(fake.writes) == writes + 2                           # nothing for the first, delete + create next
@@ -70,7 +71,7 @@ def test_the_device_plugin_registered_on_a_loaded_driver_publishes_the_slice_onl
         driver = fake.create(_running("nvidia-driver", {"app.kubernetes.io/component": "nvidia-driver"},
                                       "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"))
         plugin = fake.create(_running("nvidia-device-plugin", {"app": "nvidia-device-plugin-daemonset"}))
-        agent = NodeAgent(fake, dra=dra)
+        agent = NodeAgent(fake, slices=SlicePublisher(fake) if dra else None)
         agent.pods = {p["metadata"]["uid"]: p for p in (driver, plugin)}
 
         agent.step(NODE)

@@ -29,7 +29,8 @@ from pytest_gpucanary.canary.collective import CollectiveProbe
 from pytest_gpucanary.canary.workloads import Placement
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.fleet.layout import KUBELET_WORKLOAD_OFFSETS
-from pytest_gpucanary.fleet.node_agent import COLLECTIVE_ANNOTATION, PEERMEM_ANNOTATION
+from pytest_gpucanary.fleet.collective_stand_in import COLLECTIVE_ANNOTATION
+from pytest_gpucanary.fleet.node_agent import PEERMEM_ANNOTATION
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.ownership import owned_labels
 from pytest_gpucanary.shipped import FIXTURES
