@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -101,6 +101,8 @@ class Kube(Waits):
     dynamic: DynamicClient
     token_source: ExecToken | FileToken | None = None  # read again, once, when the apiserver says 401
     token_expires: datetime | None = None  # a static token's end, where it says (a ServiceAccount token)
+    # the group versions the server lists, read once and again only when one is asked for that it did not list
+    _group_versions: set[str] = field(default_factory=set, repr=False)
 
     @classmethod
     def connect(
@@ -134,7 +136,23 @@ class Kube(Waits):
         except (ApiException, HTTPError, OSError) as exc:
             raise refused(exc, selected) from exc
 
+    def _served(self, api_version: str) -> bool:
+        """Whether the server lists `api_version`: one GET of /apis where it was not listed before. The dynamic
+        client, asked for a kind it does not know, discovers every group version again (some 30 requests), so a
+        kind of a group the cluster does not serve (NodeMaintenance, Skyhook, ...) is answered here instead."""
+        if api_version == "v1" or api_version in self._group_versions:
+            return True
+        try:
+            listed = self.dynamic.request("GET", "/apis", _request_timeout=REQUEST_TIMEOUT_S)
+        except (ApiException, HTTPError, OSError) as exc:
+            raise translate(exc, "discover the served API groups") from exc
+        groups = listed.to_dict() if hasattr(listed, "to_dict") else listed
+        self._group_versions.update(v["groupVersion"] for g in groups.get("groups") or [] for v in g["versions"])
+        return api_version in self._group_versions
+
     def _resource(self, api_version: str, kind: str) -> Any:
+        if not self._served(api_version):
+            raise NotFound(f"the cluster serves no {kind} in {api_version}")
         try:
             return self.dynamic.resources.get(api_version=api_version, kind=kind)
         except ResourceNotFoundError as exc:
