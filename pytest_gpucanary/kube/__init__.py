@@ -142,10 +142,7 @@ class Kube(Waits):
         kind of a group the cluster does not serve (NodeMaintenance, Skyhook, ...) is answered here instead."""
         if api_version == "v1" or api_version in self._group_versions:
             return True
-        try:
-            listed = self.dynamic.request("GET", "/apis", _request_timeout=REQUEST_TIMEOUT_S)
-        except (ApiException, HTTPError, OSError) as exc:
-            raise translate(exc, "discover the served API groups") from exc
+        listed = self._call("discover the served API groups", self.dynamic.request, "GET", "/apis")
         groups = listed.to_dict() if hasattr(listed, "to_dict") else listed
         self._group_versions.update(v["groupVersion"] for g in groups.get("groups") or [] for v in g["versions"])
         return api_version in self._group_versions
