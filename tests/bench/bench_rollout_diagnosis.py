@@ -56,5 +56,7 @@ def main(dirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(f"usage: {sys.argv[0]} REPORT_DIR [...]: failing runs' directories")  # records nothing
     with figures.recorded(__file__):
         main(sys.argv[1:])
