@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from harness import eventually
 
 from pytest_gpucanary.shipped import REPO_ROOT
 
@@ -63,14 +63,15 @@ def pushgateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def ready() -> bool:
             try:
                 urllib.request.urlopen(f"{url}/-/ready", timeout=2).close()
-                break
             except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "the Pushgateway did not start"
-                time.sleep(0.1)
+                return False
+            return True
+
+        assert eventually(lambda: ready() or proc.poll() is not None, timeout_s=30, every_s=0.1) \
+            and proc.poll() is None, "the Pushgateway did not start"
         yield url
     finally:
         proc.terminate()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import time
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 import yaml
+from harness import eventually
 from kubernetes.client.exceptions import ApiException
 
 from pytest_gpucanary.kube import Kube
@@ -133,11 +133,9 @@ def _wait_for_admission(canary: Kube, timeout_s: float = 30) -> None:
     foreign = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "not-the-canarys"}}
     kwok_node = {"apiVersion": "v1", "kind": "Node",
                  "metadata": {"name": "admission-probe", "labels": {"gpucanary.io/kwok-pool": "probe"}}}
-    deadline = time.monotonic() + timeout_s
-    while not (refused_request(canary, "create", "v1", "Namespace", body=foreign)
-               and not refused_request(canary, "create", "v1", "Node", body=kwok_node)):
-        assert time.monotonic() < deadline, f"deploy/admission.yaml not in force after {timeout_s} s"
-        time.sleep(0.5)
+    assert eventually(lambda: refused_request(canary, "create", "v1", "Namespace", body=foreign)
+                      and not refused_request(canary, "create", "v1", "Node", body=kwok_node),
+                      timeout_s=timeout_s, every_s=0.5), f"deploy/admission.yaml not in force after {timeout_s} s"
 
 
 # marker -> the environment setting that runs its tests (each from its own make target)

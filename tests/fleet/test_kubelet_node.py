@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from harness import gpucanary, idle, node_pod, phase_is, port_beside_session, second_fleet_env
+from harness import eventually, gpucanary, idle, node_pod, phase_is, port_beside_session, second_fleet_env
 
 from pytest_gpucanary.fleet import node_cgroups, processes
 from pytest_gpucanary.fleet.kubelet_node import TAINT_KEY, KubeletNode, gpu_labels, node_name
@@ -71,10 +71,11 @@ def test_gpu_pod_is_a_real_process_and_its_shm_is_tmpfs(kube: Kube, namespace: s
     pod = kube.wait_for("v1", "Pod", "cuda", phase_is("Running", "Failed"), namespace=namespace, timeout_s=60)
     assert pod["status"]["phase"] == "Running" and pod["spec"]["nodeName"] == NODE
 
-    deadline = time.monotonic() + 20
-    while "cgroup=" not in (out := gpucanary_fleet.fleet.kubectl("logs", "-n", namespace, "cuda")):
-        assert time.monotonic() < deadline, out
-        time.sleep(0.2)
+    def logs() -> str:
+        return gpucanary_fleet.fleet.kubectl("logs", "-n", namespace, "cuda")
+
+    assert eventually(lambda: "cgroup=" in logs(), timeout_s=20, every_s=0.2), logs()
+    out = logs()
     node = node_of(gpucanary_fleet)
     pids = [pid for pid in host_processes_with(token) if pid in node_cgroups.pids(node.cgroup_root)]
     assert pids, f"no process named {token} in the node's cgroups"
@@ -99,10 +100,7 @@ def test_deleted_pod_runs_its_sigterm_trap_inside_the_grace_period(kube: Kube, n
     reader = threading.Thread(target=lambda: lines.extend(follow.stdout), daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 20
-        while "started\n" not in lines:
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.1)
+        assert eventually(lambda: "started\n" in lines, timeout_s=20, every_s=0.1), lines
         deleted = time.monotonic()
         kube.delete("v1", "Pod", "graceful", namespace=namespace)
         kube.wait_gone("v1", "Pod", "graceful", namespace=namespace, timeout_s=60)

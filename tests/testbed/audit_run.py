@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import eventually
+
 from pytest_gpucanary import __version__
 from testbed.audit import AuditRecord, RunScope, read_log
 from pytest_gpucanary.fleet.fleet import Fleet
@@ -64,12 +66,12 @@ def fence(fleet: Fleet) -> None:
     marker = f"gpucanary-audit-fence/{uuid.uuid4().hex}"
     Kube.connect(fleet.kubeconfig, user_agent=marker).get("v1", "Namespace", "default")
     needle = f'"userAgent":"{marker}'
-    deadline = time.monotonic() + FENCE_WAIT_S
-    while time.monotonic() < deadline:
+    def logged() -> bool:
         with fleet.layout.audit_log.open(encoding="utf-8", errors="replace") as log:
-            if any(needle in line for line in log):
-                return
-        time.sleep(0.2)
+            return any(needle in line for line in log)
+
+    if eventually(logged, timeout_s=FENCE_WAIT_S, every_s=0.2):
+        return
     raise TimeoutError(f"the fence request never reached {fleet.layout.audit_log} within {FENCE_WAIT_S:.0f} s")
 
 
