@@ -116,7 +116,6 @@ class NodeAgent:
     kwok_nodes: dict[str, bool] = field(default_factory=dict)  # node -> it is a KWOK node
     kubelet_pool: dict[str, dict] = field(default_factory=dict)  # kubelet pool node -> Node, as last seen
     slices: SlicePublisher | None = None  # each KWOK GPU node's GPUs as gpu.nvidia.com ResourceSlices too
-
     lock: threading.Lock = field(default_factory=threading.Lock)  # one watch thread per kind
 
     def handle(self, event: WatchEvent) -> None:

@@ -142,9 +142,8 @@ class Kube(Waits):
         kind of a group the cluster does not serve (NodeMaintenance, Skyhook, ...) is answered here instead."""
         if api_version == "v1" or api_version in self._group_versions:
             return True
-        listed = self._call("discover the served API groups", self.dynamic.request, "GET", "/apis")
-        groups = listed.to_dict() if hasattr(listed, "to_dict") else listed
-        self._group_versions.update(v["groupVersion"] for g in groups.get("groups") or [] for v in g["versions"])
+        listed = self._call("discover the served API groups", self.dynamic.request, "GET", "/apis", serializer=_plain)
+        self._group_versions.update(v["groupVersion"] for g in listed.get("groups") or [] for v in g["versions"])
         return api_version in self._group_versions
 
     def _resource(self, api_version: str, kind: str) -> Any:

@@ -244,7 +244,7 @@ def check_device(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageV
         if gone
         else f"{op.GPU_RESOURCE} allocatable as before"
     )
-    republished = sum(1 for node in evidence.pool_nodes if slices.slice_cycle(evidence, node))
+    republished = len({e.ref for e in items if e.kind == slices.KIND})  # nodes whose slices were judged (passed)
     dra = f"; {slices.GPU_DRIVER} ResourceSlices republished at the target on {republished}" if republished else ""
     pass_line = (
         f"{n}/{n} pool nodes: driver {evidence.driver_to} Ready, then validator and device plugin Ready; "
