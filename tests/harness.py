@@ -37,7 +37,14 @@ def fast(*, job_duration_s: int = 180) -> list[str]:
 
 FAST = fast()
 KEEP_FLEET = {"GPUCANARY_FLEET_KEEP": "1"}     # a run that found the fleet down leaves it up after
-UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1", **KEEP_FLEET}
+
+
+def unbuffered() -> dict[str, str]:
+    """This process's environment as it is now (a worker's fleet is set in pytest_configure, after imports),
+    unbuffered, with the fleet kept."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **KEEP_FLEET}
+
+
 CLI = (sys.executable, "-m", "pytest_gpucanary.cli")      # `gpucanary`, from this checkout
 
 

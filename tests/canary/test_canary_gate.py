@@ -24,7 +24,6 @@ from harness import (
     FAST,
     KEEP_FLEET,
     TARGET,
-    UNBUFFERED,
     assert_nothing_left,
     eventually,
     eventually_nothing_left,
@@ -32,6 +31,7 @@ from harness import (
     live,
     port_beside_session,
     receipt_of,
+    unbuffered,
 )
 
 from pytest_gpucanary.canary.load import sigint_default
@@ -66,7 +66,7 @@ def run_until_applied(*args: str, reports: Path, **popen: Any) -> tuple[subproce
     """A run of the default policy with `args`, followed until it has applied the policy (`canary_process`)."""
     return canary_process.run_until_applied([f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                                              f"--gpucanary-driver-version={TARGET}", *FAST, *args,
-                                             f"--gpucanary-reports-dir={reports}"], env=UNBUFFERED, **popen)
+                                             f"--gpucanary-reports-dir={reports}"], env=unbuffered(), **popen)
 
 
 def killed_once_applied(*args: str, reports: Path) -> list[str]:
@@ -224,7 +224,7 @@ def test_prometheus_stopped_mid_run_makes_metric_checks_inconclusive_and_fails_t
                                  f"--gpucanary-driver-version={TARGET}", *FAST,
                                  f"--gpucanary-prometheus-url=http://127.0.0.1:{port}",
                                  f"--gpucanary-reports-dir={tmp_path / 'reports'}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=unbuffered())
         assert proc.stdout is not None
         seen = []
         for line in proc.stdout:

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from harness import CLI, FAST, TARGET, UNBUFFERED, gpucanary
+from harness import CLI, FAST, TARGET, gpucanary, unbuffered
 
 from pytest_gpucanary.canary.apply import SAVED_SPEC_ANNOTATION
 from pytest_gpucanary.cluster import discover
@@ -33,7 +33,7 @@ class Run:
         self.run_id = run_id
         self.proc = subprocess.Popen([*CLI, "run", *ARGS, *extra,
                                       f"--gpucanary-run-id={run_id}", f"--gpucanary-reports-dir={reports}"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=unbuffered())
         self.lines: list[str] = []
         self.applied = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -82,13 +82,14 @@ def test_two_parallel_runs_each_followed_by_cleanup_leave_the_other_intact(gpuca
 
     assert first.finish() == 0, first.output[-3000:]
     during = owned_by(kube, second.run_id)
-    assert during["nodes"] and during["saved"] and f"gpucanary-{second.run_id}-owner" in during["namespaces"], during
-    swept = cleanup(UNBUFFERED)                                  # the first pipeline's always-run cleanup step
+    assert during["nodes"] and during["saved"] and f"gpucanary-{second.run_id}-owner" in during["namespaces"], (
+        during, second.proc.poll(), second.output[-2000:])
+    swept = cleanup(unbuffered())                                  # the first pipeline's always-run cleanup step
     assert swept.returncode == 0, swept.stderr
     assert f"left live run {second.run_id} alone" in swept.stderr, swept.stderr
     assert owned_by(kube, second.run_id) == during       # the live run kept everything
 
     assert second.finish() == 0, second.output[-3000:]
-    assert cleanup(UNBUFFERED).returncode == 0
+    assert cleanup(unbuffered()).returncode == 0
     for run in (first, second):
         assert owned_by(kube, run.run_id) == {"nodes": [], "namespaces": [], "saved": []}, run.run_id
