@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 GPUCANARY_OPERATOR_RELEASE ?= v26.7.0
 OPERATOR_RELEASES := v26.7.0 v26.3.3 v25.10.1 v25.3.4
 
-.PHONY: demo test docs unit kill-matrix diagnosis-matrix test-kubelet-pool setup deps build build-operators test-releases fleet-up fleet-down clean
+.PHONY: demo test docs unit kill-matrix diagnosis-matrix test-dra test-kubelet-pool setup deps build build-operators test-releases fleet-up fleet-down clean
 
 # The demo gate on the local fleet's real kubelet GPU node (its default pool): the policy that spares
 # the service passes; the field note's policy (pod deletion refuses /dev/shm, drain fallback) fails
@@ -44,6 +44,10 @@ kill-matrix: setup build
 diagnosis-matrix: setup build
 	GPUCANARY_DIAGNOSIS_MATRIX=1 $(PY) -m pytest tests/canary/test_clusterpolicy_mode.py tests/canary/test_kubelet_pool.py \
 		-k driver_that_cannot_come -rA $(PYTEST_ARGS)
+
+# Every DRA run on a fleet whose GPU nodes offer their GPUs through DRA (`make test` runs the passing one).
+test-dra: setup build
+	GPUCANARY_DRA_VARIANTS=1 $(PY) -m pytest tests/canary/test_dra_cluster.py -rA $(PYTEST_ARGS)
 
 # Both demo policies at once on two real kubelet nodes as canary pools (part of `make test`; alone here).
 test-kubelet-pool: setup build

@@ -61,6 +61,10 @@ DRIVER_COMPONENT_SELECTOR = "app.kubernetes.io/component=nvidia-driver"
 VALIDATOR_APP = "nvidia-operator-validator"
 VALIDATOR_SELECTOR = f"app={VALIDATOR_APP}"
 DEVICE_PLUGIN_APP = "nvidia-device-plugin-daemonset"
+# GPUCluster mode (v26.7): NVIDIA's DRA kubelet plugin instead of the device plugin
+# (manifests/state-dra-driver/0500_daemonset.yaml); its DRA validator's pods carry VALIDATOR_APP
+# (manifests/state-dra-validation/0500_daemonset.yaml), which the upgrade's validation gate selects on.
+DRA_KUBELET_PLUGIN_APP = "nvidia-dra-driver-kubelet-plugin"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU Feature Discovery
 DRIVER_VERSION_LABEL = "nvidia.com/cuda.driver-version.full"  # GPU Feature Discovery: the loaded driver
 
@@ -164,6 +168,10 @@ def is_validator_pod(labels: Mapping[str, str]) -> bool:
 
 def is_device_plugin_pod(labels: Mapping[str, str]) -> bool:
     return labels.get("app") == DEVICE_PLUGIN_APP
+
+
+def is_dra_kubelet_plugin_pod(labels: Mapping[str, str]) -> bool:
+    return labels.get("app") == DRA_KUBELET_PLUGIN_APP
 
 
 def gpus_requested(containers: list[dict]) -> int:

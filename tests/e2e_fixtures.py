@@ -139,7 +139,8 @@ def _wait_for_admission(canary: Kube, timeout_s: float = 30) -> None:
 
 
 # marker -> the environment setting that runs its tests (each from its own make target)
-OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX", "diagnosis_matrix": "GPUCANARY_DIAGNOSIS_MATRIX"}
+OUTSIDE_MAKE_TEST = {"kill_matrix": "GPUCANARY_KILL_MATRIX", "diagnosis_matrix": "GPUCANARY_DIAGNOSIS_MATRIX",
+                     "dra_variants": "GPUCANARY_DRA_VARIANTS"}
 
 
 # the end-to-end modules by their summed test time in CI, longest first (minutes of canary runs, most with a fleet

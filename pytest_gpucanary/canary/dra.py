@@ -1,8 +1,9 @@
 """GPUs that a cluster allocates through Dynamic Resource Allocation (resource.k8s.io/v1, GA in Kubernetes 1.34),
 found before a run: the nodes for which NVIDIA's DRA driver publishes ResourceSlices.
 
-The canary's GPU job and probes request the extended resource `nvidia.com/gpu`, so its verdict does not speak
-for pods that hold a `gpu.nvidia.com` ResourceClaim: those pods are said, not hidden. Before GPU Operator v26.7
+Where the pool's nodes offer GPUs this way the run's GPU job claims its GPU through DRA (`claims`); elsewhere it
+requests the extended resource `nvidia.com/gpu`, and a verdict on such a pool does not speak for pods that hold a
+`gpu.nvidia.com` ResourceClaim: those pods are said, not hidden. Before GPU Operator v26.7
 the pod deletion filter (`gpuPodSpecFilter`, cmd/gpu-operator/main.go) matches `nvidia.com/gpu` and
 `nvidia.com/mig-*` resources only, so it never deletes a claim-holding pod and only a drain evicts one; v26.7.0
 also counts a pod with an allocated `gpu.nvidia.com` claim (`PodHasNVIDIAGPUClaim`).
@@ -17,6 +18,7 @@ from pytest_gpucanary.kube.errors import Forbidden, NotFound
 from pytest_gpucanary.ladder.slices import GPU_DRIVER, KIND, stream_name
 
 RESOURCE_SLICE = ("resource.k8s.io/v1", KIND)
+NOTE_LEAD = "node(s) offer GPUs through DRA"
 POD_DELETION_SEES_CLAIMS = (26, 7)  # the first release whose pod deletion counts claim-holding pods
 
 
@@ -28,6 +30,11 @@ def gpu_nodes(kube: Kube) -> tuple[str, ...]:
     except (NotFound, Forbidden):
         return ()
     return tuple(sorted({name for s in slices if (name := (s.get("spec") or {}).get("nodeName"))}))
+
+
+def offer_gpus(kube: Kube, pool_nodes: tuple[str, ...]) -> bool:
+    """Whether every pool node offers its GPUs through DRA: then the run's GPU job claims them (`claims`)."""
+    return bool(pool_nodes) and set(pool_nodes) <= set(gpu_nodes(kube))
 
 
 def slice_streams(kube: Kube, nodes: tuple[str, ...]) -> list[StreamSpec]:
@@ -43,6 +50,12 @@ def slice_streams(kube: Kube, nodes: tuple[str, ...]) -> list[StreamSpec]:
     ]
 
 
+def is_note(line: str) -> bool:
+    """Whether `line` is a `note` (what a run on a DRA pool drops: it does speak for claim-holding pods)."""
+    count, _, rest = line.partition(" ")
+    return count.isdigit() and rest.startswith(NOTE_LEAD)
+
+
 def note(nodes: tuple[str, ...], release: str | None) -> str:
     """What a run on this cluster does not prove, in one line."""
     names = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
@@ -54,7 +67,7 @@ def note(nodes: tuple[str, ...], release: str | None) -> str:
         else ""
     )
     return (
-        f"{len(nodes)} node(s) offer GPUs through DRA ({GPU_DRIVER} ResourceSlices: {names}): the canary's GPU "
-        f"job and probes request nvidia.com/gpu, so its verdict does not speak for pods holding a {GPU_DRIVER} "
-        f"ResourceClaim{blind}"
+        f"{len(nodes)} {NOTE_LEAD} ({GPU_DRIVER} ResourceSlices: {names}): the canary's GPU job claims its GPU "
+        f"through DRA only where the pool's nodes offer GPUs this way: a run on a device-plugin pool does not "
+        f"speak for pods holding a {GPU_DRIVER} ResourceClaim{blind}"
     )

@@ -44,6 +44,7 @@ class Measured:
     gpu_job_until_wall_ns: int = 0
     exposure: tuple[str, ...] = ()
     unproven: tuple[str, ...] = ()
+    gpu_claims: str = ""  # how the GPU job claims its GPUs through DRA, where the pool offers them so
     held_nodes: tuple[str, ...] = ()
     operator_release: str = ""
     policy_applied_to: str = ""

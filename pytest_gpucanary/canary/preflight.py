@@ -39,6 +39,7 @@ ADMISSION_POLICIES = (
     "gpucanary-namespaced-writes",
     "gpucanary-pods",
     "gpucanary-services",
+    "gpucanary-claims",
     "gpucanary-nodes",
     "gpucanary-driver-policy",
     "gpucanary-driver-handover",
@@ -148,6 +149,15 @@ PERMISSIONS: tuple[Permission, ...] = (
         "resourceslices",
         "resource.k8s.io",
         why="say which nodes offer GPUs through DRA and record the pool's slices across the swap (where served)",
+    ),
+    *_perms(
+        "create",
+        "resourceclaimtemplates",
+        "resource.k8s.io",
+        why="the GPU job's claim on a pool whose nodes offer their GPUs through DRA",
+    ),
+    *_perms(
+        "get", "resourceclaims", "resource.k8s.io", why="count the GPUs a pod on the pool holds through DRA claims"
     ),
     *_perms(
         "list watch",

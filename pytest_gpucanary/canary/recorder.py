@@ -28,6 +28,7 @@ __all__ = ["Record", "Recorder", "StreamSpec", "load", "trim"]
 
 T = TypeVar("T")
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
+ClaimedGpus = Callable[[dict], int]  # a pod's GPUs held through DRA claims (`claims.ClaimedGpus`)
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,9 @@ def spec_writers(managed_fields: list[dict]) -> dict[str, str]:
     return writers
 
 
-def trim(kind: str, obj: dict) -> dict:
-    """Keep what the ladder reads; managedFields and pod specs are most of an object's bytes."""
+def trim(kind: str, obj: dict, *, claimed_gpus: int = 0) -> dict:
+    """Keep what the ladder reads; managedFields and pod specs are most of an object's bytes. A pod's GPUs are
+    those it requests and `claimed_gpus`, those its DRA claims hold."""
     meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
     meta.get("annotations", {}).pop("kubectl.kubernetes.io/last-applied-configuration", None)
     trimmed = {**obj, "metadata": meta}
@@ -62,10 +64,13 @@ def trim(kind: str, obj: dict) -> dict:
         spec = obj.get("spec", {})
         trimmed["spec"] = {
             "nodeName": spec.get("nodeName"),
-            "gpus": gpus_requested(spec.get("containers", [])),
+            "gpus": gpus_requested(spec.get("containers", [])) + claimed_gpus,
             "emptyDirs": [v["name"] for v in spec.get("volumes", []) or [] if "emptyDir" in v],
         }
-        if why := holds_driver(spec):  # gets the GPUs without asking for one: the driver cannot unload
+        if claimed_gpus:
+            trimmed["spec"]["claimedGpus"] = claimed_gpus
+        # gets the GPUs without asking for one (a claim or a request): the driver cannot unload
+        if not claimed_gpus and (why := holds_driver(spec)):
             trimmed["spec"]["holdsDriver"] = why
         if not spec.get("nodeName") and (node := daemonset_node(spec)):
             trimmed["spec"]["daemonSetNode"] = node
@@ -84,10 +89,13 @@ def trim(kind: str, obj: dict) -> dict:
 class Recorder:
     """Runs one watch thread per stream and appends every event to `path`."""
 
-    def __init__(self, kube: Kube, path: Path, streams: list[StreamSpec]) -> None:
+    def __init__(
+        self, kube: Kube, path: Path, streams: list[StreamSpec], *, claimed_gpus: ClaimedGpus = lambda pod: 0
+    ) -> None:
         self.kube = kube
         self.path = path
         self.streams = streams
+        self.claimed_gpus = claimed_gpus
         self.index = TimelineIndex()
         self._stop = threading.Event()
         self._changed = threading.Condition()
@@ -148,7 +156,7 @@ class Recorder:
                     field_selector=spec.field_selector,
                 ):
                     failures = 0
-                    for record in _records(spec, event):
+                    for record in _records(spec, event, self.claimed_gpus):
                         self._append(record)
             except GpucanaryError as err:
                 self._append(
@@ -182,7 +190,7 @@ class Recorder:
             return result
 
 
-def _records(spec: StreamSpec, event: WatchEvent) -> list[Record]:
+def _records(spec: StreamSpec, event: WatchEvent, claimed_gpus: ClaimedGpus) -> list[Record]:
     kind = spec.recorded_as or spec.kind
 
     def record(kind_type: str, obj: dict) -> Record:
@@ -195,7 +203,9 @@ def _records(spec: StreamSpec, event: WatchEvent) -> list[Record]:
             meta.get("name"),
             event.received_mono_ns,
             event.received_wall_ns,
-            trim(spec.kind, obj),
+            trim(
+                spec.kind, obj, claimed_gpus=claimed_gpus(obj) if (obj.get("spec") or {}).get("resourceClaims") else 0
+            ),
         )
 
     if event.type == "RELISTED":

@@ -35,6 +35,7 @@ from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.canary import apply as upgrade
 from pytest_gpucanary.canary import lease, preflight, publish, workloads
 from pytest_gpucanary.canary.blast_radius import BlastRadiusWatch
+from pytest_gpucanary.canary.claims import ClaimedGpus
 from pytest_gpucanary.canary.cleanup import leftovers
 from pytest_gpucanary.canary.collective import check_peer
 from pytest_gpucanary.canary.lease import RunLease
@@ -202,7 +203,10 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
                 self._create_namespace(placement, placed, cleanup)
                 self._pull_images(placement, placed)
                 recorder = Recorder(
-                    self.kube, report_dir / "timeline.jsonl", self._streams(pool, placement, cluster.operator_namespace)
+                    self.kube,
+                    report_dir / "timeline.jsonl",
+                    self._streams(pool, placement, cluster.operator_namespace),
+                    claimed_gpus=ClaimedGpus(self.kube),
                 )
                 cleanup.enter_context(recorder)
                 self._place_workloads(placement, run, recorder)
@@ -324,7 +328,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
             ci=ci_identity(os.environ),
             gpu_job_work_s=settings.job_duration_s,
             blast_radius=tuple(run.blast_radius.breaches) if run.blast_radius else (),
-            pool_setup=tuple(line for line in (pool.fence, *pool.notes) if line),
+            pool_setup=tuple(line for line in (pool.fence, *pool.notes, run.gpu_claims) if line),
             thresholds=settings.thresholds(),
             **kept_as_measured,
         )

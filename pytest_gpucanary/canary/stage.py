@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from pytest_gpucanary.canary import dra, neighbours, workloads
+from pytest_gpucanary.canary import claims, dra, neighbours, workloads
 from pytest_gpucanary.canary.measures import Measured
 from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.canary.recorder import Recorder, StreamSpec
@@ -147,6 +147,8 @@ class RunStage:
         settings = self.settings
         images = settings.images()
         job = workloads.gpu_job(settings.gpu_job, placement, duration_s=settings.job_duration_s, images=images)
+        if dra.offer_gpus(self.kube, run.pool.nodes):
+            job = self._claim_through_dra(job, placement, run)
         run.gpu_job_until_wall_ns = int((workloads.work_until_wall_s(job) or 0) * 1e9)
         created = self.kube.create(job)
         run.gpu_job = WorkloadRef(placement.namespace, job["metadata"]["name"], created["metadata"]["uid"])
@@ -168,6 +170,22 @@ class RunStage:
                 timeout_s=WORKLOAD_READY_TIMEOUT_S,
                 what=f"the {role} pod Running on {placement.node}",
             )
+
+    def _claim_through_dra(self, job: dict, placement: workloads.Placement, run: Measured) -> dict:
+        """The GPU job claiming its GPUs through DRA, as the pool's own pods do, from templates made in the run's
+        namespace: the run then speaks for claim-holding pods, and says so instead of what it would not prove."""
+        job, counts = claims.claiming(job)
+        made = claims.templates(counts, placement.namespace, placement.run_id)
+        for template in made:
+            self.kube.create(template)
+        run.gpu_claims = (
+            f"the GPU job claims its GPUs through DRA, as the pool offers them ({dra.GPU_DRIVER} ResourceSlices): "
+            f"ResourceClaimTemplate {', '.join(t['metadata']['name'] for t in made)}, "
+            f"device class {claims.DEVICE_CLASS}"
+        )
+        self.progress.line(f"pool: {run.gpu_claims}")
+        run.unproven = tuple(line for line in run.unproven if not dra.is_note(line))
+        return job
 
 
 def _running(index: TimelineIndex, namespace: str, role: str, *, finished_ok: bool = False) -> bool | None:

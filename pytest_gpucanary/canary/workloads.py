@@ -61,7 +61,7 @@ def _with_images(obj: dict, images: Mapping[str, str]) -> dict:
     """Every container that runs a shipped default image gets the image the run chose for it
     (its override or the mirror); a user's own images stay as they are."""
     if obj.get("kind") in POD_KINDS:
-        _, spec = _pod_spec(obj)
+        _, spec = pod_spec(obj)
         for container in _containers(spec):
             container["image"] = images.get(container.get("image", ""), container.get("image", ""))
     return obj
@@ -73,7 +73,7 @@ def pod_security(manifests: list[dict]) -> str:
     administrator's credentials may run: deploy/admission.yaml refuses the canary's ServiceAccount both."""
     for obj in manifests:
         if obj.get("kind") in POD_KINDS:
-            _, spec = _pod_spec(obj)
+            _, spec = pod_spec(obj)
             if (
                 any(spec.get(key) for key in ("hostNetwork", "hostPID", "hostIPC"))
                 or any("hostPath" in (v or {}) for v in spec.get("volumes") or [])
@@ -88,7 +88,7 @@ def images_of(manifests: list[dict]) -> list[str]:
     found: list[str] = []
     for obj in manifests:
         if obj.get("kind") in POD_KINDS:
-            _, spec = _pod_spec(obj)
+            _, spec = pod_spec(obj)
             found += [c["image"] for c in _containers(spec) if c.get("image") and c["image"] not in found]
     return found
 
@@ -127,7 +127,7 @@ def _yield_to_tenants(spec: dict) -> None:
     spec.pop("preemptionPolicy", None)
 
 
-def _pod_spec(obj: dict) -> tuple[dict, dict]:
+def pod_spec(obj: dict) -> tuple[dict, dict]:
     """(pod metadata, pod spec) of a Pod or of a workload's pod template."""
     try:
         if obj["kind"] == "Pod":
@@ -145,7 +145,7 @@ def _pod_spec(obj: dict) -> tuple[dict, dict]:
 
 def _pin(obj: dict, placement: Placement, role: str) -> dict:
     obj = _stamp(obj, placement, role)
-    meta, spec = _pod_spec(obj)
+    meta, spec = pod_spec(obj)
     meta.setdefault("labels", {}).update({**owned_labels(placement.run_id), ROLE_LABEL: role})
     spec.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = placement.node
     return obj
@@ -153,7 +153,7 @@ def _pin(obj: dict, placement: Placement, role: str) -> dict:
 
 def work_until_wall_s(job: dict) -> float | None:
     """The deadline the canary wrote into a GPU job (Unix s), None if it carries none."""
-    _, spec = _pod_spec(job)
+    _, spec = pod_spec(job)
     for container in spec["containers"]:
         for env in container.get("env") or []:
             if env.get("name") == WORK_UNTIL_ENV:
@@ -178,7 +178,7 @@ def gpu_job(
         raise ConfigError(f"{path} holds no Job", hint="the GPU workload must be a batch/v1 Job")
     job = _with_images(_pin(job, placement, "gpu-job"), images or {})
     until_s = int((time.time() if now_wall_s is None else now_wall_s) + duration_s)
-    meta, spec = _pod_spec(job)
+    meta, spec = pod_spec(job)
     meta.setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = datetime.fromtimestamp(until_s, UTC).strftime(
         "%Y-%m-%dT%H:%M:%SZ"
     )
@@ -215,7 +215,7 @@ def holder(path: Path, placement: Placement, *, images: Mapping[str, str] | None
             f"holder manifest {path} has no Pod, Deployment, DaemonSet or StatefulSet",
             hint="a holder runs as long as the run: see fixtures/workloads/holder.yaml",
         )
-    if not all(holds_driver(_pod_spec(d)[1]) for d in docs):
+    if not all(holds_driver(pod_spec(d)[1]) for d in docs):
         raise ConfigError(
             f"holder manifest {path} has a workload whose pods do not hold the driver",
             hint="set NVIDIA_VISIBLE_DEVICES (or runtimeClassName: nvidia) and request no GPU, "
@@ -242,7 +242,7 @@ def probe(
         job = _pin(job, placement, "probe")
     else:
         job = _stamp(job, placement, "probe")
-        _, spec = _pod_spec(job)
+        _, spec = pod_spec(job)
         spec["containers"][0].setdefault("resources", {}).setdefault("limits", {})[GPU_RESOURCE] = "1"
         # off every canary pool, not only this run's: a gate runs base and head at once, and the other
         # run's drain would evict a probe that landed on its pool just before the cordon. A pool the
@@ -260,7 +260,7 @@ def probe(
                 }
             }
         }
-    meta, _ = _pod_spec(job)
+    meta, _ = pod_spec(job)
     meta.setdefault("labels", {}).update(
         {**owned_labels(placement.run_id), ROLE_LABEL: "probe", PROBE_SCOPE_LABEL: scope}
     )
@@ -292,7 +292,7 @@ def collective_pod(
     if pod is None:
         raise ConfigError(f"{path} holds no Pod", hint="the collective probe is one Pod, run once per rank")
     pod = _with_images(_stamp(pod, placement, COLLECTIVE_ROLE), images or {})
-    meta, spec = _pod_spec(pod)
+    meta, spec = pod_spec(pod)
     meta["name"] = collective_name(when, rank)
     meta["labels"].update({COLLECTIVE_LABEL: when, RANK_LABEL: str(rank)})
     spec.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node

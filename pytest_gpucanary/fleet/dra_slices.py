@@ -9,9 +9,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
+from pytest_gpucanary.canary.claims import DEVICE_CLASS
 from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import Conflict
 from pytest_gpucanary.ladder.slices import GPU_DRIVER, semver
+
+
+def install_device_class(kube: Kube) -> None:
+    """The DeviceClass of whole GPUs that NVIDIA's DRA driver's chart installs, which claims name."""
+    try:
+        kube.create(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": DEVICE_CLASS},
+                "spec": {
+                    "selectors": [
+                        {
+                            "cel": {
+                                "expression": f"device.driver == '{GPU_DRIVER}' && "
+                                f"device.attributes['{GPU_DRIVER}'].type == 'gpu'"
+                            }
+                        }
+                    ]
+                },
+            }
+        )
+    except Conflict:
+        pass  # installed by an earlier start of the agent
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.collective_stand_in import COLLECTIVE_SELECTOR, CollectiveStandIn
-from pytest_gpucanary.fleet.dra_slices import SlicePublisher
+from pytest_gpucanary.fleet.dra_slices import SlicePublisher, install_device_class
 from pytest_gpucanary.fleet.manifests import DCGM_SERIES, KUBELET_DCGM_PATH
 from pytest_gpucanary.fleet.node_agent import NodeAgent
 from pytest_gpucanary.kube import Kube
@@ -107,6 +107,8 @@ def _serve(port: int, pool_nodes: Callable[[], list[dict]]) -> None:
 
 
 def _agent(kube: Kube, *, dra: bool) -> NodeAgent:
+    if dra:
+        install_device_class(kube)
     return NodeAgent(kube, slices=SlicePublisher(kube) if dra else None)
 
 

@@ -134,6 +134,9 @@ def _ready_after(
     return Finding(Outcome.INCONCLUSIVE, f"no {what} pod recorded on {node}"), items
 
 
+DEVICE_PLUGIN, DRA_PLUGIN = "device plugin", "DRA kubelet plugin"
+
+
 def capacity_dip(ev: RunEvidence, node: str) -> CapacityDip:
     """The node's GPUs leaving allocatable during its upgrade cycle and their return."""
     cycle = ev.index.upgrade_cycle(node, since_wall_ns=ev.upgrade_started_wall_ns)
@@ -188,10 +191,19 @@ def _driver_label(ev: RunEvidence, node: str) -> tuple[Finding | None, list[Evid
     ), [item]
 
 
-def _device_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[list[Finding], list[Evidence], CapacityDip]:
+def _device_node(
+    ev: RunEvidence, node: str, settings: Settings
+) -> tuple[list[Finding], list[Evidence], CapacityDip, str]:
+    """The node's findings, their evidence, its capacity dip and the plugin that offers its GPUs."""
     dip = capacity_dip(ev, node)
     cycle = ev.index.upgrade_cycle(node, since_wall_ns=ev.upgrade_started_wall_ns)
     states = [t.state for t in cycle]
+    # a node that offers its GPUs only through DRA (GPUCluster mode: no device plugin, no nvidia.com/gpu): the DRA
+    # kubelet plugin stands where the device plugin would, and its ResourceSlices (judged below) for allocatable
+    dra_only = (
+        dip.before is None and not _pods_on(ev, node, op.is_device_plugin_pod) and bool(slices.slice_cycle(ev, node))
+    )
+    plugin = (DRA_PLUGIN, op.is_dra_kubelet_plugin_pod) if dra_only else (DEVICE_PLUGIN, op.is_device_plugin_pod)
     if "upgrade-done" not in states:
         held = states[-1:] == [op.VALIDATION_REQUIRED] or states[-2:] == [op.VALIDATION_REQUIRED, op.UPGRADE_FAILED]
         if held:
@@ -200,26 +212,29 @@ def _device_node(ev: RunEvidence, node: str, settings: Settings) -> tuple[list[F
                 [Finding(Outcome.FAIL, f"node {node} {where} {op.VALIDATION_REQUIRED}: {validator_line(ev, node)}")],
                 [_pod_evidence(ev, p) for p in _pods_on(ev, node, op.is_validator_pod)],
                 dip,
+                plugin[0],
             )
         return (
             [Finding(Outcome.INCONCLUSIVE, f"node {node} never reached upgrade-done; device state not judged")],
             [],
             dip,
+            plugin[0],
         )
     finding, driver, items = _new_driver(ev, node)
     findings = [finding]
     if driver is not None:
-        for what, is_operand in (("validator", op.is_validator_pod), ("device plugin", op.is_device_plugin_pod)):
+        for what, is_operand in (("validator", op.is_validator_pod), plugin):
             operand_finding, operand_items = _ready_after(ev, node, what, is_operand, driver)
             findings.append(operand_finding)
             items += operand_items
-    findings.append(_capacity(ev, node, dip, settings))
-    items.append(Evidence(None, None, "Node", node, f"{op.GPU_RESOURCE} {dip.line()}"))
+    if not dra_only:
+        findings.append(_capacity(ev, node, dip, settings))
+        items.append(Evidence(None, None, "Node", node, f"{op.GPU_RESOURCE} {dip.line()}"))
     label_finding, label_items = _driver_label(ev, node)
     findings += [label_finding] if label_finding else []
     slice_finding, slice_items = slices.judge(ev, node)
     findings += [slice_finding] if slice_finding else []
-    return findings, items + label_items + slice_items, dip
+    return findings, items + label_items + slice_items, dip, plugin[0]
 
 
 def capacity_dips(evidence: RunEvidence) -> tuple[CapacityDip, ...]:
@@ -227,12 +242,13 @@ def capacity_dips(evidence: RunEvidence) -> tuple[CapacityDip, ...]:
 
 
 def check_device(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageVerdict:
-    findings, items, dips = [], [], []
+    findings, items, dips, plugins = [], [], [], set()
     for node in evidence.pool_nodes:
-        node_findings, node_items, dip = _device_node(evidence, node, settings)
+        node_findings, node_items, dip, plugin = _device_node(evidence, node, settings)
         findings += node_findings
         items += node_items
         dips.append(dip)
+        plugins.add(plugin)
     if not evidence.pool_nodes:
         findings.append(Finding(Outcome.INCONCLUSIVE, "no pool nodes given"))
     metric_findings, metric_items = stage_metrics(evidence, Stage.DEVICE, settings)
@@ -246,8 +262,12 @@ def check_device(evidence: RunEvidence, settings: Settings = DEFAULTS) -> StageV
     )
     republished = len({e.ref for e in items if e.kind == slices.KIND})  # nodes whose slices were judged (passed)
     dra = f"; {slices.GPU_DRIVER} ResourceSlices republished at the target on {republished}" if republished else ""
+    if plugins == {DRA_PLUGIN}:  # every node offers its GPUs only through DRA: its slices are its capacity
+        capacity_part = dra.removeprefix("; ")
+    else:
+        capacity_part = f"{capacity} (<= {settings.max_gpus_gone_s:.0f} s){dra}"
     pass_line = (
-        f"{n}/{n} pool nodes: driver {evidence.driver_to} Ready, then validator and device plugin Ready; "
-        f"{capacity} (<= {settings.max_gpus_gone_s:.0f} s){dra}{metrics_note(metric_findings)}"
+        f"{n}/{n} pool nodes: driver {evidence.driver_to} Ready, then validator and {' / '.join(sorted(plugins))} "
+        f"Ready; {capacity_part}{metrics_note(metric_findings)}"
     )
     return verdict(Stage.DEVICE, findings + metric_findings, items + metric_items, pass_line)

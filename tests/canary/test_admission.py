@@ -7,12 +7,14 @@ wheel: test_installed_package.py.)
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import uuid
 
 import pytest
 
+from pytest_gpucanary.canary.claims import RESOURCE_CLAIM_TEMPLATE, templates
 from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.cluster import discover
@@ -46,7 +48,7 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
                           f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                           f"--gpucanary-driver-version={TARGET}", unbuffered=False, timeout_s=120)
     assert preflight.returncode == 0, preflight.stdout + preflight.stderr
-    assert "the apiserver enforces deploy/admission.yaml (7 policies, bound)" in json.loads(preflight.stdout)["notes"]
+    assert "the apiserver enforces deploy/admission.yaml (8 policies, bound)" in json.loads(preflight.stdout)["notes"]
     cluster = discover(kube)
     ops = cluster.operator_namespace
     tag = uuid.uuid4().hex[:6]
@@ -66,6 +68,11 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
     try:
         # what a run writes on its own objects goes through, under the same token
         canary.create(owned_namespace(own, "adversary"))
+        # a namespace where the apiserver itself would let a claim ask for admin access: only the policy refuses it
+        kube.patch("v1", "Namespace", own, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})
+        [claim_template] = templates({1}, own, "adversary")
+        admin_access = copy.deepcopy(claim_template)
+        admin_access["spec"]["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = True
         never_ran = next_unplaced_pod(kube, ops, unplaced["metadata"]["name"])
         allowed = [
             ("create", "v1", "Pod", {"body": {**pod("plain", own), "metadata": {
@@ -81,6 +88,8 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
                 "upgradePolicy": {"maxParallelUpgrades": 1}}}}}),
             # a DaemonSet's pod no node took, as the give-back deletes a pool node's driver pod that never placed
             ("delete", "v1", "Pod", {"name": never_ran, "namespace": ops}),
+            # the GPU job's claim template on a pool that offers its GPUs through DRA
+            ("create", *RESOURCE_CLAIM_TEMPLATE, {"body": claim_template, "namespace": own}),
         ]
         if cluster.nvidiadriver_mode:
             allowed.append(("patch", *NVIDIADRIVER, {"name": driver, "body": {
@@ -142,6 +151,10 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
              {"namespace": own, "body": pod("p", own, volumes=[{"name": "root", "hostPath": {"path": "/"}}])}),
             ("admission", "a hostNetwork pod", "create", "v1", "Pod",
              {"namespace": own, "body": pod("p", own, hostNetwork=True)}),
+            ("admission", "a claim template asking for admin access to devices", "create", *RESOURCE_CLAIM_TEMPLATE,
+             {"namespace": own, "body": admin_access}),
+            ("admission", "a claim template in the operator's namespace", "create", *RESOURCE_CLAIM_TEMPLATE,
+             {"namespace": ops, "body": {**claim_template, "metadata": {"name": "evil", "namespace": ops}}}),
             ("admission", "a NodePort Service", "create", "v1", "Service",
              {"namespace": own, "body": {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "e", "namespace": own},
                                          "spec": {"type": "NodePort", "ports": [{"port": 80}]}}}),

@@ -34,6 +34,12 @@ def test_the_line_names_the_nodes_and_before_v26_7_that_pod_deletion_cannot_see_
     nodes = tuple(f"gpu-{i}" for i in range(7))
     old = dra.note(nodes, "v26.3.3")
     assert old.startswith("7 node(s) offer GPUs through DRA (gpu.nvidia.com ResourceSlices: gpu-0, gpu-1, gpu-2, gpu-3, "
-                          "gpu-4 and 2 more): the canary's GPU job and probes request nvidia.com/gpu")
+                          "gpu-4 and 2 more): the canary's GPU job claims its GPU through DRA only where the pool's nodes "
+                          "offer GPUs this way")
     assert "on GPU Operator v26.3.3 pod deletion never deletes a claim-holding pod" in old
     assert "pod deletion" not in dra.note(nodes, "v26.7.0") and "pod deletion" not in dra.note(nodes, None)
+
+
+def test_a_run_on_a_dra_pool_knows_the_line_to_drop() -> None:
+    assert dra.is_note(dra.note(("gpu-0",), "v26.7.0")) and dra.is_note(dra.note(tuple(f"n{i}" for i in range(12)), None))
+    assert not dra.is_note("the kubeconfig's token expires in 3 min")

@@ -43,7 +43,7 @@ def test_preflight_names_the_nodes_that_offer_gpus_through_dra(gpucanary_fleet, 
         kube.delete("resource.k8s.io/v1", "ResourceSlice", made["metadata"]["name"])
     [line] = report["unproven"]
     assert line.startswith(f"1 node(s) offer GPUs through DRA (gpu.nvidia.com ResourceSlices: {node}): the canary's GPU "
-                           "job and probes request nvidia.com/gpu"), line
+                           "job claims its GPU through DRA only where the pool's nodes offer GPUs this way"), line
     assert f"gpucanary: not proven: {line}" in stderr
 
 
@@ -78,3 +78,38 @@ def test_a_dra_run_passes_with_the_pool_nodes_resource_slices_in_its_receipt(dra
     assert offers[-1].startswith("generation 2, 8 devices at driverVersion 580.95.5"), offers
     assert "not proven: 1 node(s) offer GPUs through DRA (gpu.nvidia.com ResourceSlices: gpu-node-0" \
         in result.stdout + result.stderr
+    assert_claimed_through_dra(receipt, tmp_path / "reports")
+
+
+def assert_claimed_through_dra(receipt: dict, reports: Path) -> None:
+    """The GPU job claimed its GPU through DRA from the run's template, the real scheduler allocated it one of the pool
+    node's devices, and the recorder counted it; the run speaks for claim-holding pods, so it does not say otherwise."""
+    claims = "the GPU job claims its GPUs through DRA, as the pool offers them (gpu.nvidia.com ResourceSlices): " \
+             "ResourceClaimTemplate gpucanary-gpus-1, device class gpu.nvidia.com"
+    assert claims in receipt["run"]["pool_setup"], receipt["run"]["pool_setup"]
+    assert receipt["run"]["unproven"] == []
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    job_pods = [r["object"] for r in map(json.loads, (run_dir / "timeline.jsonl").read_text().splitlines())
+                if r["kind"] == "Pod" and (r["object"].get("metadata", {}).get("labels") or {}).get(
+                    "gpucanary.io/role") == "gpu-job" and r["object"]["spec"].get("nodeName")]
+    assert job_pods and all(p["spec"]["claimedGpus"] == 1 and p["spec"]["gpus"] == 1 for p in job_pods), job_pods[-1:]
+
+
+@pytest.mark.dra_variants
+def test_a_dra_run_of_the_field_notes_drain_policy_fails_at_application_naming_the_non_gpu_pod(
+        dra_fleet: dict[str, str], tmp_path: Path) -> None:
+    """On v26.7 pod deletion sees the claim-holding GPU job (an allocated gpu.nvidia.com claim) and refuses its
+    emptyDir; the drain fallback then evicts the non-GPU service, which fails the run at application. The GPU job's
+    eviction is counted as a GPU pod's, through its claim: it is allowed, the service's is not."""
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'field-note.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, env=dra_fleet, reports=tmp_path / "reports")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    receipt = receipt_of(tmp_path / "reports")
+    assert receipt["first_failed"] == "application", receipt["first_failed"]
+    application = next(v for v in receipt["verdicts"] if v["stage"] == "application")
+    assert application["summary"].startswith("application: non-GPU pod gpucanary-"), application["summary"]
+    assert "/sched-api-" in application["summary"] and "evicted by drain" in application["summary"]
+    gpu_job = [(e["gpus"], e["allowed"]) for e in receipt["evictions"] if e["name"].startswith("gpu-train-")]
+    service = [(e["gpus"], e["allowed"]) for e in receipt["evictions"] if e["name"].startswith("sched-api-")]
+    assert gpu_job and set(gpu_job) == {(1, True)} and service and set(service) == {(0, False)}, receipt["evictions"]
+    assert_claimed_through_dra(receipt, tmp_path / "reports")

@@ -185,9 +185,9 @@ class Holds:
 def test_the_preflight_says_whether_the_apiserver_enforces_the_admission_policies() -> None:
     every = [(kind, name) for name in ADMISSION_POLICIES
              for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
-    assert admission_note(Holds(*every)) == "the apiserver enforces deploy/admission.yaml (7 policies, bound)"
+    assert admission_note(Holds(*every)) == "the apiserver enforces deploy/admission.yaml (8 policies, bound)"
     unbound = admission_note(Holds(*[o for o in every if o != ("ValidatingAdmissionPolicyBinding", "gpucanary-nodes")]))
-    assert unbound.startswith("the apiserver does not enforce deploy/admission.yaml (1 of 14 objects missing, e.g. "
+    assert unbound.startswith("the apiserver does not enforce deploy/admission.yaml (1 of 16 objects missing, e.g. "
                               "ValidatingAdmissionPolicyBinding gpucanary-nodes)")
 
 

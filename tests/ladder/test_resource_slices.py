@@ -3,6 +3,7 @@ swap and back at a higher pool generation with every device at the target (k8s-d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from canned_runs import HAPPY, NEW, NODE, OLD, at, node, operands, run, states, workloads
@@ -119,3 +120,44 @@ def test_a_node_without_dra_gpus_is_judged_as_before() -> None:
     assert slice_cycle(with_nic, NODE) is None
     assert check_device(with_nic).summary == check_device(without).summary
     assert "ResourceSlice" not in json.dumps([e.text for e in check_device(without).evidence])
+
+
+def dra_only(evidence_records: list[Record], *, plugin_restarted: bool = True) -> RunEvidence:
+    """The same upgrade on a GPUCluster-mode node: no device plugin and no nvidia.com/gpu; NVIDIA's DRA kubelet
+    plugin (app nvidia-dra-driver-kubelet-plugin) stops for the swap and comes back after the new driver."""
+    records = []
+    for record in evidence_records:
+        obj = record.object
+        if record.kind == "Node":
+            allocatable = {k: v for k, v in obj["status"]["allocatable"].items() if k != "nvidia.com/gpu"}
+            obj = {**obj, "status": {**obj["status"], "allocatable": allocatable}}
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if record.kind == "Pod" and labels.get("app") == "nvidia-device-plugin-daemonset":
+            if not plugin_restarted and record.name.endswith("-new"):
+                continue
+            obj = {**obj, "metadata": {**obj["metadata"], "labels": {"app": "nvidia-dra-driver-kubelet-plugin"}}}
+        records.append(dataclasses.replace(record, object=obj))
+    return run(records)
+
+
+def gpucluster_run(**kwargs: bool) -> RunEvidence:
+    schedule = list(zip([5, 10, 12, 14, 26, 90, 130, 135], HAPPY))
+    return dra_only(states(schedule) + operands() + workloads() + [node(500, "upgrade-done")] +
+                    [*relisted(-30, OLD_SLICE), seen(31, "DELETED", OLD_SLICE), seen(95, "ADDED", NEW_SLICE)], **kwargs)
+
+
+def test_a_node_that_offers_gpus_only_through_dra_is_judged_by_its_kubelet_plugin_and_slices() -> None:
+    verdict = check_device(gpucluster_run())
+
+    assert verdict.outcome is Outcome.PASS, verdict.summary
+    assert "then validator and DRA kubelet plugin Ready; gpu.nvidia.com ResourceSlices republished at the target on " \
+           "1" in verdict.summary, verdict.summary
+    assert "nvidia.com/gpu" not in verdict.summary
+    assert any(e.kind == "Pod" and "plugin-canary-0-new" in e.ref for e in verdict.evidence), verdict.evidence
+
+
+def test_a_dra_kubelet_plugin_left_from_before_the_new_driver_fails_the_rung() -> None:
+    verdict = check_device(gpucluster_run(plugin_restarted=False))
+
+    assert verdict.outcome is Outcome.FAIL, verdict.summary
+    assert "DRA kubelet plugin" in verdict.summary, verdict.summary
