@@ -55,32 +55,15 @@ def claiming(obj: dict) -> tuple[dict, set[int]]:
     return obj, counts
 
 
-def templates(counts: set[int], namespace: str, run_id: str) -> list[dict]:
-    """One ResourceClaimTemplate per GPU count: that many whole GPUs of the driver's DeviceClass, no admin access."""
-    return [
-        {
-            "apiVersion": RESOURCE_CLAIM_TEMPLATE[0],
-            "kind": RESOURCE_CLAIM_TEMPLATE[1],
-            "metadata": {"name": template_name(count), "namespace": namespace, "labels": owned_labels(run_id)},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": CLAIM_NAME,
-                                "exactly": {
-                                    "deviceClassName": DEVICE_CLASS,
-                                    "allocationMode": "ExactCount",
-                                    "count": count,
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        }
-        for count in sorted(counts)
-    ]
+def template(count: int, namespace: str, run_id: str) -> dict:
+    """The ResourceClaimTemplate of `count` whole GPUs of the driver's DeviceClass, no admin access."""
+    request = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": count}
+    return {
+        "apiVersion": RESOURCE_CLAIM_TEMPLATE[0],
+        "kind": RESOURCE_CLAIM_TEMPLATE[1],
+        "metadata": {"name": template_name(count), "namespace": namespace, "labels": owned_labels(run_id)},
+        "spec": {"spec": {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": request}]}}},
+    }
 
 
 def claim_names(pod: dict) -> list[str]:

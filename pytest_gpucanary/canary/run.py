@@ -219,6 +219,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
                     images=settings.images(),
                     interval_s=settings.probe_interval_s,
                     pool_nodes=pool.nodes,
+                    claim_gpus=bool(run.gpu_claims),
                 )
                 cleanup.callback(probes.stop)
                 probes.start()

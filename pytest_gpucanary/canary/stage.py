@@ -175,7 +175,7 @@ class RunStage:
         """The GPU job claiming its GPUs through DRA, as the pool's own pods do, from templates made in the run's
         namespace: the run then speaks for claim-holding pods, and says so instead of what it would not prove."""
         job, counts = claims.claiming(job)
-        made = claims.templates(counts, placement.namespace, placement.run_id)
+        made = [claims.template(count, placement.namespace, placement.run_id) for count in sorted(counts)]
         for template in made:
             self.kube.create(template)
         run.gpu_claims = (

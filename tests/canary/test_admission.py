@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from pytest_gpucanary.canary.claims import RESOURCE_CLAIM_TEMPLATE, templates
+from pytest_gpucanary.canary.claims import RESOURCE_CLAIM_TEMPLATE, template
 from pytest_gpucanary.canary.neighbours import NVSENTINEL_LABEL
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.cluster import discover
@@ -70,7 +70,7 @@ def test_writes_outside_the_pool_are_refused_by_the_apiserver(
         canary.create(owned_namespace(own, "adversary"))
         # a namespace where the apiserver itself would let a claim ask for admin access: only the policy refuses it
         kube.patch("v1", "Namespace", own, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})
-        [claim_template] = templates({1}, own, "adversary")
+        claim_template = template(1, own, "adversary")
         admin_access = copy.deepcopy(claim_template)
         admin_access["spec"]["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = True
         never_ran = next_unplaced_pod(kube, ops, unplaced["metadata"]["name"])

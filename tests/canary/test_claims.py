@@ -3,9 +3,11 @@ deletion counts them."""
 
 from __future__ import annotations
 
+from harness import eventually
 from kube_double import FakeKube
 
 from pytest_gpucanary.canary import claims, workloads
+from pytest_gpucanary.canary.probes import ProbeLoop
 from pytest_gpucanary.canary.recorder import trim
 
 
@@ -24,7 +26,7 @@ def test_the_gpu_job_claims_as_many_gpus_as_it_requested_from_one_template_per_c
     assert spec["resourceClaims"] == [{"name": "gpus-cuda-work", "resourceClaimTemplateName": "gpucanary-gpus-1"}]
     assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # a copy
 
-    [template] = claims.templates(counts, "gpucanary-r1", "r1")
+    template = claims.template(1, "gpucanary-r1", "r1")
     assert template["metadata"]["name"] == "gpucanary-gpus-1" and template["metadata"]["namespace"] == "gpucanary-r1"
     assert template["metadata"]["labels"]["gpucanary.io/run-id"] == "r1"
     [request] = template["spec"]["spec"]["devices"]["requests"]
@@ -90,3 +92,22 @@ def test_the_recorder_counts_a_pods_claimed_gpus_and_a_claim_holder_does_not_hol
     assert kept["spec"]["gpus"] == 2 and kept["spec"]["claimedGpus"] == 2 and "holdsDriver" not in kept["spec"]
     unclaimed = trim("Pod", holder)
     assert unclaimed["spec"]["gpus"] == 0 and unclaimed["spec"]["holdsDriver"] == "NVIDIA_VISIBLE_DEVICES=all"
+
+
+def test_the_fleet_probe_claims_its_gpu_where_the_gpu_job_does_and_makes_its_template_once() -> None:
+    fake = FakeKube()
+    fake.create(claims.template(1, "gpucanary-r1", "r1"))       # the GPU job's, made before the loop
+    loop = ProbeLoop(fake, placement(), manifest=None, interval_s=0.01, pool_nodes=("pool-0",), claim_gpus=True)
+    loop.start()
+    try:
+        assert eventually(lambda: len(loop.created) >= 4, timeout_s=10)
+    finally:
+        loop.stop()
+    assert loop.errors == []
+    jobs = {j["metadata"]["labels"]["gpucanary.io/probe-scope"]: j["spec"]["template"]["spec"]
+            for j in fake.list("batch/v1", "Job", namespace="gpucanary-r1")}
+    assert jobs["fleet"]["resourceClaims"] == [{"name": "gpus-probe", "resourceClaimTemplateName": "gpucanary-gpus-1"}]
+    assert "nvidia.com/gpu" not in jobs["fleet"]["containers"][0]["resources"].get("limits", {})
+    assert "resourceClaims" not in jobs["pool"]      # a pool probe asks for no GPU
+    assert [t["metadata"]["name"] for t in fake.list(*claims.RESOURCE_CLAIM_TEMPLATE, namespace="gpucanary-r1")] == [
+        "gpucanary-gpus-1"]

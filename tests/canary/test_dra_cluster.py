@@ -89,10 +89,16 @@ def assert_claimed_through_dra(receipt: dict, reports: Path) -> None:
     assert claims in receipt["run"]["pool_setup"], receipt["run"]["pool_setup"]
     assert receipt["run"]["unproven"] == []
     [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
-    job_pods = [r["object"] for r in map(json.loads, (run_dir / "timeline.jsonl").read_text().splitlines())
-                if r["kind"] == "Pod" and (r["object"].get("metadata", {}).get("labels") or {}).get(
-                    "gpucanary.io/role") == "gpu-job" and r["object"]["spec"].get("nodeName")]
+    placed = [r["object"] for r in map(json.loads, (run_dir / "timeline.jsonl").read_text().splitlines())
+              if r["kind"] == "Pod" and r["object"]["spec"].get("nodeName")]
+
+    def labelled(key: str, value: str) -> list[dict]:
+        return [p for p in placed if (p["metadata"].get("labels") or {}).get(key) == value]
+
+    job_pods = labelled("gpucanary.io/role", "gpu-job")
     assert job_pods and all(p["spec"]["claimedGpus"] == 1 and p["spec"]["gpus"] == 1 for p in job_pods), job_pods[-1:]
+    fleet_probes = labelled("gpucanary.io/probe-scope", "fleet")     # on the fleet's own DRA node
+    assert fleet_probes and all(p["spec"].get("claimedGpus") == 1 for p in fleet_probes), fleet_probes[-1:]
 
 
 @pytest.mark.dra_variants
