@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pytest_gpucanary.canary.claims import ClaimedGpus
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.gpu_operator import (
     DRIVER_COMPONENT_SELECTOR,
@@ -67,6 +68,7 @@ class PodWatch:
         self._known: dict[str, dict] = {}  # uid -> a pod not of a DaemonSet, as last seen
         self._seen_gone: set[str] = set()
         self._found: list[Disruption] = []
+        self._claimed = ClaimedGpus(kube)  # GPUs a pod holds through DRA claims, read while they are allocated
         self._probe_namespace = ""
         self._probe_records: list[Record] = []  # every event of a pod in the start probes' namespace
         self._lock = threading.Lock()
@@ -141,6 +143,8 @@ class PodWatch:
             self._gone(obj, "evicted by the kubelet", wall_ns)
         else:
             self._known[meta["uid"]] = obj
+            if (obj.get("spec") or {}).get("nodeName") in self._nodes:
+                self._claimed_gpus(obj)  # read now: a claim goes away with its pod
 
     def _gone(self, pod: dict, how: str, wall_ns: int) -> None:
         """Every pod is known (a wave's nodes change), and counted only when it leaves a watched node: once, where
@@ -154,11 +158,14 @@ class PodWatch:
             not first or spec.get("nodeName") not in self._nodes or meta.get("namespace") == self._probe_namespace
         ):  # the sweep's own probes are no customer's
             return
-        gpus = gpus_requested(spec.get("containers") or [])
+        gpus = gpus_requested(spec.get("containers") or []) + self._claimed_gpus(pod)
         allowed = allows_eviction(self.settings, gpus=gpus, labels=meta.get("labels") or {})
         self._found.append(
             Disruption(spec.get("nodeName", ""), meta.get("namespace", ""), meta["name"], gpus, allowed, wall_ns, how)
         )
+
+    def _claimed_gpus(self, pod: dict) -> int:
+        return self._claimed(pod) if (pod.get("spec") or {}).get("resourceClaims") else 0
 
 
 def operand_pods(kube: Kube, selector: str, namespace: str | None) -> list[dict]:

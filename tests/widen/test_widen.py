@@ -118,6 +118,23 @@ def test_the_pod_watch_records_each_pod_that_leaves_a_watched_node_once() -> Non
     assert watch.take() == []
 
 
+def test_a_pod_that_holds_its_gpus_through_a_dra_claim_counts_as_a_gpu_pod_even_once_its_claim_is_gone() -> None:
+    fake = FakeKube()
+    fake.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": "trainer-gpus-x1", "namespace": "default"},
+                 "status": {"allocation": {"devices": {"results": [
+                     {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "gpu-0", "device": "gpu-3"}]}}}})
+    watch = PodWatch(fake, Settings())
+    watch.watch_nodes(["gpu-0"])
+    trainer = pod("trainer", "gpu-0", uid="7")
+    trainer["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "gpus-1"}]
+    trainer["status"] = {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "trainer-gpus-x1"}]}
+    watch._see("ADDED", trainer, 20)
+    fake.delete("resource.k8s.io/v1", "ResourceClaim", "trainer-gpus-x1", namespace="default")
+    watch._see("DELETED", trainer, 21)
+    assert [(d.name, d.gpus, d.allowed) for d in watch.take()] == [("trainer", 1, True)]
+
+
 def sweep_of(*outcomes: str) -> Sweep:
     waves = [Wave(nodes=[n], outcome=o, started_wall_ns=10**18 if o != "pending" else 0,
                   ended_wall_ns=10**18 + 5 * 10**9 if o in ("passed", "failed") else 0,
