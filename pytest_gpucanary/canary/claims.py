@@ -1,5 +1,5 @@
-"""GPUs through DRA: the canary's GPU job claims its GPU the way a DRA pool's own pods do, and a pod's GPUs count
-its claims.
+"""GPUs through DRA: the canary's GPU job and fleet probes claim their GPU the way a DRA pool's own pods do, and a
+pod's GPUs count its claims.
 
 On a pool whose nodes offer their GPUs as `gpu.nvidia.com` ResourceSlices (NVIDIA's DRA driver, deployed by GPU
 Operator v26.7's GPUCluster), the GPU job asks for them with a ResourceClaimTemplate of the driver's DeviceClass

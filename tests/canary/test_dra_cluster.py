@@ -90,7 +90,7 @@ def assert_claimed_through_dra(receipt: dict, reports: Path) -> None:
     assert receipt["run"]["unproven"] == []
     [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
     placed = [r["object"] for r in map(json.loads, (run_dir / "timeline.jsonl").read_text().splitlines())
-              if r["kind"] == "Pod" and r["object"]["spec"].get("nodeName")]
+              if r["kind"] == "Pod" and (r["object"].get("spec") or {}).get("nodeName")]
 
     def labelled(key: str, value: str) -> list[dict]:
         return [p for p in placed if (p["metadata"].get("labels") or {}).get(key) == value]
