@@ -391,14 +391,14 @@ def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back()
     before = fake.get("v1", "Node", "gpu-1")
 
     def operator() -> None:
-        fake.wait_for(*NVIDIADRIVER, "gpucanary-r1", lambda d: True, timeout_s=10)
+        fake.wait_for(*NVIDIADRIVER, "gpucanary-r1", lambda d: True, timeout_s=60)
         owner_swap(fake, "gpu-1", "gpucanary-r1")
-        fake.wait_gone(*NVIDIADRIVER, "gpucanary-r1", timeout_s=10)
+        fake.wait_gone(*NVIDIADRIVER, "gpucanary-r1", timeout_s=60)
         owner_swap(fake, "gpu-1", "all")
 
     thread = threading.Thread(target=operator)
     thread.start()
-    provider = ExistingNodeProvider(node="gpu-1", restore_timeout_s=10)
+    provider = ExistingNodeProvider(node="gpu-1", restore_timeout_s=60)
     pool = provider.provision(fake, CLUSTER, run_id="r1")
     own = fake.get(*NVIDIADRIVER, "gpucanary-r1")
     assert pool.driver == "gpucanary-r1" and pool.driver_from == DRIVER_FROM
@@ -409,7 +409,7 @@ def test_a_node_of_the_default_nvidiadriver_is_handed_to_the_runs_own_and_back()
                                     f"at driver {DRIVER_FROM} in ")
     said: list[str] = []
     provider.release(fake, report=said.append)
-    thread.join(timeout=10)
+    thread.join(timeout=60)
     assert said == ["deleted NVIDIADriver gpucanary-r1: the default NVIDIADriver all takes the pool back"]
     after = fake.get("v1", "Node", "gpu-1")
     assert after["metadata"]["labels"] == before["metadata"]["labels"]
@@ -514,17 +514,17 @@ def test_cleanup_of_a_killed_run_hands_its_pool_back_to_the_default_nvidiadriver
     fake.patch(*NVIDIADRIVER, "all", {"metadata": {"labels": {"gpucanary.io/handover-eligible": "true"}}})
     fake.patch("v1", "Node", "gpu-1", {"metadata": {"labels": {POOL_ELIGIBLE_LABEL: "true"}}})
     before = fake.get("v1", "Node", "gpu-1")
-    handed = threading.Thread(target=lambda: (fake.wait_for(*NVIDIADRIVER, "gpucanary-r1", lambda d: True, timeout_s=10),
+    handed = threading.Thread(target=lambda: (fake.wait_for(*NVIDIADRIVER, "gpucanary-r1", lambda d: True, timeout_s=60),
                                               owner_swap(fake, "gpu-1", "gpucanary-r1")))
     handed.start()
-    ExistingNodeProvider(node="gpu-1", restore_timeout_s=10).provision(fake, CLUSTER, run_id="r1")   # then killed
-    handed.join(timeout=10)
-    back = threading.Thread(target=lambda: (fake.wait_gone(*NVIDIADRIVER, "gpucanary-r1", timeout_s=10),
+    ExistingNodeProvider(node="gpu-1", restore_timeout_s=60).provision(fake, CLUSTER, run_id="r1")   # then killed
+    handed.join(timeout=60)
+    back = threading.Thread(target=lambda: (fake.wait_gone(*NVIDIADRIVER, "gpucanary-r1", timeout_s=60),
                                             owner_swap(fake, "gpu-1", "all")))
     back.start()
     said: list[str] = []
-    result = cleanup(fake, run_id="r1", force=True, wait_s=10, report=said.append)
-    back.join(timeout=10)
+    result = cleanup(fake, run_id="r1", force=True, wait_s=30, report=said.append)
+    back.join(timeout=60)
     assert result.problems == [] and "gave node gpu-1 back" in said, said
     after = fake.get("v1", "Node", "gpu-1")
     assert after["metadata"]["labels"] == before["metadata"]["labels"]
