@@ -94,6 +94,7 @@ class ClaimedGpus:
         self._lock = threading.Lock()
 
     def __call__(self, pod: dict) -> int:
+        """0 at once for a pod that holds no claim: no request is made."""
         namespace = (pod.get("metadata") or {}).get("namespace", "")
         return sum(self._gpus(namespace, name) for name in claim_names(pod))
 

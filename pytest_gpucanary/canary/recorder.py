@@ -203,9 +203,7 @@ def _records(spec: StreamSpec, event: WatchEvent, claimed_gpus: ClaimedGpus) -> 
             meta.get("name"),
             event.received_mono_ns,
             event.received_wall_ns,
-            trim(
-                spec.kind, obj, claimed_gpus=claimed_gpus(obj) if (obj.get("spec") or {}).get("resourceClaims") else 0
-            ),
+            trim(spec.kind, obj, claimed_gpus=claimed_gpus(obj) if spec.kind == "Pod" else 0),
         )
 
     if event.type == "RELISTED":

@@ -144,7 +144,7 @@ class PodWatch:
         else:
             self._known[meta["uid"]] = obj
             if (obj.get("spec") or {}).get("nodeName") in self._nodes:
-                self._claimed_gpus(obj)  # read now: a claim goes away with its pod
+                self._claimed(obj)  # read now: a claim goes away with its pod
 
     def _gone(self, pod: dict, how: str, wall_ns: int) -> None:
         """Every pod is known (a wave's nodes change), and counted only when it leaves a watched node: once, where
@@ -158,14 +158,11 @@ class PodWatch:
             not first or spec.get("nodeName") not in self._nodes or meta.get("namespace") == self._probe_namespace
         ):  # the sweep's own probes are no customer's
             return
-        gpus = gpus_requested(spec.get("containers") or []) + self._claimed_gpus(pod)
+        gpus = gpus_requested(spec.get("containers") or []) + self._claimed(pod)
         allowed = allows_eviction(self.settings, gpus=gpus, labels=meta.get("labels") or {})
         self._found.append(
             Disruption(spec.get("nodeName", ""), meta.get("namespace", ""), meta["name"], gpus, allowed, wall_ns, how)
         )
-
-    def _claimed_gpus(self, pod: dict) -> int:
-        return self._claimed(pod) if (pod.get("spec") or {}).get("resourceClaims") else 0
 
 
 def operand_pods(kube: Kube, selector: str, namespace: str | None) -> list[dict]:
