@@ -12,16 +12,27 @@ from pytest_gpucanary.kube.errors import NotFound
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    cluster_policy: str  # name of the ClusterPolicy
-    nvidiadriver_mode: bool  # spec.driver.useNvidiaDriverCRD
+    cluster_policy: str | None  # name of the ClusterPolicy; None in GPUCluster mode, which has none
+    nvidiadriver_mode: bool  # spec.driver.useNvidiaDriverCRD, or a GPUCluster (drivers from NVIDIADriver CRs only)
     per_driver_policy: bool  # NVIDIADriver has spec.upgradePolicy (operator v26.7+)
     operator_namespace: str
     gpu_nodes: tuple[str, ...]  # nodes labelled nvidia.com/gpu.present=true
-    operator_release: str | None = None  # from the ClusterPolicy's Helm labels; None when it carries none
+    operator_release: str | None = None  # from the ClusterPolicy's (GPUCluster's) Helm labels; None when none
+    gpu_cluster: str | None = None  # name of the GPUCluster (v26.7): NVIDIA's DRA driver instead of a ClusterPolicy
 
     @property
     def mode(self) -> str:
+        if self.gpu_cluster:
+            return "GPUCluster"
         return "NVIDIADriver" if self.nvidiadriver_mode else "ClusterPolicy"
+
+    @property
+    def policy_name(self) -> str:
+        """The ClusterPolicy's name, for what reads or writes it: ClusterPolicy mode, or a cluster-wide policy before
+        v26.7, neither of which a GPUCluster has."""
+        if self.cluster_policy is None:
+            raise EnvError(f"the GPU Operator runs by GPUCluster {self.gpu_cluster}, which has no ClusterPolicy")
+        return self.cluster_policy
 
     @property
     def writes_cluster_policy(self) -> bool:
@@ -30,25 +41,41 @@ class ClusterInfo:
         return not self.nvidiadriver_mode or not self.per_driver_policy
 
 
-def _cluster_policy(kube: Kube) -> dict:
+def _configuration(kube: Kube) -> tuple[dict, bool]:
+    """The one object that configures the operator: its ClusterPolicy, or in GPUCluster mode (v26.7, Helm
+    `gpuCluster.deployCR=true`) its GPUCluster, and whether it is one. The operator refuses both at once
+    (controllers/gpucluster_controller.go validatePrerequisites), and so does the canary."""
     try:
         policies = kube.list(*op.CLUSTER_POLICY)
     except NotFound as err:
         raise EnvError("the cluster has no ClusterPolicy API", hint="install the NVIDIA GPU Operator first") from err
-    if len(policies) != 1:
+    try:
+        clusters = kube.list(*op.GPU_CLUSTER)
+    except NotFound:  # before v26.7
+        clusters = []
+    if policies and clusters:
         raise EnvError(
-            f"expected one ClusterPolicy, found {len(policies)}", hint="the GPU Operator manages exactly one"
+            "the cluster has both a ClusterPolicy and a GPUCluster, which the GPU Operator refuses",
+            hint="delete the one the operator should not run by",
         )
-    return policies[0]
+    found = policies or clusters
+    if len(found) != 1:
+        raise EnvError(
+            f"expected one ClusterPolicy, found {len(policies)}"
+            + (f" and {len(clusters)} GPUClusters" if clusters else ""),
+            hint="the GPU Operator manages exactly one (or, from v26.7, one GPUCluster)",
+        )
+    return found[0], not policies
 
 
 def operator_release(kube: Kube) -> str | None:
-    """The GPU Operator release, as the ClusterPolicy's Helm labels name it (None when they name none)."""
-    return op.release_of(_cluster_policy(kube)["metadata"].get("labels") or {})
+    """The GPU Operator release, as its ClusterPolicy's (GPUCluster's) Helm labels name it (None if they do not)."""
+    return op.release_of(_configuration(kube)[0]["metadata"].get("labels") or {})
 
 
 def discover(kube: Kube) -> ClusterInfo:
-    policy = _cluster_policy(kube)
+    policy, is_gpu_cluster = _configuration(kube)
+    gpu_cluster = policy["metadata"]["name"] if is_gpu_cluster else None
     # one operand pod names the operator's namespace: a request of constant size on any cluster
     operand = kube.list("v1", "Pod", label_selector=op.DRIVER_COMPONENT_SELECTOR, limit=1) or kube.list(
         "v1", "Pod", label_selector=op.VALIDATOR_SELECTOR, limit=1
@@ -58,11 +85,12 @@ def discover(kube: Kube) -> ClusterInfo:
             "cannot tell the GPU Operator's namespace (no driver or validator pod)",
             hint="is the GPU Operator running and ready?",
         )
-    nvidiadriver_mode = bool(policy.get("spec", {}).get("driver", {}).get("useNvidiaDriverCRD"))
+    nvidiadriver_mode = bool(gpu_cluster or policy.get("spec", {}).get("driver", {}).get("useNvidiaDriverCRD"))
     # only ClusterPolicy mode holds the other GPU nodes back, so only it needs them all
     nodes = [] if nvidiadriver_mode else kube.each("v1", "Node", label_selector=op.GPU_PRESENT_SELECTOR)
     return ClusterInfo(
-        cluster_policy=policy["metadata"]["name"],
+        cluster_policy=None if gpu_cluster else policy["metadata"]["name"],
+        gpu_cluster=gpu_cluster,
         nvidiadriver_mode=nvidiadriver_mode,
         per_driver_policy=_nvidiadriver_has_upgrade_policy(kube),
         operator_namespace=operand[0]["metadata"]["namespace"],

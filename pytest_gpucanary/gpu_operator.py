@@ -14,6 +14,7 @@ from typing import Any
 # API kinds (api/nvidia/v1/clusterpolicy_types.go, api/nvidia/v1alpha1/nvidiadriver_types.go)
 CLUSTER_POLICY = ("nvidia.com/v1", "ClusterPolicy")
 NVIDIADRIVER = ("nvidia.com/v1alpha1", "NVIDIADriver")
+GPU_CLUSTER = ("nvidia.com/v1alpha1", "GPUCluster")  # v26.7: NVIDIA's DRA driver, instead of a ClusterPolicy
 NVIDIADRIVER_CRD = "nvidiadrivers.nvidia.com"
 
 # Node labels. k8s-operator-libs pkg/upgrade/consts.go: UpgradeStateLabelKeyFmt, UpgradeSkipNodeLabelKeyFmt
@@ -65,6 +66,8 @@ DEVICE_PLUGIN_APP = "nvidia-device-plugin-daemonset"
 # (manifests/state-dra-driver/0500_daemonset.yaml); its DRA validator's pods carry VALIDATOR_APP
 # (manifests/state-dra-validation/0500_daemonset.yaml), which the upgrade's validation gate selects on.
 DRA_KUBELET_PLUGIN_APP = "nvidia-dra-driver-kubelet-plugin"
+# k8s-driver-manager drains the kubelet plugin through it after the other operands (v0.12.0 evictKubeletPlugin)
+DRA_DRIVER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.dra-driver"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU Feature Discovery
 DRIVER_VERSION_LABEL = "nvidia.com/cuda.driver-version.full"  # GPU Feature Discovery: the loaded driver
 

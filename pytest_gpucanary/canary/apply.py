@@ -158,9 +158,9 @@ def apply_nvidiadriver(
 def apply_cluster_policy(
     kube: Kube, cluster: ClusterInfo, driver_patch: dict, applied: AppliedUpgrade, run_id: str
 ) -> None:
-    driver_spec = kube.get(*CLUSTER_POLICY, cluster.cluster_policy)["spec"]["driver"]
+    driver_spec = kube.get(*CLUSTER_POLICY, cluster.policy_name)["spec"]["driver"]
     prior = {"driver": {key: driver_spec.get(key) for key in driver_patch}}
-    _save_and_patch(kube, CLUSTER_POLICY, cluster.cluster_policy, {"driver": driver_patch}, prior, applied, run_id)
+    _save_and_patch(kube, CLUSTER_POLICY, cluster.policy_name, {"driver": driver_patch}, prior, applied, run_id)
 
 
 def driver_nodes(kube: Kube) -> dict[str, dict]:

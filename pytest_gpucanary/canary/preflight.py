@@ -90,6 +90,7 @@ def _perms(
 
 PERMISSIONS: tuple[Permission, ...] = (
     *_perms("get list", "clusterpolicies", "nvidia.com", why="read the operator's mode"),
+    *_perms("list", "gpuclusters", "nvidia.com", why="read the operator's mode (GPUCluster, v26.7)"),
     *_perms(
         "patch",
         "clusterpolicies",

@@ -92,7 +92,7 @@ def refuse_other_runs(kube: Kube, cluster: ClusterInfo, *, allow_shared_policy: 
                     )
     if cluster.writes_cluster_policy:
         upgrade.refuse_foreign(
-            {"kind": "ClusterPolicy", **kube.get(*op.CLUSTER_POLICY, cluster.cluster_policy)},
+            {"kind": "ClusterPolicy", **kube.get(*op.CLUSTER_POLICY, cluster.policy_name)},
             upgrade.SAVED_SPEC_ANNOTATION,
             run_id="",
         )

@@ -9,6 +9,7 @@ from pathlib import Path
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
 
 OPERATOR_NAMESPACE = "gpu-operator"
+VALIDATOR_IMAGE = "nvcr.io/nvidia/gpu-operator"  # the chart's validator.repository/validator.image
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,11 @@ def gpu_operator(layout: FleetLayout, bin_dir: Path) -> Component:
         ),
         f"http://{HOST}:{health}/readyz",
         health,
-        env=(("OPERATOR_NAMESPACE", OPERATOR_NAMESPACE),),
+        # as the chart sets it (templates/operator.yaml): the image of the GPUCluster's DRA validator
+        env=(
+            ("OPERATOR_NAMESPACE", OPERATOR_NAMESPACE),
+            ("VALIDATOR_IMAGE", f"{VALIDATOR_IMAGE}:{layout.operator_release}"),
+        ),
     )
 
 

@@ -1,43 +1,18 @@
-"""The fleet's stand-in for NVIDIA's DRA kubelet plugin on KWOK GPU nodes (`GPUCANARY_FLEET_DRA`): a node's GPUs
-as one ResourceSlice of driver `gpu.nvidia.com`, shaped as the plugin publishes them (one pool named after the
-node, each device's `driverVersion` in semver), withdrawn while no driver is loaded, as the kubelet deletes a
-plugin's slices when it unregisters, and published again on the new driver at the next pool generation. The node
-agent says when (`NodeAgent.step`)."""
+"""What NVIDIA's DRA kubelet plugin publishes on a KWOK GPU node (GPUCluster mode, `GPUCANARY_FLEET_DRA`), where the
+operator's plugin pod is KWOK's and runs nothing: the node's GPUs as one ResourceSlice of driver `gpu.nvidia.com`,
+shaped as the plugin publishes them (one pool named after the node, each device's `driverVersion` in semver), while
+the plugin pod is Ready on a loaded driver; withdrawn when it goes, as the kubelet deletes a plugin's slices when it
+unregisters, and published again on the new driver at the next pool generation. The node agent says when
+(`NodeAgent.step`). The DeviceClass that claims name is the operator's (manifests/state-dra-driver)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary.canary.claims import DEVICE_CLASS
 from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.kube.errors import Conflict
 from pytest_gpucanary.ladder.slices import GPU_DRIVER, semver
-
-
-def install_device_class(kube: Kube) -> None:
-    """The DeviceClass of whole GPUs that NVIDIA's DRA driver's chart installs, which claims name."""
-    try:
-        kube.create(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": DEVICE_CLASS},
-                "spec": {
-                    "selectors": [
-                        {
-                            "cel": {
-                                "expression": f"device.driver == '{GPU_DRIVER}' && "
-                                f"device.attributes['{GPU_DRIVER}'].type == 'gpu'"
-                            }
-                        }
-                    ]
-                },
-            }
-        )
-    except Conflict:
-        pass  # installed by an earlier start of the agent
 
 
 @dataclass

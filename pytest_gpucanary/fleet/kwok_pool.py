@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import yaml
 
+from pytest_gpucanary.canary import dra
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.canary.preflight import Permission
 from pytest_gpucanary.cluster import ClusterInfo
 from pytest_gpucanary.errors import EnvError
-from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, node
+from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES, gpu_node
 from pytest_gpucanary.fleet.operator import gpus_allocatable
 from pytest_gpucanary.gpu_operator import DRIVER_COMPONENT_SELECTOR, GPU_RESOURCE, NVIDIADRIVER, driver_version_of
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.kube.ownership import owned_labels
+from pytest_gpucanary.ladder.slices import GPU_DRIVER
 
 FLEET_DRIVER = "fleet"  # the NVIDIADriver of the fleet's own nodes (fixtures/fleet/nvidiadriver.yaml)
 NETWORKING_KEYS = ("rdma", "gds", "gdrcopy")
@@ -42,6 +45,7 @@ class KwokPool:
     size: int = 1
     nodes: list[str] = field(default_factory=list)
     has_driver: bool = False
+    dra: bool = False  # GPUCluster mode: the nodes offer their GPUs as ResourceSlices, not nvidia.com/gpu
 
     def create(self, *, driver_version: str | None) -> list[str]:
         """Create the pool's NVIDIADriver at `driver_version` (unless it is None), then the nodes: a node that came
@@ -50,7 +54,7 @@ class KwokPool:
             self.kube.create(self._driver(driver_version))
             self.has_driver = True
         for index in range(self.size):
-            manifest = node("gpu-node.yaml", f"{self.name}-{index}")
+            manifest = gpu_node(f"{self.name}-{index}", dra=self.dra)
             manifest["metadata"]["labels"].update(
                 {**owned_labels(self.run_id), DRIVER_POOL_LABEL: self.name, KWOK_POOL_LABEL: self.name}
             )
@@ -71,7 +75,18 @@ class KwokPool:
         return driver
 
     def wait_for_gpus(self, timeout_s: float = GPUS_TIMEOUT_S) -> None:
-        """Until every node shows its GPUs: the driver pod Ready, then the device plugin (fleet/node_agent.py)."""
+        """Until every node shows its GPUs: the driver pod Ready, then the device plugin or, in GPUCluster mode, the DRA
+        kubelet plugin (fleet/node_agent.py)."""
+        if self.dra:
+            deadline = time.monotonic() + timeout_s
+            while not dra.offer_gpus(self.kube, tuple(self.nodes)):
+                if time.monotonic() > deadline:
+                    raise EnvError(
+                        f"pool {self.name} offers no {GPU_DRIVER} ResourceSlices on every node after {timeout_s:.0f} s",
+                        hint="are the GPU Operator and the fleet's node agent running? see `gpucanary fleet status`",
+                    )
+                time.sleep(1.0)
+            return
         for name in self.nodes:
             try:
                 self.kube.wait_for("v1", "Node", name, gpus_allocatable, timeout_s=timeout_s)
@@ -125,7 +140,9 @@ class KwokPoolProvider:
 
     def provision(self, kube: Kube, cluster: ClusterInfo, *, run_id: str) -> Pool:
         driver_from = self.driver_from or fleet_driver_version(kube)  # read once per run, at check
-        self.pool = KwokPool(kube, name=f"canary-{run_id}", run_id=run_id, size=self.size)
+        self.pool = KwokPool(
+            kube, name=f"canary-{run_id}", run_id=run_id, size=self.size, dra=cluster.gpu_cluster is not None
+        )
         self.pool.create(driver_version=driver_from if cluster.nvidiadriver_mode else None)
         self.pool.wait_for_gpus()
         return Pool(tuple(self.pool.nodes), self.pool.name if self.pool.has_driver else None, driver_from)

@@ -28,6 +28,7 @@ DEFAULT_OPERATOR_RELEASE = OPERATOR_RELEASES[0]
 KUBELET_POOL_RELEASES = ("v26.7.0", "v26.3.3")
 # A default NVIDIADriver (spec.default: the driver of every GPU node no other NVIDIADriver picks) came in v26.7.
 DEFAULT_NVIDIADRIVER_RELEASES = ("v26.7.0",)
+GPU_CLUSTER_RELEASES = ("v26.7.0",)  # GPUCluster is new in v26.7
 
 # Offsets from the port base; the fixed layout makes a port clash easy to name in an error.
 PORT_OFFSETS = {
@@ -109,8 +110,9 @@ class FleetSettings:
     )
     fleet_dra: bool = knob(
         False,
-        "The KWOK GPU nodes also offer their GPUs through DRA: gpu.nvidia.com ResourceSlices, published and "
-        "withdrawn with the driver as NVIDIA's DRA kubelet plugin does (the node agent's)",
+        "GPUCluster mode (v26.7): the operator deploys NVIDIA's DRA driver and DRA validator, no device plugin, and "
+        "the KWOK GPU nodes offer their GPUs as gpu.nvidia.com ResourceSlices while the plugin pod is Ready on a "
+        "loaded driver (the node agent's); KWOK GPU nodes only",
         env_only=True,
     )
 
@@ -162,7 +164,9 @@ class FleetLayout:
     # NVIDIADriver mode: the fleet's own NVIDIADriver is the default one (no nodeSelector), as clusters run
     # after moving from ClusterPolicy to NVIDIADriver; canary pools keep NVIDIADrivers of their own
     default_driver: bool = False
-    dra: bool = False  # the KWOK GPU nodes' GPUs also as gpu.nvidia.com ResourceSlices (the node agent's)
+    # GPUCluster mode: NVIDIA's DRA driver instead of the device plugin; the KWOK GPU nodes' GPUs as gpu.nvidia.com
+    # ResourceSlices (the node agent's)
+    dra: bool = False
 
     @classmethod
     def from_env(cls) -> FleetLayout:
@@ -201,6 +205,8 @@ class FleetLayout:
                 hint="use " + " or ".join(DEFAULT_NVIDIADRIVER_RELEASES) + ", or "
                 "GPUCANARY_FLEET_DEFAULT_NVIDIADRIVER=0",
             )
+        if layout.dra:
+            _check_gpu_cluster(layout)
         if layout.kubelet_pool and layout.operator_release not in KUBELET_POOL_RELEASES:
             raise ConfigError(
                 f"a kubelet pool needs the driver's hostNetwork setting, which GPU Operator "
@@ -270,3 +276,25 @@ class FleetLayout:
     @property
     def prometheus_url(self) -> str:
         return f"http://{HOST}:{self.port('prometheus')}"
+
+
+def _check_gpu_cluster(layout: FleetLayout) -> None:
+    """GPUCluster mode needs a release that has it, NVIDIADriver mode (the operator reconciles no NVIDIADriver beside a
+    ClusterPolicy that keeps the driver) and no kubelet nodes: NVIDIA's DRA kubelet plugin needs CDI from the node's
+    container runtime, which the kubelet node's containerd 1.6 does not have."""
+    if layout.operator_release not in GPU_CLUSTER_RELEASES:
+        raise ConfigError(
+            f"GPU Operator {layout.operator_release} has no GPUCluster (GPUCANARY_FLEET_DRA=1)",
+            hint="use " + " or ".join(GPU_CLUSTER_RELEASES),
+        )
+    if layout.driver_mode != "nvidiadriver":
+        raise ConfigError(
+            "GPUCluster mode (GPUCANARY_FLEET_DRA=1) takes its drivers from NVIDIADriver CRs",
+            hint="use GPUCANARY_FLEET_DRIVER_MODE=nvidiadriver",
+        )
+    if layout.kubelet_nodes:
+        raise ConfigError(
+            "GPUCluster mode (GPUCANARY_FLEET_DRA=1) runs on KWOK GPU nodes only: NVIDIA's DRA kubelet plugin needs "
+            "CDI from the node's container runtime, which the kubelet node's containerd 1.6 does not have",
+            hint="set GPUCANARY_FLEET_KUBELET_NODES=0",
+        )

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
+from pytest_gpucanary.gpu_operator import GPU_RESOURCE
 from pytest_gpucanary.shipped import FIXTURES
 
 FLEET_FIXTURES = FIXTURES / "fleet"
@@ -114,8 +115,18 @@ def node(template: str, name: str) -> dict:
     return manifest
 
 
+def gpu_node(name: str, *, dra: bool) -> dict:
+    """A KWOK GPU node; in GPUCluster mode (`dra`) without nvidia.com/gpu, which no device plugin there registers:
+    its GPUs are the DRA kubelet plugin's ResourceSlices."""
+    manifest = node("gpu-node.yaml", name)
+    if dra:
+        for resources in (manifest["status"]["allocatable"], manifest["status"]["capacity"]):
+            del resources[GPU_RESOURCE]
+    return manifest
+
+
 def fleet_nodes(layout: FleetLayout) -> list[dict]:
-    gpu = [node("gpu-node.yaml", gpu_node_name(i)) for i in range(layout.gpu_nodes)]
+    gpu = [gpu_node(gpu_node_name(i), dra=layout.dra) for i in range(layout.gpu_nodes)]
     return gpu + [node("cpu-node.yaml", CPU_NODE_NAME)]
 
 

@@ -10,11 +10,14 @@ GPU Feature Discovery's driver labels, and the device plugin's GPU count.
   `gpucanary.io/simulated-ready` annotation).
 - **Loaded driver.** A Ready driver pod stands for a loaded driver: the agent writes its image's
   version into GFD's driver labels (the DCGM metrics read it there) and only then lets the node's
-  validator and device plugin pods become Ready, as their init containers wait for the driver. A
+  validator, device plugin and DRA kubelet plugin pods become Ready, as their init containers wait for the driver. A
   node annotated `gpucanary.io/simulated-validator: never-ready` keeps its validator pods unready.
 - **Device plugin.** `nvidia.com/gpu` allocatable is the node's GPU count while a device plugin pod
   is Ready on it and 0 otherwise, as the kubelet shows it when the plugin unregisters and registers.
-- **DRA kubelet plugin** (`GPUCANARY_FLEET_DRA`): the node's GPUs as ResourceSlices too, `dra_slices`.
+- **DRA kubelet plugin** (GPUCluster mode, `GPUCANARY_FLEET_DRA`): the node's GPUs as ResourceSlices while the
+  operator's DRA kubelet plugin pod is Ready on a loaded driver (`dra_slices`), instead of `nvidia.com/gpu`. The
+  driver manager drains the plugin last, after the other operands, as k8s-driver-manager v0.12.0 does
+  (`evictKubeletPlugin`: it serves the claims of the pods evicted before it).
 - **RDMA devices.** A node whose driver pod runs `nvidia-peermem-ctr` (GPUDirect RDMA) shows the RDMA
   shared device plugin's `rdma/rdma_shared_device_a` in its allocatable.
 - **peermem lost.** On a node annotated `gpucanary.io/simulated-peermem: lost`, once the node is back in
@@ -60,6 +63,7 @@ VALIDATOR_ANNOTATION = "gpucanary.io/simulated-validator"  # "never-ready": vali
 RDMA_RESOURCE, RDMA_DEVICES = "rdma/rdma_shared_device_a", "63"
 PEERMEM_ANNOTATION = "gpucanary.io/simulated-peermem"  # "lost": peermem gone once the node is back
 PEERMEM = "nvidia-peermem-ctr"
+ALL_DEPLOY_LABELS = (*op.OPERAND_DEPLOY_LABELS, op.DRA_DRIVER_DEPLOY_LABEL)  # what the driver manager restores
 
 
 def driver_labels(version: str) -> dict[str, str]:
@@ -159,10 +163,13 @@ class NodeAgent:
         if swap is not None and swap not in self.pods:
             del self.swapping[node]  # its pod went away mid-swap: the labels stay paused until the next one
         elif swap is not None and not any(_labels(p).get("app") in op.OPERAND_APPS for p in on_node):
-            self._set_deploy_labels(node, restored)
-            self._allow(self.pods[swap])
-            self.swapped.add(swap)
-            del self.swapping[node]
+            if any(op.is_dra_kubelet_plugin_pod(_labels(p)) for p in on_node):
+                self._set_deploy_labels(node, paused, keys=(op.DRA_DRIVER_DEPLOY_LABEL,))
+            else:
+                self._set_deploy_labels(node, restored, keys=ALL_DEPLOY_LABELS)
+                self._allow(self.pods[swap])
+                self.swapped.add(swap)
+                del self.swapping[node]
         loaded = next((p for p in drivers if _ready(p)), None)
         if loaded is not None and node not in self.swapping:
             self._driver_loaded(node, loaded, on_node)
@@ -175,12 +182,15 @@ class NodeAgent:
                 status=True,
             )
             self.rdma_shown.add(node)
-        plugins = [p for p in on_node if op.is_device_plugin_pod(_labels(p))]
-        if plugins or drivers or node in self.gpus_shown:  # a GPU node, not one that only hosts a pod
+        is_plugin = op.is_dra_kubelet_plugin_pod if self.slices else op.is_device_plugin_pod
+        plugins = [p for p in on_node if is_plugin(_labels(p))]
+        shown = node in (self.slices.shown if self.slices else self.gpus_shown)
+        if plugins or drivers or shown:  # a GPU node, not one that only hosts a pod
             registered = any(_ready(p) and not _gone(p) for p in plugins)
-            self._show_gpus(node, registered)
             if self.slices:
                 self.slices.show(node, op.driver_version_of(loaded) if registered and loaded else None)
+            else:
+                self._show_gpus(node, registered)
 
     def _driver_manager_starts(self, node: str, pod: dict) -> None:
         self.started.add(pod["metadata"]["uid"])
@@ -189,17 +199,19 @@ class NodeAgent:
             self._set_deploy_labels(node, paused, labels)
             self.swapping[node] = pod["metadata"]["uid"]
         else:  # nothing holds a driver: reschedule, go on
-            self._set_deploy_labels(node, restored, labels)
+            self._set_deploy_labels(node, restored, labels, keys=ALL_DEPLOY_LABELS)
             self._allow(pod)
 
-    def _set_deploy_labels(self, node: str, change, labels: dict[str, str] | None = None) -> None:
+    def _set_deploy_labels(
+        self,
+        node: str,
+        change,
+        labels: dict[str, str] | None = None,
+        keys: tuple[str, ...] = op.OPERAND_DEPLOY_LABELS,
+    ) -> None:
         if labels is None:
             labels = self.kube.get("v1", "Node", node)["metadata"].get("labels") or {}
-        changed = {
-            key: change(labels[key])
-            for key in op.OPERAND_DEPLOY_LABELS
-            if key in labels and change(labels[key]) != labels[key]
-        }
+        changed = {key: change(labels[key]) for key in keys if key in labels and change(labels[key]) != labels[key]}
         if changed:
             self.kube.patch("v1", "Node", node, {"metadata": {"labels": changed}})
 
@@ -217,7 +229,11 @@ class NodeAgent:
             for p in on_node
             if not _allowed(p)
             and not _gone(p)
-            and (op.is_validator_pod(_labels(p)) or op.is_device_plugin_pod(_labels(p)))
+            and (
+                op.is_validator_pod(_labels(p))
+                or op.is_device_plugin_pod(_labels(p))
+                or op.is_dra_kubelet_plugin_pod(_labels(p))
+            )
         ]
         if not waiting:
             return

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.collective_stand_in import COLLECTIVE_SELECTOR, CollectiveStandIn
-from pytest_gpucanary.fleet.dra_slices import SlicePublisher, install_device_class
+from pytest_gpucanary.fleet.dra_slices import SlicePublisher
 from pytest_gpucanary.fleet.manifests import DCGM_SERIES, KUBELET_DCGM_PATH
 from pytest_gpucanary.fleet.node_agent import NodeAgent
 from pytest_gpucanary.kube import Kube
@@ -107,8 +107,6 @@ def _serve(port: int, pool_nodes: Callable[[], list[dict]]) -> None:
 
 
 def _agent(kube: Kube, *, dra: bool) -> NodeAgent:
-    if dra:
-        install_device_class(kube)
     return NodeAgent(kube, slices=SlicePublisher(kube) if dra else None)
 
 
@@ -117,7 +115,9 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--health-port", type=int, required=True)
-    parser.add_argument("--dra", action="store_true", help="publish the KWOK GPU nodes' GPUs as ResourceSlices too")
+    parser.add_argument(
+        "--dra", action="store_true", help="GPUCluster mode: the KWOK GPU nodes offer their GPUs as ResourceSlices"
+    )
     args = parser.parse_args()
     agents: list[NodeAgent] = []
     _serve(args.health_port, lambda: agents[0].kubelet_pool_nodes() if agents else [])

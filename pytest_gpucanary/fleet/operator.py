@@ -1,5 +1,6 @@
-"""Install the real GPU Operator into the fleet: its CRDs, namespace, ClusterPolicy and NVIDIADriver,
-then wait until the driver, device-plugin and validator pods are Ready on every GPU node.
+"""Install the real GPU Operator into the fleet: its CRDs, namespace, ClusterPolicy (or in GPUCluster mode its
+GPUCluster) and NVIDIADriver, then wait until the driver, device-plugin (or DRA kubelet plugin) and validator pods are
+Ready on every GPU node.
 
 Everything comes from the tree the running release was built from: every CRD in its Helm chart's
 crds/ folder (Helm installs them all; v26.x's controller exits if GPUCluster's is missing), and the
@@ -15,21 +16,26 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import waits
 from pytest_gpucanary.fleet.components import OPERATOR_NAMESPACE
 from pytest_gpucanary.fleet.images import NVML_STATE_PATH
 from pytest_gpucanary.fleet.manifests import FLEET_FIXTURES
-from pytest_gpucanary.gpu_operator import GPU_COUNT_LABEL, GPU_RESOURCE
+from pytest_gpucanary.gpu_operator import DRA_KUBELET_PLUGIN_APP, GPU_COUNT_LABEL, GPU_RESOURCE, VALIDATOR_APP
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.ladder.slices import GPU_DRIVER
 
 Kubectl = Callable[..., str]
 # v26.7.0 keeps the ClusterPolicy notReady, with only this reason, while any NVIDIADriver-owned node
 # upgrades (controllers/clusterpolicy_controller.go:208-213); its operands are ready all the same.
 UPGRADE_ONLY_NOT_READY = "ClusterPolicy is not ready; NVIDIADriver upgrade has not completed"
 # The DaemonSets a GPU node needs before the fleet counts as up, by their pods' app label.
-READY_APPS = ("nvidia-driver", "nvidia-device-plugin-daemonset", "nvidia-operator-validator")
+READY_APPS = ("nvidia-driver", "nvidia-device-plugin-daemonset", VALIDATOR_APP)
+# GPUCluster mode: the DRA kubelet plugin instead of the device plugin; the DRA validator's pods carry VALIDATOR_APP
+GPU_CLUSTER_READY_APPS = ("nvidia-driver", DRA_KUBELET_PLUGIN_APP, VALIDATOR_APP)
+GPU_CLUSTER = ("nvidia.com/v1alpha1", "GPUCluster", "gpu-cluster")
 READY_TIMEOUT_S = 240
 
 
@@ -133,9 +139,12 @@ def apply_policies(
     pool_nodes: tuple[str, ...] = (),
     apiserver_url: str = "",
     default_driver: bool = False,
+    gpu_cluster: bool = False,
 ) -> None:
-    """NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet" (with `default_driver`, the default
-    one, selecting no nodes by label: every GPU node no other picks), and one NVIDIADriver named
+    """With `gpu_cluster`, the GPUCluster (fixtures/fleet/gpucluster.yaml) where the ClusterPolicy would be: NVIDIA's
+    DRA driver and DRA validator instead of the toolkit, device plugin and validator (NVIDIADriver mode only, as
+    the operator requires). NVIDIADriver mode: the ClusterPolicy plus the NVIDIADriver "fleet" (with `default_driver`,
+    the default one, selecting no nodes by label: every GPU node no other picks), and one NVIDIADriver named
     after each of `pool_nodes` (kubelet nodes that are canary pools) that selects only it. ClusterPolicy
     mode: the same ClusterPolicy with useNvidiaDriverCRD off, so its own driver DaemonSet drives every
     GPU node (with `pool_nodes`, the kubelet pool nodes' driver settings for all of them). With `pool_nodes`
@@ -152,7 +161,12 @@ def apply_policies(
     if rdma:
         policy["spec"]["driver"]["rdma"] = driver["spec"]["rdma"] = RDMA
     apply = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpucanary-fleet", "-f")
-    kubectl(*apply, "-", stdin=json.dumps(policy))
+    if gpu_cluster:
+        cluster = yaml.safe_load((FLEET_FIXTURES / "gpucluster.yaml").read_text())
+        cluster["metadata"].setdefault("labels", {}).update(release_labels(release))
+        kubectl(*apply, "-", stdin=json.dumps(cluster))
+    else:
+        kubectl(*apply, "-", stdin=json.dumps(policy))
     if driver_mode == "nvidiadriver":
         fleet = (
             {
@@ -178,11 +192,14 @@ def ready_timeout_s(gpu_nodes: int) -> float:
     return READY_TIMEOUT_S + 1.0 * gpu_nodes  # 1,000 nodes took about 11 min on 2 cores
 
 
-def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]) -> None:
-    """Bounded wait (setup only) until the operator's pods are Ready on every GPU node, then its ClusterPolicy."""
+def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None], *, gpu_cluster: bool = False) -> None:
+    """Bounded wait (setup only) until the operator's pods are Ready on every GPU node, each node offers its GPUs (the
+    device plugin's allocatable, or in GPUCluster mode the DRA kubelet plugin's ResourceSlices), then its
+    ClusterPolicy or GPUCluster is ready."""
     timeout_s = ready_timeout_s(len(gpu_nodes))
     started = time.monotonic()
-    wanted: set = {(app, node) for app in READY_APPS for node in gpu_nodes}
+    apps = GPU_CLUSTER_READY_APPS if gpu_cluster else READY_APPS
+    wanted: set = {(app, node) for app in apps for node in gpu_nodes}
 
     def remaining_s() -> float:
         return max(10.0, timeout_s - (time.monotonic() - started))
@@ -199,6 +216,20 @@ def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]
             progress=progress,
             what="the GPU Operator's pods",
         )
+        if gpu_cluster:
+            waits.wait_all(
+                kube,
+                *RESOURCE_SLICE,
+                wanted=set(gpu_nodes),
+                timeout_s=remaining_s(),
+                satisfies=lambda s: [s["spec"].get("nodeName")] if s["spec"].get("driver") == GPU_DRIVER else [],
+                progress=progress,
+                what=f"{GPU_DRIVER} ResourceSlices (the DRA kubelet plugin's GPUs)",
+            )
+            kube.wait_for(
+                *GPU_CLUSTER, lambda cr: cr.get("status", {}).get("state") == "ready", timeout_s=remaining_s()
+            )
+            return
         waits.wait_all(
             kube,
             "v1",

@@ -155,9 +155,11 @@ def start_all(fleet: Fleet, binaries: Binaries, progress: Progress) -> None:
         pool_nodes=_kubelet_pool_nodes(fleet, binaries),
         apiserver_url=fleet.layout.apiserver_url,
         default_driver=fleet.layout.default_driver,
+        gpu_cluster=fleet.layout.dra,
     )
-    progress("fleet: waiting for the driver, device-plugin and validator pods on every GPU node")
-    operator.wait_ready(_kube(fleet), fleet.gpu_node_names(), progress)
+    plugin = "DRA kubelet plugin" if fleet.layout.dra else "device-plugin"
+    progress(f"fleet: waiting for the driver, {plugin} and validator pods on every GPU node")
+    operator.wait_ready(_kube(fleet), fleet.gpu_node_names(), progress, gpu_cluster=fleet.layout.dra)
     _wait_series(fleet, progress)
     if binaries.kubelet_node is not None:
         KubeletNodes.planned(fleet.layout, binaries.kubelet_node).wait_operator_gpus(

@@ -61,9 +61,9 @@ def target(
         )
         target, prior = (*NVIDIADRIVER, name), str(driver["spec"].get("version") or "")
     else:
-        policy = kube.get(*CLUSTER_POLICY, cluster.cluster_policy)
+        policy = kube.get(*CLUSTER_POLICY, cluster.policy_name)
         nodes = [{"metadata": n["metadata"]} for n in upgrade.driver_nodes(kube).values()]
-        target = (*CLUSTER_POLICY, cluster.cluster_policy)
+        target = (*CLUSTER_POLICY, cluster.policy_name)
         prior = str(((policy.get("spec") or {}).get("driver") or {}).get("version") or "")
     ours = []
     for node in nodes:

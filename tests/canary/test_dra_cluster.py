@@ -1,7 +1,9 @@
 """A cluster that offers GPUs through DRA: preflight finds NVIDIA's ResourceSlices on the real apiserver (resource.k8s.io/v1)
-and says what a run there does not prove, naming the nodes; without them it says nothing of DRA. On a fleet whose
-KWOK GPU nodes publish their GPUs as ResourceSlices (GPUCANARY_FLEET_DRA=1), a run's device rung reads the pool
-node's slices across the real operator's driver swap."""
+and says what a run there does not prove, naming the nodes; without them it says nothing of DRA. On a fleet in
+GPUCluster mode (GPUCANARY_FLEET_DRA=1: the real operator deploys NVIDIA's DRA kubelet plugin and DRA validator, no
+device plugin, and the KWOK GPU nodes publish their GPUs as ResourceSlices), the canary finds the mode by itself, its
+GPU job claims its GPU, and its device rung reads the pool node's slices and DRA operands across the real operator's
+driver swap."""
 
 from __future__ import annotations
 
@@ -59,20 +61,29 @@ def dra_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def test_a_dra_run_passes_with_the_pool_nodes_resource_slices_in_its_receipt(dra_fleet: dict[str, str],
                                                                             tmp_path: Path) -> None:
     """The real operator swaps the pool node's driver; the node's slices go away with its operands and come back
-    at a higher generation offering the target (580.95.05 as 580.95.5), which the device rung says with its
-    evidence. The fleet's own GPU node offers slices too: preflight names it as not proven by this run."""
+    at a higher generation offering the target (580.95.05 as 580.95.5), and its DRA kubelet plugin and DRA validator
+    come back Ready after the new driver, which the device rung says with its evidence. The fleet's own GPU node
+    offers slices too: preflight names it as not proven by this run."""
     kube = Kube.connect(Path(dra_fleet["KUBECONFIG_PATH"]))
     fleet_slices = kube.list("resource.k8s.io/v1", "ResourceSlice", field_selector="spec.driver=gpu.nvidia.com")
     assert {s["spec"]["nodeName"] for s in fleet_slices} == {"gpu-node-0"}, fleet_slices
+    # GPUCluster mode: no ClusterPolicy, no device plugin and no nvidia.com/gpu; the operator's DRA operands instead
+    assert kube.list("nvidia.com/v1", "ClusterPolicy") == [] and len(kube.list("nvidia.com/v1alpha1", "GPUCluster")) == 1
+    assert "nvidia.com/gpu" not in kube.get("v1", "Node", "gpu-node-0")["status"]["allocatable"]
+    operands = {p["metadata"]["labels"].get("app") for p in kube.list("v1", "Pod", namespace="gpu-operator")}
+    assert {"nvidia-dra-driver-kubelet-plugin", "nvidia-operator-validator"} <= operands, operands
+    assert "nvidia-device-plugin-daemonset" not in operands, operands
 
     result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
                        f"--gpucanary-driver-version={TARGET}", *FAST, env=dra_fleet, reports=tmp_path / "reports")
 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "operator in GPUCluster mode, namespace gpu-operator, release v26.7.0" in result.stdout + result.stderr
     receipt = receipt_of(tmp_path / "reports")
     device = next(v for v in receipt["verdicts"] if v["stage"] == "device")
     assert device["outcome"] == "pass" and "gpu.nvidia.com ResourceSlices republished at the target on 1" \
         in device["summary"], device["summary"]
+    assert f"driver {TARGET} Ready, then validator and DRA kubelet plugin Ready" in device["summary"], device["summary"]
     offers = [e["text"] for e in device["evidence"] if e["kind"] == "ResourceSlice"]
     # the pool node's generation before is whatever its driver pod's starts made it; the swap makes it higher
     before, back = (re.fullmatch(r"generation (\d+), 8 devices at driverVersion (\S+)", o) for o in (offers[0], offers[-1]))

@@ -242,3 +242,32 @@ def test_host_network_service_serves_on_loopback_at_the_given_port() -> None:
     assert spec["hostNetwork"] is True and container["args"] == ["netexec", "--http-port=26840"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "host": "127.0.0.1"}
     assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget"}
+
+
+def test_gpucluster_mode_needs_v26_7_nvidiadriver_mode_and_kwok_gpu_nodes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GPUCANARY_FLEET_KUBELET_POOL", "GPUCANARY_FLEET_DRIVER_MODE", "GPUCANARY_OPERATOR_RELEASE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUCANARY_FLEET_DRA", "1")
+    monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_NODES", "0")
+    assert FleetLayout.from_env().dra
+    for env, refusal in (
+        ({"GPUCANARY_FLEET_KUBELET_NODES": "1"}, "runs on KWOK GPU nodes only: NVIDIA's DRA kubelet plugin needs CDI"),
+        ({"GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy"}, "takes its drivers from NVIDIADriver CRs"),
+        ({"GPUCANARY_OPERATOR_RELEASE": "v26.3.3"}, r"GPU Operator v26.3.3 has no GPUCluster"),
+    ):
+        with monkeypatch.context() as scoped:
+            for name, value in env.items():
+                scoped.setenv(name, value)
+            with pytest.raises(ConfigError, match=refusal):
+                FleetLayout.from_env()
+
+
+def test_gpucluster_mode_applies_a_gpucluster_where_the_clusterpolicy_would_be() -> None:
+    applied: list[dict] = []
+    apply_policies(lambda *args, stdin: applied.append(json.loads(stdin)), driver_mode="nvidiadriver",
+                   release="v26.7.0", default_driver=True, gpu_cluster=True)
+    assert [(d["kind"], d["metadata"]["name"]) for d in applied] == [("GPUCluster", "gpu-cluster"),
+                                                                      ("NVIDIADriver", "fleet")]
+    cluster = applied[0]
+    assert cluster["metadata"]["labels"]["app.kubernetes.io/version"] == "v26.7.0"       # the release, as the chart
+    assert cluster["spec"]["draDriver"]["version"] == "v0.5.0" and not cluster["spec"]["draDriver"]["computeDomains"]["enabled"]

@@ -1,6 +1,7 @@
-"""The fleet's DRA stand-in on KWOK nodes: the node agent publishes a node's GPUs as a gpu.nvidia.com
-ResourceSlice while its device plugin is registered on a loaded driver, withdraws it for the swap and publishes it
-again on the new driver at a higher pool generation, as NVIDIA's DRA kubelet plugin and the kubelet do."""
+"""The fleet's DRA stand-in on KWOK nodes (GPUCluster mode): the node agent publishes a node's GPUs as a gpu.nvidia.com
+ResourceSlice while the operator's DRA kubelet plugin pod is Ready on a loaded driver, withdraws it for the swap and
+publishes it again on the new driver at a higher pool generation, as NVIDIA's DRA kubelet plugin and the kubelet do;
+its driver manager drains the plugin after the other operands, as k8s-driver-manager does."""
 
 from __future__ import annotations
 
@@ -62,20 +63,76 @@ def _running(name: str, labels: dict, image: str = "busybox") -> dict:
             "status": {"phase": "Running", "containerStatuses": [{"name": "main", "ready": True, "image": image}]}}
 
 
-def test_the_device_plugin_registered_on_a_loaded_driver_publishes_the_slice_only_with_dra() -> None:
-    for dra in (True, False):
+def _gpu_node(fake: FakeKube, labels: dict | None = None) -> None:
+    fake.create({"apiVersion": "v1", "kind": "Node",
+                 "metadata": {"name": NODE, "labels": {"nvidia.com/gpu.count": "8", **(labels or {})},
+                              "annotations": {"kwok.x-k8s.io/node": "fake"}}})
+
+
+DRIVER_LABELS = {"app.kubernetes.io/component": "nvidia-driver"}
+DRIVER_IMAGE = "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"
+DRA_PLUGIN_LABELS = {"app": "nvidia-dra-driver-kubelet-plugin"}
+DEVICE_PLUGIN_LABELS = {"app": "nvidia-device-plugin-daemonset"}
+
+
+def test_in_gpucluster_mode_the_dra_kubelet_plugin_offers_the_slice_and_there_is_no_extended_resource() -> None:
+    """GPUCluster mode: the DRA kubelet plugin Ready on a loaded driver publishes the node's slice, and the node never
+    shows nvidia.com/gpu; with the device plugin (ClusterPolicy's operands) it is the other way round."""
+    for dra, plugin_labels, wanted_slice, wanted_gpus in (
+        (True, DRA_PLUGIN_LABELS, {"580.82.7"}, None),
+        (True, DEVICE_PLUGIN_LABELS, set(), None),
+        (False, DEVICE_PLUGIN_LABELS, set(), "8"),
+    ):
         fake = FakeKube()
-        fake.create({"apiVersion": "v1", "kind": "Node",
-                     "metadata": {"name": NODE, "labels": {"nvidia.com/gpu.count": "8"},
-                                  "annotations": {"kwok.x-k8s.io/node": "fake"}}})
-        driver = fake.create(_running("nvidia-driver", {"app.kubernetes.io/component": "nvidia-driver"},
-                                      "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04"))
-        plugin = fake.create(_running("nvidia-device-plugin", {"app": "nvidia-device-plugin-daemonset"}))
+        _gpu_node(fake)
+        driver = fake.create(_running("nvidia-driver", DRIVER_LABELS, DRIVER_IMAGE))
+        plugin = fake.create(_running("plugin", plugin_labels))
         agent = NodeAgent(fake, slices=SlicePublisher(fake) if dra else None)
         agent.pods = {p["metadata"]["uid"]: p for p in (driver, plugin)}
 
         agent.step(NODE)
 
-        assert fake.get("v1", "Node", NODE)["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        gpus = fake.get("v1", "Node", NODE).get("status", {}).get("allocatable", {}).get("nvidia.com/gpu")
         versions = {d["attributes"]["driverVersion"]["version"] for s in slices(fake) for d in s["spec"]["devices"]}
-        assert versions == ({"580.82.7"} if dra else set()), (dra, versions)
+        assert (versions, gpus) == (wanted_slice, wanted_gpus), (dra, plugin_labels)
+
+
+def test_the_driver_manager_drains_the_dra_kubelet_plugin_last_and_restores_it_with_the_others() -> None:
+    """As k8s-driver-manager v0.12.0 does (evictKubeletPlugin): the operands first (here the DRA validator, a claim
+    holder), then the kubelet plugin that unprepares their claims; the new driver loads only once both are gone."""
+    fake = FakeKube()
+    deploy = "nvidia.com/gpu.deploy."
+    _gpu_node(fake, {"nvidia.com/cuda.driver-version.full": "580.82.07", f"{deploy}dra-validator": "true",
+                     f"{deploy}dra-driver": "true", f"{deploy}driver": "true"})
+    driver = fake.create({**_running("nvidia-driver-new", DRIVER_LABELS, DRIVER_IMAGE),
+                          "metadata": {"name": "nvidia-driver-new", "namespace": "gpu-operator",
+                                       "labels": DRIVER_LABELS},
+                          "status": {"phase": "Pending"}})
+    validator = fake.create(_running("dra-validator", {"app": "nvidia-operator-validator"}))
+    plugin = fake.create(_running("dra-plugin", DRA_PLUGIN_LABELS))
+    agent = NodeAgent(fake, slices=SlicePublisher(fake))
+    agent.pods = {p["metadata"]["uid"]: p for p in (driver, validator, plugin)}
+
+    def deploy_labels() -> dict[str, str]:
+        labels = fake.get("v1", "Node", NODE)["metadata"]["labels"]
+        return {k.removeprefix(deploy): v for k, v in labels.items() if k.startswith(deploy)}
+
+    def driver_allowed() -> bool:
+        return "gpucanary.io/simulated-ready" in (fake.get("v1", "Pod", "nvidia-driver-new", namespace="gpu-operator")
+                                                  ["metadata"].get("annotations") or {})
+
+    agent.step(NODE)
+    first = deploy_labels()
+    del agent.pods[validator["metadata"]["uid"]]      # the DaemonSet controller took the validator off
+    agent.step(NODE)
+    second = deploy_labels()
+    del agent.pods[plugin["metadata"]["uid"]]
+    allowed_before = driver_allowed()
+    agent.step(NODE)
+
+    assert first == {"dra-validator": "paused-for-driver-upgrade", "dra-driver": "true", "driver": "true"}
+    assert second == {"dra-validator": "paused-for-driver-upgrade", "dra-driver": "paused-for-driver-upgrade",
+                      "driver": "true"}
+    assert not allowed_before
+    assert deploy_labels() == {"dra-validator": "true", "dra-driver": "true", "driver": "true"}
+    assert driver_allowed()
