@@ -4,10 +4,11 @@ the upgrade boundary against itself.
 
 The pair is two pool nodes when the pool has them, else the pool node and a peer outside the pool on
 the old driver (`--gpucanary-peer-node`, or the first Ready, schedulable GPU node with a free GPU;
-`none` turns the peer probe off). Rank 0 is created first; rank 1 gets its pod IP as the master
-address. The figure is the `# Avg bus bandwidth` line nccl-tests prints, read from rank 0's
-termination message or else its log. A pod on a KWOK node runs no process: the fleet stands in for
-it, and the run says so ("simulated").
+`none` turns the peer probe off). Where the pool offers its GPUs through DRA, the ranks claim theirs as
+the GPU job does (`claims`), and a peer's GPUs are the devices of its `gpu.nvidia.com` ResourceSlices.
+Rank 0 is created first; rank 1 gets its pod IP as the master address. The figure is the
+`# Avg bus bandwidth` line nccl-tests prints, read from rank 0's termination message or else its log.
+A pod on a KWOK node runs no process: the fleet stands in for it, and the run says so ("simulated").
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytest_gpucanary import gpu_operator as op
-from pytest_gpucanary.canary import workloads
+from pytest_gpucanary.canary import claims, workloads
+from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.config import Settings, flag
 from pytest_gpucanary.errors import ConfigError, GpucanaryError
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.errors import Conflict, NotFound
 from pytest_gpucanary.kube.ownership import OWNER_LABEL, RUN_ID_LABEL, tolerated
 from pytest_gpucanary.ladder.model import CollectiveRun
+from pytest_gpucanary.ladder.slices import GPU_DRIVER
 
 BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9]+(?:\.[0-9]+)?)", re.MULTILINE)
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # on every node KWOK manages ("fake")
@@ -43,7 +46,12 @@ def busbw_of(output: str) -> float | None:
     return float(found[-1]) if found else None
 
 
-def _allocatable_gpus(node: dict) -> int:
+def _allocatable_gpus(kube: Kube, node: dict, *, dra: bool) -> int:
+    """The device plugin's GPUs, or with `dra` the devices the node's gpu.nvidia.com ResourceSlices offer."""
+    if dra:
+        name = node["metadata"]["name"]
+        offered = kube.list(*RESOURCE_SLICE, field_selector=f"spec.nodeName={name},spec.driver={GPU_DRIVER}")
+        return sum(len((s.get("spec") or {}).get("devices") or []) for s in offered)
     try:
         return int(node.get("status", {}).get("allocatable", {}).get(op.GPU_RESOURCE, "0"))
     except ValueError:
@@ -60,7 +68,7 @@ def _driver(node: dict) -> str:
     return (node["metadata"].get("labels") or {}).get(op.DRIVER_VERSION_LABEL, "")
 
 
-def _gpus_in_use(kube: Kube, node: str) -> int:
+def _gpus_in_use(kube: Kube, node: str, claimed: claims.ClaimedGpus) -> int:
     used = 0
     for pod in kube.list("v1", "Pod", field_selector=f"spec.nodeName={node}"):
         if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
@@ -68,6 +76,7 @@ def _gpus_in_use(kube: Kube, node: str) -> int:
         for container in pod["spec"].get("containers") or []:
             limits = (container.get("resources") or {}).get("limits") or {}
             used += int(limits.get(op.GPU_RESOURCE, 0) or 0)
+        used += claimed(pod)
     return used
 
 
@@ -89,8 +98,9 @@ def check_peer(kube: Kube, settings: Settings) -> None:
         ) from None
 
 
-def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, str] | None, str]:
-    """The two nodes the probe runs on, or None and why not (the receipt's line)."""
+def choose_pair(kube: Kube, pool: Pool, settings: Settings, *, dra: bool = False) -> tuple[tuple[str, str] | None, str]:
+    """The two nodes the probe runs on, or None and why not (the receipt's line). With `dra` (the pool offers its
+    GPUs through DRA) a peer's free GPUs are its slices' devices less those its pods hold, claims included."""
     if len(pool.nodes) > 1:
         return (pool.nodes[0], pool.nodes[1]), ""
     if settings.peer_node == PEER_OFF:
@@ -106,6 +116,7 @@ def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, 
         settings.collective_probe, workloads.Placement("", "", ""), when="check", rank=1, node="", master_addr=""
     )
     tolerations = probe["spec"].get("tolerations") or []
+    claimed = claims.ClaimedGpus(kube)
     for node in sorted(kube.list("v1", "Node"), key=lambda n: n["metadata"]["name"]):
         name, labels, spec = node["metadata"]["name"], node["metadata"].get("labels") or {}, node.get("spec", {})
         if (
@@ -118,7 +129,7 @@ def choose_pair(kube: Kube, pool: Pool, settings: Settings) -> tuple[tuple[str, 
             or not all(tolerated(t, tolerations) for t in spec.get("taints") or [])
         ):
             continue
-        if _allocatable_gpus(node) - _gpus_in_use(kube, name) >= 1:  # one pod list per node looked at
+        if _allocatable_gpus(kube, node, dra=dra) - _gpus_in_use(kube, name, claimed) >= 1:  # a pod list per node
             return (pool.nodes[0], name), ""
     return None, (
         f"no peer node for the collective probe: none Ready, schedulable, on driver {pool.driver_from} "
@@ -135,6 +146,7 @@ class CollectiveProbe:
     placement: workloads.Placement
     nodes: tuple[str, str]
     settings: Settings
+    claim_gpus: bool = False  # the ranks claim their GPUs through DRA, from the run's templates
     when: str = ""
     started_wall_ns: int = 0
     drivers: tuple[str, ...] = ()
@@ -149,6 +161,12 @@ class CollectiveProbe:
         self.drivers = tuple(_driver(n) for n in nodes)
         kwok = any(is_kwok_node(n) for n in nodes)
         self.how = "simulated" if kwok else "ran"
+        if self.claim_gpus:
+            for count in sorted(claims.claiming(self._pod(0, ""))[1]):
+                try:
+                    self.kube.create(claims.template(count, self.placement.namespace, self.placement.run_id))
+                except Conflict:
+                    pass  # the GPU job's, of the same count
         self.kube.create(self._pod(0, ""))
         self._thread = threading.Thread(
             target=self._complete, args=(start_timeout_s,), daemon=True, name=f"collective-{when}"
@@ -166,7 +184,7 @@ class CollectiveProbe:
         return self._result
 
     def _pod(self, rank: int, master_addr: str) -> dict:
-        return workloads.collective_pod(
+        pod = workloads.collective_pod(
             self.settings.collective_probe,
             self.placement,
             when=self.when,
@@ -175,6 +193,7 @@ class CollectiveProbe:
             master_addr=master_addr,
             images=self.settings.images(),
         )
+        return claims.claiming(pod)[0] if self.claim_gpus else pod
 
     def _name(self, rank: int) -> str:
         return workloads.collective_name(self.when, rank)

@@ -98,7 +98,9 @@ class RunMeasures:
         if not found:
             run.collective_note = f"{NO_NETWORKING}: no collective probe"
             return None
-        run.collective_pair, run.collective_note = choose_pair(self.kube, run.pool, self.settings)
+        run.collective_pair, run.collective_note = choose_pair(
+            self.kube, run.pool, self.settings, dra=bool(run.gpu_claims)
+        )
         if run.collective_pair is None:
             self.progress.line(f"collective probe: {run.collective_note}")
             return None
@@ -106,9 +108,9 @@ class RunMeasures:
             f"collective probe ({', '.join(found)} on the pool): baseline all-reduce "
             f"{' <-> '.join(run.collective_pair)}"
         )
-        return CollectiveProbe(self.kube, placement, run.collective_pair, self.settings).start(
-            "baseline", start_timeout_s=self.settings.image_pull_timeout_s
-        )
+        return CollectiveProbe(
+            self.kube, placement, run.collective_pair, self.settings, claim_gpus=bool(run.gpu_claims)
+        ).start("baseline", start_timeout_s=self.settings.image_pull_timeout_s)
 
     def _finish_collective(self, run: Measured, probe: CollectiveProbe | None) -> None:
         if probe is None:
@@ -125,9 +127,9 @@ class RunMeasures:
             run.collective_note = "the pool did not come back: no collective probe after the upgrade"
             return
         self.progress.line(f"collective probe: after all-reduce {' <-> '.join(run.collective_pair)}")
-        probe = CollectiveProbe(self.kube, placement, run.collective_pair, self.settings).start(
-            "after", start_timeout_s=self.settings.collective_timeout_s
-        )
+        probe = CollectiveProbe(
+            self.kube, placement, run.collective_pair, self.settings, claim_gpus=bool(run.gpu_claims)
+        ).start("after", start_timeout_s=self.settings.collective_timeout_s)
         self._finish_collective(run, probe)
 
     def _baseline(self) -> None:

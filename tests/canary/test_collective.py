@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kube_double import FakeKube
 
-from pytest_gpucanary.canary.collective import busbw_of, check_peer, choose_pair
+from pytest_gpucanary.canary.collective import CollectiveProbe, busbw_of, check_peer, choose_pair
 from pytest_gpucanary.canary.pool import Pool
 from pytest_gpucanary.canary.workloads import Placement, collective_pod
 from pytest_gpucanary.config import Settings
@@ -106,3 +106,43 @@ def test_a_named_peer_is_checked_before_the_run_writes_anything() -> None:
     with pytest.raises(ConfigError, match="is the pool node"):
         check_peer(kube, Settings(peer_node="g-peer", pool_node="g-peer"))
     assert kube.writes == []
+
+
+def _slice(node: str, devices: int) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpu"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1},
+                     "devices": [{"name": f"gpu-{i}"} for i in range(devices)]}}
+
+
+def test_on_a_dra_pool_a_peers_gpus_are_its_slices_devices_less_the_claims_its_pods_hold() -> None:
+    """No nvidia.com/gpu on a GPUCluster node: a peer offers the devices of its gpu.nvidia.com slices, and a pod
+    holding an allocated claim (admin access left out) uses them."""
+    claimed = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer", "namespace": "team"},
+               "spec": {"nodeName": "a-dra-full", "resourceClaims": [{"name": "g", "resourceClaimName": "trainer-g"}],
+                        "containers": [{"name": "c"}]}, "status": {"phase": "Running"}}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "trainer-g", "namespace": "team"},
+             "status": {"allocation": {"devices": {"results": [
+                 {"driver": "gpu.nvidia.com", "pool": "a-dra-full", "device": f"gpu-{i}"} for i in range(2)]}}}}
+    kube = _kube(_node("canary-r-0", gpus="0"), _node("a-dra-full", gpus="0"), _node("b-dra-peer", gpus="0"),
+                 claimed)
+    for made in (_slice("a-dra-full", 2), _slice("b-dra-peer", 8), claim):
+        kube.create(made)
+
+    assert choose_pair(kube, POOL, Settings(), dra=True) == (("canary-r-0", "b-dra-peer"), "")
+    pair, note = choose_pair(kube, POOL, Settings())                 # by nvidia.com/gpu, none has a free GPU
+    assert pair is None and note.startswith("no peer node for the collective probe"), note
+
+
+def test_on_a_dra_pool_each_rank_claims_its_gpu_from_the_runs_template() -> None:
+    kube = _kube(_node("canary-r-0", gpus="0"), _node("b-dra-peer", gpus="0"))
+    placement = Placement("gpucanary-r", "r", "canary-r-0")
+    probe = CollectiveProbe(kube, placement, ("canary-r-0", "b-dra-peer"), Settings(), claim_gpus=True)
+
+    rank1 = probe._pod(1, "10.0.0.7")
+
+    [container] = rank1["spec"]["containers"]
+    assert GPU_RESOURCE not in str(container.get("resources")), container["resources"]
+    assert container["resources"]["claims"] == [{"name": f"gpus-{container['name']}"}]
+    assert rank1["spec"]["resourceClaims"] == [{"name": f"gpus-{container['name']}",
+                                                "resourceClaimTemplateName": "gpucanary-gpus-1"}]
