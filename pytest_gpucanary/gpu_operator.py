@@ -243,3 +243,26 @@ def driver_node_selector(driver: Mapping[str, Any]) -> str:
 def is_default_driver(driver: Mapping[str, Any]) -> bool:
     """A default NVIDIADriver (v26.7): it drives every GPU node that no other NVIDIADriver's nodeSelector picks."""
     return bool((driver.get("spec") or {}).get("default"))
+
+
+# A pod holds GPUs through DRA when it holds a claim with devices allocated by NVIDIA's GPU driver, admin access left
+# out: v26.7.0's gpuPodSpecFilter (cmd/gpu-operator/main.go, PodHasNVIDIAGPUClaim).
+DRA_GPU_DRIVER = "gpu.nvidia.com"
+
+
+def claim_names(pod: dict) -> list[str]:
+    """The ResourceClaims a pod holds: named in its spec, or made from a template (named in its status)."""
+    made = {
+        s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names = []
+    for claim in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if name := claim.get("resourceClaimName") or made.get(claim.get("name")):
+            names.append(name)
+    return names
+
+
+def allocated_gpus(claim: dict) -> int:
+    """Devices allocated to a claim by NVIDIA's GPU driver, admin-access allocations left out."""
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    return sum(1 for r in results if r.get("driver") == DRA_GPU_DRIVER and not r.get("adminAccess"))

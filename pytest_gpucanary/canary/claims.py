@@ -16,10 +16,9 @@ import threading
 
 from pytest_gpucanary.canary.workloads import pod_spec
 from pytest_gpucanary.errors import GpucanaryError
-from pytest_gpucanary.gpu_operator import GPU_RESOURCE
+from pytest_gpucanary.gpu_operator import GPU_RESOURCE, allocated_gpus, claim_names
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.ownership import owned_labels
-from pytest_gpucanary.ladder.slices import GPU_DRIVER
 
 DEVICE_CLASS = "gpu.nvidia.com"  # the DeviceClass NVIDIA's DRA driver installs for whole GPUs
 RESOURCE_CLAIM = ("resource.k8s.io/v1", "ResourceClaim")
@@ -64,24 +63,6 @@ def template(count: int, namespace: str, run_id: str) -> dict:
         "metadata": {"name": template_name(count), "namespace": namespace, "labels": owned_labels(run_id)},
         "spec": {"spec": {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": request}]}}},
     }
-
-
-def claim_names(pod: dict) -> list[str]:
-    """The ResourceClaims a pod holds: named in its spec, or made from a template (named in its status)."""
-    made = {
-        s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    }
-    names = []
-    for claim in (pod.get("spec") or {}).get("resourceClaims") or []:
-        if name := claim.get("resourceClaimName") or made.get(claim.get("name")):
-            names.append(name)
-    return names
-
-
-def allocated_gpus(claim: dict) -> int:
-    """Devices allocated to a claim by NVIDIA's GPU driver, admin-access allocations left out."""
-    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
-    return sum(1 for r in results if r.get("driver") == GPU_DRIVER and not r.get("adminAccess"))
 
 
 class ClaimedGpus:

@@ -14,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_gpucanary.gpu_operator import DRA_GPU_DRIVER
 from pytest_gpucanary.ladder.model import Evidence, Outcome
 from pytest_gpucanary.ladder.rules import Finding
 
 if TYPE_CHECKING:
     from pytest_gpucanary.ladder.evidence import RunEvidence
 
-GPU_DRIVER = "gpu.nvidia.com"
+GPU_DRIVER = DRA_GPU_DRIVER  # NVIDIA's DRA driver for GPUs
 KIND = "ResourceSlice"
 
 

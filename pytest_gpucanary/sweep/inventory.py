@@ -12,11 +12,12 @@ Where node versions come from (first present wins):
   engine  annotation or label `gpucanary.io/engine-version`
   model   annotation or label `gpucanary.io/model-version`
 GPU model from label `nvidia.com/gpu.product`; GPU count from capacity `nvidia.com/gpu` (time-sliced
-or MIG nodes advertise their shares there), else label `nvidia.com/gpu.count`. Nodes without
-`nvidia.com/gpu.product` are not GPU nodes and are left out.
+or MIG nodes advertise their shares there), else the devices of its `gpu.nvidia.com` ResourceSlices (a
+node that offers its GPUs through DRA only, given `slices`), else label `nvidia.com/gpu.count`. Nodes
+without `nvidia.com/gpu.product` are not GPU nodes and are left out.
 
 Pod annotations (all optional; a pod is in the fleet when it runs on a GPU node and requests
-`nvidia.com/gpu`):
+`nvidia.com/gpu` or holds a ResourceClaim with devices allocated by `gpu.nvidia.com`, given `claims`):
   gpucanary.io/checkpoint-versions   JSON object: the versions its newest checkpoint was taken
                                      against, keys among driver, cuda, engine, model (a key left out
                                      was not recorded) and optionally gpu_model; absent: no checkpoint
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gpucanary.errors import ConfigError
+from pytest_gpucanary.gpu_operator import DRA_GPU_DRIVER, allocated_gpus, claim_names
 from pytest_gpucanary.sweep.model import Change, Component, Fleet, Node, SweepLimits, VersionSet, Workload, parse_change
 
 CHECKPOINT_VERSIONS_ANNOTATION = "gpucanary.io/checkpoint-versions"
@@ -178,12 +180,25 @@ def _change(raw: Any, where: str) -> Change:
 
 
 def fleet_from_cluster(
-    nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], *, now: datetime
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    now: datetime,
+    claims: Iterable[Mapping[str, Any]] = (),
+    slices: Iterable[Mapping[str, Any]] = (),
 ) -> Fleet:
-    """A fleet from fetched Node and Pod dicts; `now` (timezone-aware) dates the pods' in-memory work."""
-    fleet_nodes = [node for raw in nodes if (node := _cluster_node(raw)) is not None]
+    """A fleet from fetched Node and Pod dicts; `now` (timezone-aware) dates the pods' in-memory work. On a cluster
+    that offers GPUs through DRA, its ResourceClaims count the GPUs a pod holds through them and its ResourceSlices
+    the GPUs of a node that has no `nvidia.com/gpu` (camelCase keys, as the API gives them)."""
+    offered: dict[str, int] = {}
+    for raw in slices:
+        spec = raw.get("spec") or {}
+        if spec.get("driver") == DRA_GPU_DRIVER and spec.get("nodeName"):
+            offered[spec["nodeName"]] = offered.get(spec["nodeName"], 0) + len(spec.get("devices") or [])
+    held = {(_get(c, "metadata", "namespace"), _get(c, "metadata", "name")): allocated_gpus(dict(c)) for c in claims}
+    fleet_nodes = [node for raw in nodes if (node := _cluster_node(raw, offered)) is not None]
     by_name = {n.name: n for n in fleet_nodes}
-    workloads = [w for raw in pods if (w := _cluster_workload(raw, by_name, now)) is not None]
+    workloads = [w for raw in pods if (w := _cluster_workload(raw, by_name, now, held)) is not None]
     return Fleet(tuple(fleet_nodes), tuple(workloads))
 
 
@@ -218,13 +233,15 @@ def _node_version(labels: Mapping[str, str], annotations: Mapping[str, str], com
     return None
 
 
-def _cluster_node(raw: Mapping[str, Any]) -> Node | None:
+def _cluster_node(raw: Mapping[str, Any], offered: Mapping[str, int]) -> Node | None:
     labels, annotations = _meta(raw, "labels"), _meta(raw, "annotations")
     name = _get(raw, "metadata", "name")
     product = labels.get(GPU_PRODUCT_LABEL)
     if not product or not name:
         return None
-    count = (_get(raw, "status", "capacity") or {}).get(GPU_RESOURCE) or labels.get(GPU_COUNT_LABEL)
+    count = (
+        (_get(raw, "status", "capacity") or {}).get(GPU_RESOURCE) or offered.get(name) or labels.get(GPU_COUNT_LABEL)
+    )
     gpus = _whole(count, f"node {name!r}: {GPU_RESOURCE}")
     versions = VersionSet(**{c.value: _node_version(labels, annotations, c) for c in Component})
     return Node(name=name, gpu_model=product, gpus=gpus, versions=versions)
@@ -237,12 +254,16 @@ def _whole(value: Any, where: str) -> int:
         raise ConfigError(f"{where} {value!r} is not a whole number", hint="check the object") from None
 
 
-def _cluster_workload(raw: Mapping[str, Any], nodes: Mapping[str, Node], now: datetime) -> Workload | None:
+def _cluster_workload(
+    raw: Mapping[str, Any], nodes: Mapping[str, Node], now: datetime, held: Mapping[tuple[str, str], int]
+) -> Workload | None:
     node = nodes.get(_get(raw, "spec", "nodeName") or "")
     if node is None or _get(raw, "status", "phase") in ("Succeeded", "Failed"):
         return None
     containers = _get(raw, "spec", "containers") or []
     gpus = sum(_whole((_get(c, "resources", "limits") or {}).get(GPU_RESOURCE, 0), "pod GPU limit") for c in containers)
+    namespace = _get(raw, "metadata", "namespace") or "default"
+    gpus += sum(held.get((namespace, claim), 0) for claim in claim_names(dict(raw)))
     if gpus < 1:
         return None
     name = f"{_get(raw, 'metadata', 'namespace') or 'default'}/{_get(raw, 'metadata', 'name')}"

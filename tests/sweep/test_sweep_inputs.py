@@ -123,3 +123,30 @@ def test_snake_case_dicts_from_the_python_client_load_too() -> None:
            "status": {"phase": "Running", "start_time": datetime(2026, 5, 1, 11, 0, tzinfo=timezone.utc)}}
     fleet = fleet_from_cluster([node("gpu-1")], [raw], now=NOW)
     assert fleet.workloads[0].since_start_s == 3600 and fleet.workloads[0].gpus == 2
+
+
+def test_on_a_dra_cluster_slices_count_a_nodes_gpus_and_allocated_claims_a_pods() -> None:
+    """A GPUCluster node has no nvidia.com/gpu: its gpu.nvidia.com slices say how many GPUs it has, and a pod that
+    claims its GPUs (an allocated claim, admin access left out) is a workload of as many."""
+    dra_node = node("gpu-dra")
+    dra_node["status"] = {"capacity": {}}
+    dra_node["metadata"]["labels"].pop("nvidia.com/gpu.count", None)
+    slices = [{"spec": {"driver": "gpu.nvidia.com", "nodeName": "gpu-dra", "devices": [{"name": f"gpu-{i}"}
+                                                                                         for i in range(4)]}},
+              {"spec": {"driver": "rdma.example.com", "nodeName": "gpu-dra", "devices": [{"name": "nic-0"}]}}]
+    claimer = pod("trainer", "gpu-dra", 0)
+    claimer["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "two"}]
+    claimer["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "trainer-gpus-x"}]
+    watcher = pod("monitor", "gpu-dra", 0)
+    watcher["spec"]["resourceClaims"] = [{"name": "all", "resourceClaimName": "monitor-all"}]
+
+    def claim(name: str, admin: bool) -> dict:
+        return {"metadata": {"name": name, "namespace": "serving"}, "status": {"allocation": {"devices": {"results": [
+            {"driver": "gpu.nvidia.com", "device": f"gpu-{i}", **({"adminAccess": True} if admin else {})}
+            for i in range(2)]}}}}
+
+    fleet = fleet_from_cluster([dra_node], [claimer, watcher], now=NOW,
+                               claims=[claim("trainer-gpus-x", False), claim("monitor-all", True)], slices=slices)
+
+    assert [(n.name, n.gpus) for n in fleet.nodes] == [("gpu-dra", 4)]
+    assert [(w.name, w.gpus) for w in fleet.workloads] == [("serving/trainer", 2)]
