@@ -50,12 +50,6 @@ def slice_streams(kube: Kube, nodes: tuple[str, ...]) -> list[StreamSpec]:
     ]
 
 
-def is_note(line: str) -> bool:
-    """Whether `line` is a `note` (what a run on a DRA pool drops: it does speak for claim-holding pods)."""
-    count, _, rest = line.partition(" ")
-    return count.isdigit() and rest.startswith(NOTE_LEAD)
-
-
 def note(nodes: tuple[str, ...], release: str | None) -> str:
     """What a run on this cluster does not prove, in one line."""
     names = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")

@@ -43,7 +43,7 @@ class Measured:
     upgrade_started_wall_ns: int = 0
     gpu_job_until_wall_ns: int = 0
     exposure: tuple[str, ...] = ()
-    unproven: tuple[str, ...] = ()
+    dra_note: str = ""  # preflight's line on the cluster's DRA nodes; none once the GPU job claims through DRA
     gpu_claims: str = ""  # how the GPU job claims its GPUs through DRA, where the pool offers them so
     held_nodes: tuple[str, ...] = ()
     operator_release: str = ""

@@ -205,7 +205,12 @@ class PreflightReport:
     notes: tuple[str, ...] = ()
     exposure: tuple[str, ...] = ()
     checked: tuple[str, ...] = field(default=())
-    unproven: tuple[str, ...] = ()  # what a passing run here does not speak for, one line each
+    dra_note: str = ""  # the cluster's nodes that offer GPUs through DRA, which a run on another pool does not prove
+
+    @property
+    def unproven(self) -> tuple[str, ...]:
+        """What a passing run here does not speak for, one line each."""
+        return (self.dra_note,) if self.dra_note else ()
 
     def raise_first(self) -> None:
         """The first problem as the run's error (all of them are in `problems`)."""
@@ -343,7 +348,7 @@ def check(
         problems.append(Problem(problem))
     notes = [admission_note(kube), *neighbours.detect(kube).notes()]
     dra_nodes = dra.gpu_nodes(kube)
-    unproven = (dra.note(dra_nodes, cluster.operator_release),) if dra_nodes else ()
+    dra_note = dra.note(dra_nodes, cluster.operator_release) if dra_nodes else ""
     if service_url and (why := answers_http(service_url)):
         problems.append(Problem(f"service URL {redact_url(service_url)} does not answer ({why})"))
     if pushgateway_url and (why := answers_http(pushgateway_url)):
@@ -359,4 +364,4 @@ def check(
         )
         if problem := token_life_problem(kube, longest_run_s):
             problems.append(Problem(problem))
-    return PreflightReport(cluster, tuple(problems), tuple(notes), exposure(cluster, target=target), unproven=unproven)
+    return PreflightReport(cluster, tuple(problems), tuple(notes), exposure(cluster, target=target), dra_note=dra_note)

@@ -186,7 +186,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
                     run_id,
                     pool,
                     upgrade_policy=policy.to_cr(),
-                    unproven=checked.unproven,
+                    dra_note=checked.dra_note,
                     policy_rendering=policy.rendering.lines() if policy.rendering else (),
                 )
                 self.progress.line(
@@ -330,6 +330,7 @@ class CanaryRun(RunStage, RunMeasures, RunWaits):
             gpu_job_work_s=settings.job_duration_s,
             blast_radius=tuple(run.blast_radius.breaches) if run.blast_radius else (),
             pool_setup=tuple(line for line in (pool.fence, *pool.notes, run.gpu_claims) if line),
+            unproven=(run.dra_note,) if run.dra_note else (),
             thresholds=settings.thresholds(),
             **kept_as_measured,
         )

@@ -184,7 +184,7 @@ class RunStage:
             f"device class {claims.DEVICE_CLASS}"
         )
         self.progress.line(f"pool: {run.gpu_claims}")
-        run.unproven = tuple(line for line in run.unproven if not dra.is_note(line))
+        run.dra_note = ""
         return job
 
 

@@ -38,8 +38,3 @@ def test_the_line_names_the_nodes_and_before_v26_7_that_pod_deletion_cannot_see_
                           "offer GPUs this way")
     assert "on GPU Operator v26.3.3 pod deletion never deletes a claim-holding pod" in old
     assert "pod deletion" not in dra.note(nodes, "v26.7.0") and "pod deletion" not in dra.note(nodes, None)
-
-
-def test_a_run_on_a_dra_pool_knows_the_line_to_drop() -> None:
-    assert dra.is_note(dra.note(("gpu-0",), "v26.7.0")) and dra.is_note(dra.note(tuple(f"n{i}" for i in range(12)), None))
-    assert not dra.is_note("the kubeconfig's token expires in 3 min")
