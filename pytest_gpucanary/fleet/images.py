@@ -226,6 +226,9 @@ gpucanary-nvml-state /etc/nvml-gpus /run/nvidia/gpucanary-nvml.env
 echo "driver $(cat /etc/driver-version) loaded"
 while :; do sleep 1; done
 """
+GPU_PRODUCT = "NVIDIA H100 80GB HBM3"  # the KWOK GPU nodes' (fixtures/fleet/gpu-node.yaml: GFD's gpu.product)
+GPU_MEMORY_MIB = 81559  # its total memory as NVML reports it (GFD's nvidia.com/gpu.memory)
+GPU_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")  # the PCI bus of each of a node's eight GPUs
 NVML_STATE_PATH = "/run/nvidia/gpucanary-nvml.env"  # where the driver above writes it (the shim's default)
 # What the node's NVML stand-in (ci/node/nvml-shim) answers while this driver is loaded: the driver's
 # GPUs (`nvml_gpus`) and eight devices, their UUIDs derived from the node's name, written whole and then
@@ -236,24 +239,23 @@ gpus=$1 state=$2
 {
   cat "$gpus"
   i=0
-  for bus in 18 2A 3A 5D 9A AB BA DB; do
+  for bus in BUSES; do
     h=$(echo "${NODE_NAME:-node}/$i" | md5sum | cut -c1-32)
     echo "DEVICE=GPU-$(echo "$h" | cut -c1-8)-$(echo "$h" | cut -c9-12)-$(echo "$h" | cut -c13-16)-$(echo "$h" | cut -c17-20)-$(echo "$h" | cut -c21-32) 00000000:$bus:00.0 $i"
     i=$((i + 1))
   done
 } > "$state.new"
 mv -f "$state.new" "$state"
-"""
+""".replace(b"BUSES", " ".join(GPU_BUSES).encode())
 # CUDA driver API version per driver branch (nvidia-smi's "CUDA Version"): the highest branch at or below
 # the driver's major version
 _CUDA_OF_BRANCH = {580: 13000, 575: 12090, 570: 12080, 565: 12070, 560: 12060, 555: 12050, 550: 12040}
 
 
-def nvml_gpus(version: str) -> str:
-    """The driver's part of the NVML state: the KWOK GPU nodes' GPU, an H100 80GB HBM3 (fixtures/fleet/gpu-node.yaml:
-    GFD's nvidia.com/gpu.product and .memory), on `version`."""
+def cuda_driver_version(version: str) -> int:
+    """The CUDA driver API version of a driver (NVML's nvmlSystemGetCudaDriverVersion: 13000 for 580)."""
     major = version.split(".", 1)[0]
-    cuda = next(
+    return next(
         (
             c
             for branch, c in sorted(_CUDA_OF_BRANCH.items(), reverse=True)
@@ -261,13 +263,24 @@ def nvml_gpus(version: str) -> str:
         ),
         12040,
     )
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    """The NVML UUID of a fleet node's GPU `index`, as NVML_STATE_SCRIPT derives it from the node's name."""
+    h = hashlib.md5(f"{node}/{index}\n".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def nvml_gpus(version: str) -> str:
+    """The driver's part of the NVML state: the KWOK GPU nodes' GPU, an H100 80GB HBM3 (fixtures/fleet/gpu-node.yaml:
+    GFD's nvidia.com/gpu.product and .memory), on `version`."""
     return (
         "\n".join(
             (
                 f"DRIVER_VERSION={version}",
-                f"CUDA_DRIVER_VERSION={cuda}",
-                "PRODUCT_NAME=NVIDIA H100 80GB HBM3",
-                f"MEMORY_TOTAL_BYTES={81559 << 20}",
+                f"CUDA_DRIVER_VERSION={cuda_driver_version(version)}",
+                f"PRODUCT_NAME={GPU_PRODUCT}",
+                f"MEMORY_TOTAL_BYTES={GPU_MEMORY_MIB << 20}",
                 "CUDA_COMPUTE_CAPABILITY=9.0",
                 "ARCHITECTURE=HOPPER",
                 "BRAND=NVIDIA",

@@ -61,7 +61,7 @@ def dra_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def test_a_dra_run_passes_with_the_pool_nodes_resource_slices_in_its_receipt(dra_fleet: dict[str, str],
                                                                             tmp_path: Path) -> None:
     """The real operator swaps the pool node's driver; the node's slices go away with its operands and come back
-    at a higher generation offering the target (580.95.05 as 580.95.5), and its DRA kubelet plugin and DRA validator
+    offering the target (580.95.05 as 580.95.5), and its DRA kubelet plugin and DRA validator
     come back Ready after the new driver, which the device rung says with its evidence. The fleet's own GPU node
     offers slices too: preflight names it as not proven by this run."""
     kube = Kube.connect(Path(dra_fleet["KUBECONFIG_PATH"]))
@@ -85,10 +85,9 @@ def test_a_dra_run_passes_with_the_pool_nodes_resource_slices_in_its_receipt(dra
         in device["summary"], device["summary"]
     assert f"driver {TARGET} Ready, then validator and DRA kubelet plugin Ready" in device["summary"], device["summary"]
     offers = [e["text"] for e in device["evidence"] if e["kind"] == "ResourceSlice"]
-    # the pool node's generation before is whatever its driver pod's starts made it; the swap makes it higher
+    # gone with the plugin pod for the swap, then published again onto the empty pool (generation 1) at the target
     before, back = (re.fullmatch(r"generation (\d+), 8 devices at driverVersion (\S+)", o) for o in (offers[0], offers[-1]))
     assert before and back and before[2] == "580.82.7" and back[2] == "580.95.5", offers
-    assert int(back[1]) > int(before[1]), offers
     assert "no slice: the DRA kubelet plugin is not registered" in offers, offers
     assert "not proven: 1 node(s) offer GPUs through DRA (gpu.nvidia.com ResourceSlices: gpu-node-0" \
         in result.stdout + result.stderr

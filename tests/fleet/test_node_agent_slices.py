@@ -1,6 +1,6 @@
 """The fleet's DRA stand-in on KWOK nodes (GPUCluster mode): the node agent publishes a node's GPUs as a gpu.nvidia.com
 ResourceSlice while the operator's DRA kubelet plugin pod is Ready on a loaded driver, withdraws it for the swap and
-publishes it again on the new driver at a higher pool generation, as NVIDIA's DRA kubelet plugin and the kubelet do;
+publishes it again on the new driver onto the empty pool, as NVIDIA's DRA kubelet plugin and the kubelet do;
 its driver manager drains the plugin after the other operands, as k8s-driver-manager does."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from kube_double import FakeKube
 
 from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.fleet.dra_slices import SlicePublisher
+from pytest_gpucanary.fleet.images import gpu_uuid
 from pytest_gpucanary.fleet.node_agent import NodeAgent
 
 NODE = "gpu-node-0"
@@ -18,7 +19,10 @@ def slices(fake: FakeKube) -> list[dict]:
     return fake.list(*RESOURCE_SLICE, field_selector=f"spec.nodeName={NODE},spec.driver=gpu.nvidia.com")
 
 
-def test_a_slice_per_loaded_driver_at_a_higher_generation_each_time() -> None:
+def test_a_slice_per_loaded_driver_shaped_as_nvidias_plugin_publishes_it() -> None:
+    """As dra-driver-nvidia-gpu v0.5.0's kubelet plugin publishes a node's GPUs over the fleet's NVML state: its device
+    attributes and memory, its slice name and owner, and generation 1 on an empty pool, again after the swap (the
+    kubelet deleted the old slice with the plugin's registration)."""
     fake = FakeKube()
     fake.create({"apiVersion": "v1", "kind": "Node",
                  "metadata": {"name": NODE, "labels": {"nvidia.com/gpu.count": "8"}}})
@@ -32,11 +36,24 @@ def test_a_slice_per_loaded_driver_at_a_higher_generation_each_time() -> None:
     [second] = slices(fake)
 
     assert first["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
-    assert [d["attributes"]["driverVersion"] for d in first["spec"]["devices"]] == [{"version": "580.82.7"}] * 8
-    assert first["metadata"]["ownerReferences"][0]["kind"] == "Node"   # gone with a KWOK pool node
+    assert first["metadata"]["name"].startswith(f"00000-gpu.nvidia.com-{NODE}-")
+    assert first["metadata"]["ownerReferences"][0] | {"uid": ""} == {"apiVersion": "v1", "kind": "Node", "name": NODE,
+                                                                      "uid": "", "controller": True}
+    # gpu-0 of gpu-kubelet-0 as the real plugin built it over the NVML stand-in (UUIDs derive from the node's name)
+    device = first["spec"]["devices"][0]
+    assert device["name"] == "gpu-0" and device["capacity"] == {"memory": {"value": "81559Mi"}}
+    assert device["attributes"] | {"uuid": None} == {
+        "type": {"string": "gpu"}, "uuid": None, "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        "brand": {"string": "Nvidia"}, "architecture": {"string": "Hopper"},
+        "cudaComputeCapability": {"version": "9.0.0"}, "driverVersion": {"version": "580.82.7"},
+        "cudaDriverVersion": {"version": "13.0.0"}, "resource.kubernetes.io/pciBusID": {"string": "0000:18:00.0"}}
     assert gone == []
-    assert second["spec"]["pool"]["generation"] == 2 and second["metadata"]["name"] != first["metadata"]["name"]
+    assert second["spec"]["pool"]["generation"] == 1 and second["metadata"]["name"] != first["metadata"]["name"]
     assert {d["attributes"]["driverVersion"]["version"] for d in second["spec"]["devices"]} == {"580.95.5"}
+
+
+def test_the_uuids_are_the_ones_the_nvml_stand_in_gives_the_real_plugin() -> None:
+    assert gpu_uuid("gpu-kubelet-0", 0) == "GPU-e59633e0-afc9-cbf7-58ff-aec249cf6b71"   # the plugin's, over the shim
 
 
 def test_a_restarted_agent_keeps_the_slice_it_finds_at_the_loaded_version() -> None:
@@ -52,7 +69,7 @@ def test_a_restarted_agent_keeps_the_slice_it_finds_at_the_loaded_version() -> N
 
     [after] = slices(fake)
     assert len(fake.writes) == writes + 2                           # nothing for the first, delete + create next
-    assert after["spec"]["pool"]["generation"] == before["spec"]["pool"]["generation"] + 1
+    assert after["metadata"]["name"] != before["metadata"]["name"]
 
 
 def _running(name: str, labels: dict, image: str = "busybox") -> dict:

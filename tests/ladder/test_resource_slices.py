@@ -1,5 +1,7 @@
-"""The device rung on a node that offers its GPUs through DRA: its gpu.nvidia.com ResourceSlices gone during the
-swap and back at a higher pool generation with every device at the target (k8s-driver-manager #203)."""
+"""The device rung on a node that offers its GPUs through DRA: its gpu.nvidia.com ResourceSlices, at the end of the
+swap, offer as many devices as before with every one at the target (k8s-driver-manager #203), whether they went away
+and came back onto an empty pool at generation 1 (the kubelet deletes them 30 s after the plugin unregisters) or were
+updated in place at the same generation (the plugin was back sooner)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pytest_gpucanary.canary.recorder import Record, trim
 from pytest_gpucanary.ladder import Outcome
 from pytest_gpucanary.ladder.device import check_device
 from pytest_gpucanary.ladder.evidence import RunEvidence
-from pytest_gpucanary.ladder.slices import semver, slice_cycle, stream_name
+from pytest_gpucanary.ladder.slices import judge, semver, slice_cycle, stream_name
 
 
 def resource_slice(name: str, *, generation: int, version: str, devices: int = 8, driver: str = "gpu.nvidia.com"
@@ -45,8 +47,8 @@ def upgraded_run(slice_records: list[Record]) -> RunEvidence:
     return run(states(schedule) + operands() + workloads() + [node(500, "upgrade-done")] + slice_records)
 
 
-OLD_SLICE = resource_slice(f"{NODE}-gpu.nvidia.com-abcde", generation=1, version=OLD)
-NEW_SLICE = resource_slice(f"{NODE}-gpu.nvidia.com-fghij", generation=2, version=NEW)
+OLD_SLICE = resource_slice(f"00000-gpu.nvidia.com-{NODE}-abcde", generation=1, version=OLD)
+NEW_SLICE = resource_slice(f"00000-gpu.nvidia.com-{NODE}-fghij", generation=1, version=NEW)  # onto an empty pool
 
 
 def test_the_recorder_keeps_the_pool_and_each_devices_driver_version_only() -> None:
@@ -67,31 +69,52 @@ def test_slices_gone_in_the_swap_and_back_at_the_target_pass_with_their_evidence
     lines = [e.text for e in verdict.evidence if e.kind == "ResourceSlice"]
     assert lines == ["generation 1, 8 devices at driverVersion 580.82.7",
                      "no slice: the DRA kubelet plugin is not registered",
-                     "generation 2, 8 devices at driverVersion 580.95.5"], lines
+                     "generation 1, 8 devices at driverVersion 580.95.5"], lines
     cycle = slice_cycle(evidence, NODE)
-    assert cycle and cycle.gone and cycle.back and cycle.gone.wall_ns == at(31) and cycle.back.wall_ns == at(95)
+    assert cycle and cycle.gone and cycle.final and cycle.gone.wall_ns == at(31) and cycle.final.wall_ns == at(95)
+
+
+def test_a_slice_updated_in_place_at_the_same_generation_passes() -> None:
+    """The plugin back within the kubelet's 30 s: its ResourceSlice controller updates the one slice in place and
+    keeps the pool's generation; the devices at the target are what says it restarted on the new driver."""
+    in_place = resource_slice(OLD_SLICE["metadata"]["name"], generation=1, version=NEW)
+    evidence = upgraded_run([*relisted(-30, OLD_SLICE), seen(60, "MODIFIED", in_place)])
+
+    verdict = check_device(evidence)
+
+    assert verdict.outcome is Outcome.PASS, verdict.summary
+    assert [e.text for e in verdict.evidence if e.kind == "ResourceSlice"] == [
+        "generation 1, 8 devices at driverVersion 580.82.7", "generation 1, 8 devices at driverVersion 580.95.5"]
 
 
 def test_slices_that_never_went_away_fail_naming_the_plugin_left_on_the_old_driver() -> None:
     verdict = check_device(upgraded_run([*relisted(-30, OLD_SLICE)]))
 
     assert verdict.outcome is Outcome.FAIL
-    assert f"node {NODE}'s gpu.nvidia.com ResourceSlices never went away (generation 1, 8 devices at driverVersion " \
+    assert f"node {NODE}'s gpu.nvidia.com ResourceSlices never changed (generation 1, 8 devices at driverVersion " \
            "580.82.7): the DRA kubelet plugin was not restarted" in verdict.summary, verdict.summary
 
 
-def test_slices_back_at_the_old_version_or_without_a_new_generation_fail() -> None:
-    stale = resource_slice(f"{NODE}-gpu.nvidia.com-x", generation=2, version=OLD)
-    same_generation = resource_slice(f"{NODE}-gpu.nvidia.com-y", generation=1, version=NEW)
-    fewer = resource_slice(f"{NODE}-gpu.nvidia.com-z", generation=2, version=NEW, devices=7)
+def test_slices_back_at_the_old_version_or_with_fewer_devices_fail() -> None:
+    stale = resource_slice(f"00000-gpu.nvidia.com-{NODE}-x", generation=1, version=OLD)
+    fewer = resource_slice(f"00000-gpu.nvidia.com-{NODE}-z", generation=1, version=NEW, devices=7)
 
-    for back, expected in ((stale, "came back with generation 2, 8 devices at driverVersion 580.82.7, expected 8 "
+    for back, expected in ((stale, "offer generation 1, 8 devices at driverVersion 580.82.7 at the end, expected 8 "
                                    "devices at 580.95.5"),
-                           (same_generation, "came back at generation 1, not above 1"),
-                           (fewer, "came back with generation 2, 7 devices")):
+                           (fewer, "offer generation 1, 7 devices at driverVersion 580.95.5 at the end")):
         verdict = check_device(upgraded_run([*relisted(-30, OLD_SLICE), seen(31, "DELETED", OLD_SLICE),
                                              seen(95, "ADDED", back)]))
         assert verdict.outcome is Outcome.FAIL and expected in verdict.summary, verdict.summary
+
+
+def test_slices_that_offered_the_target_before_and_never_changed_pass() -> None:
+    """A change that keeps the driver's version (the restart-only path): the slices cannot tell an old plugin from a
+    new one, and do not fail the rung; the plugin's pod is judged on its own."""
+    evidence = upgraded_run([*relisted(-30, NEW_SLICE)])
+    finding, _ = judge(evidence, NODE)
+    assert finding is not None and finding.outcome is Outcome.PASS, finding
+    assert "offered the target throughout (generation 1, 8 devices at driverVersion 580.95.5)" in finding.line
+    assert check_device(evidence).outcome is Outcome.PASS
 
 
 def test_slices_that_went_away_and_stayed_away_fail() -> None:
