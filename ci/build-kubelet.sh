@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 
 K8S=$(grep -Eo 'k8s.io/kubernetes v[0-9.]+' go.mod | head -1 | sed 's/.* v//')
-sum=$( (cat go.sum; find node -name '*.go' -not -path 'node/nvml-shim/*' -not -path 'node/device-plugin/*' -not -path 'node/nfd-master/*' | sort | xargs cat) | sha256sum | cut -c1-12)
+sum=$( (cat go.sum; find node -name '*.go' -not -path 'node/nvml-shim/*' -not -path 'node/device-plugin/*' -not -path 'node/nfd-master/*' -not -path 'node/dra-driver/*' | sort | xargs cat) | sha256sum | cut -c1-12)
 cache=${GPUCANARY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpucanary}
 out="$cache/bin/kubelet-node-$K8S-$sum"
 bins="kubelet pause gpucanary-netns allreduce driver-manager nvidia-container-runtime"

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness import FAST, TARGET, gpucanary, receipt_of, second_fleet
 
+from pytest_gpucanary.fleet.binaries import CI_DIR
+from pytest_gpucanary.fleet.dra_slices import _resource_slice
+from pytest_gpucanary.fleet.images import NVML_STATE_SCRIPT, nvml_gpus
 from pytest_gpucanary.kube import Kube
+from pytest_gpucanary.kube.errors import NotFound
 from pytest_gpucanary.shipped import FIXTURES
 
 pytestmark = [pytest.mark.e2e]
@@ -132,3 +140,72 @@ def test_a_dra_run_of_the_field_notes_drain_policy_fails_at_application_naming_t
     service = [(e["gpus"], e["allowed"]) for e in receipt["evictions"] if e["name"].startswith("sched-api-")]
     assert gpu_job and set(gpu_job) == {(1, True)} and service and set(service) == {(0, False)}, receipt["evictions"]
     assert_claimed_through_dra(receipt, tmp_path / "reports")
+
+
+def _built(script: str) -> Path:
+    done = subprocess.run(["bash", str(CI_DIR / script)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return Path(done.stdout.strip())
+
+
+@pytest.mark.dra_variants
+def test_nvidias_dra_kubelet_plugin_publishes_the_slice_the_fleet_stands_in_with(gpucanary_fleet, kube: Kube,
+                                                                                 tmp_path: Path) -> None:
+    """NVIDIA's GPU kubelet plugin v0.5.0, built unmodified (ci/build-dra-driver.sh) and run over the NVML stand-in as a
+    node's loaded driver leaves it (its driver root and state, fleet/images.py), publishes on the real apiserver the
+    ResourceSlice that the fleet publishes in its place on KWOK nodes (fleet/dra_slices.py): the same devices (names,
+    attributes, memory), pool, slice name and owner."""
+    plugin = _built("build-dra-driver.sh") / "gpu-kubelet-plugin"
+    shim = _built("build-nvml-shim.sh") / "libnvidia-ml.so.1"
+    name = f"dra-plugin-{uuid.uuid4().hex[:6]}"
+    node = kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    root = tmp_path / "driver"                      # as the driver container fills /run/nvidia/driver
+    (root / "usr" / "lib64").mkdir(parents=True)
+    (root / "usr" / "bin").mkdir(parents=True)
+    shutil.copy(shim, root / "usr" / "lib64" / "libnvidia-ml.so.1")
+    (root / "usr" / "bin" / "nvidia-smi").write_text(f"#!/bin/sh\necho 'Driver Version: {TARGET}'\n")
+    (root / "usr" / "bin" / "nvidia-smi").chmod(0o755)
+    gpus, state, script = tmp_path / "gpus.env", tmp_path / "gpucanary-nvml.env", tmp_path / "nvml-state"
+    gpus.write_text(nvml_gpus(TARGET))
+    script.write_bytes(NVML_STATE_SCRIPT)
+    subprocess.run(["sh", str(script), str(gpus), str(state)], check=True, env={"PATH": "/usr/bin:/bin", "NODE_NAME": name})
+    for sub in ("cdi", "registry", "plugins", "sysfs"):
+        (tmp_path / sub).mkdir()
+    log = (tmp_path / "plugin.log").open("w")
+    process = subprocess.Popen(
+        [str(plugin), f"--node-name={name}", f"--kubeconfig={gpucanary_fleet.fleet.kubeconfig}",
+         "--image-name=nvcr.io/nvidia/dra-driver-nvidia-gpu:v0.5.0", f"--container-driver-root={root}",
+         f"--nvidia-driver-root={root}", "--host-root=/", f"--cdi-root={tmp_path / 'cdi'}",
+         "--nvidia-cdi-hook-path=/bin/true", f"--kubelet-registrar-directory-path={tmp_path / 'registry'}",
+         f"--kubelet-plugins-directory-path={tmp_path / 'plugins'}", "--healthcheck-port=-1", "-v=4"],
+        env={"PATH": "/usr/bin:/bin", "GPUCANARY_NVML_STATE": str(state),
+             "NVIDIA_DRA_SYSFS_ROOT": str(tmp_path / "sysfs")},          # no PCI sysfs: no pcieRoot, as on a fleet node
+        stdout=log, stderr=subprocess.STDOUT)
+    selector = f"spec.nodeName={name},spec.driver=gpu.nvidia.com"
+    try:
+        deadline = time.monotonic() + 120
+        while not (published := kube.list("resource.k8s.io/v1", "ResourceSlice", field_selector=selector)):
+            assert process.poll() is None, (tmp_path / "plugin.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "plugin.log").read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+        for made in kube.list("resource.k8s.io/v1", "ResourceSlice", field_selector=selector):
+            kube.delete("resource.k8s.io/v1", "ResourceSlice", made["metadata"]["name"])
+        try:
+            kube.delete("v1", "Node", name)
+        except NotFound:
+            pass
+
+    [real] = published
+    stand_in = _resource_slice(node, TARGET)
+    assert sorted(real["spec"]["devices"], key=lambda d: d["name"]) == stand_in["spec"]["devices"]
+    assert real["spec"]["pool"] == stand_in["spec"]["pool"] and real["spec"]["nodeName"] == name
+    assert real["metadata"]["name"].startswith(stand_in["metadata"]["generateName"]), real["metadata"]["name"]
+    assert real["metadata"]["ownerReferences"] == stand_in["metadata"]["ownerReferences"]

@@ -150,6 +150,8 @@ def test_eight_h200s_on_580_95_05_as_nvidias_bindings_see_them(shim_dir: Path, s
     not_success = {name: c for name, c in seen["calls"].items() if c["code"] != Nvml.SUCCESS}
     assert not_success == {"DeviceGetHandleByUUID/unknown": answer(Nvml.NOT_FOUND, "Not Found"),
                            "DeviceGetMigMode/0": answer(Nvml.NOT_SUPPORTED, "Not Supported"),
+                           # NVIDIA's DRA kubelet plugin asks every GPU for each GPU instance profile
+                           "DeviceGetGpuInstanceProfileInfo/0": answer(Nvml.NOT_SUPPORTED, "Not Supported"),
                            "DeviceGetNvLinkState/0": answer(Nvml.NOT_SUPPORTED, "Not Supported"),
                            "EventSetWait": answer(Nvml.TIMEOUT, "Timeout")}
     assert {f"{name}/{i}" for name in PER_GPU_CALLS for i in range(8)} <= seen["calls"].keys()

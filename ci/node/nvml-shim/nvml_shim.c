@@ -565,6 +565,19 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
     return ret;
 }
 
+/* NVIDIA's DRA kubelet plugin (sigs.k8s.io/dra-driver-nvidia-gpu) asks every GPU for each GPU instance
+ * profile while it enumerates, without checking MIG mode first; NOT_SUPPORTED (as on a GPU without MIG)
+ * makes it skip the profile. */
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                 nvmlGpuInstanceProfileInfo_t *info)
+{
+    const struct nvmlDevice_st *gpu;
+    nvmlReturn_t ret = find_gpu(device, info, &gpu);
+    if (ret == NVML_SUCCESS)
+        ret = profile < NVML_GPU_INSTANCE_PROFILE_COUNT ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return ret;
+}
+
 nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
 {
     const struct nvmlDevice_st *gpu;

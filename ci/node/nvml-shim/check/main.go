@@ -252,6 +252,8 @@ func queryDevice0(nvmllib nvml.Interface, r *round) {
 	}
 	_, _, ret = dev.GetMigMode()
 	r.record("DeviceGetMigMode/0", ret)
+	_, ret = dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+	r.record("DeviceGetGpuInstanceProfileInfo/0", ret)
 	r.IsMigDevice, ret = dev.IsMigDeviceHandle()
 	r.record("DeviceIsMigDeviceHandle/0", ret)
 	r.MaxMigDeviceCount, ret = dev.GetMaxMigDeviceCount()
