@@ -32,6 +32,8 @@ from pytest_gpucanary.kube import Conflict, Kube, NotFound, patch_as_read
 STRANDED_STATES = (VALIDATION_REQUIRED, UPGRADE_FAILED)
 UNSTRAND_TRIES = 3  # once more if the first came before the operator had put the DaemonSet back
 LOOK_EVERY_S = 15  # a stranded node may not change: it is looked at again this often
+# A node done and owned while its new driver pod is not running yet: the pod's start changes nothing on the Node
+POD_LOOK_EVERY_S = 2
 
 
 def wait_for_driver(
@@ -43,16 +45,15 @@ def wait_for_driver(
     itself gives a node whose driver pod is out of date, so it rolls the node back; a driver pod of another
     version that the scheduler could not place there is deleted (`_replace_unplaced`)."""
     tries = {"unstrand": UNSTRAND_TRIES, "unplaced": UNSTRAND_TRIES}
+    pod_pending = [False]
 
     def back(nodes: dict[str, dict]) -> bool | None:
         labels = nodes.get(node, {}).get("metadata", {}).get("labels", {})
         state = labels.get(UPGRADE_STATE_LABEL)
-        if (
-            state == UPGRADE_DONE
-            and (not owner or labels.get(DRIVER_OWNER_LABEL) == owner)
-            and _driver_version_on(kube, node, owner) == version
-        ):
-            return True
+        if state == UPGRADE_DONE and (not owner or labels.get(DRIVER_OWNER_LABEL) == owner):
+            if _driver_version_on(kube, node, owner) == version:
+                return True
+            pod_pending[0] = True
         if state in STRANDED_STATES and tries["unstrand"] and (stale := _other_drivers_on(kube, node, version)):
             tries["unstrand"] -= 1
             if _unstrand(kube, node):
@@ -67,9 +68,9 @@ def wait_for_driver(
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         try:
-            kube.watch_until(
-                "v1", "Node", back, timeout_s=min(left, LOOK_EVERY_S), field_selector=f"metadata.name={node}"
-            )
+            look_s = POD_LOOK_EVERY_S if pod_pending[0] else LOOK_EVERY_S
+            pod_pending[0] = False
+            kube.watch_until("v1", "Node", back, timeout_s=min(left, look_s), field_selector=f"metadata.name={node}")
             return
         except TimeoutError:
             continue
