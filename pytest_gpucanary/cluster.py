@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.kube import Kube
-from pytest_gpucanary.kube.errors import NotFound
+from pytest_gpucanary.kube.errors import Forbidden, NotFound
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,13 @@ def _configuration(kube: Kube) -> tuple[dict, bool]:
     try:
         clusters = kube.list(*op.GPU_CLUSTER)
     except NotFound:  # before v26.7
+        clusters = []
+    except Forbidden:  # an identity granted before GPUCluster: a ClusterPolicy rules one out (the operator's rule)
+        if not policies:
+            raise EnvError(
+                "the cluster has no ClusterPolicy, and this identity may not list GPUClusters",
+                hint="grant it list on gpuclusters.nvidia.com (deploy/rbac.yaml)",
+            ) from None
         clusters = []
     if policies and clusters:
         raise EnvError(

@@ -9,6 +9,7 @@ from kube_double import FakeKube
 
 from pytest_gpucanary.cluster import discover, operator_release
 from pytest_gpucanary.errors import EnvError
+from pytest_gpucanary.kube.errors import Forbidden
 
 RELEASE_LABELS = {"app.kubernetes.io/name": "gpu-operator", "app.kubernetes.io/version": "v26.7.0"}
 
@@ -64,3 +65,25 @@ def test_both_or_neither_is_one_line_and_no_write() -> None:
         with pytest.raises(EnvError, match=said):
             discover(fake)
         assert len(fake.writes) == writes
+
+
+class NoGpuClusterGrant(FakeKube):
+    """An identity granted before GPUCluster existed: listing them is forbidden."""
+
+    def list(self, api_version: str, kind: str, **kwargs):
+        if kind == "GPUCluster":
+            raise Forbidden("list GPUCluster: 403 forbidden")
+        return super().list(api_version, kind, **kwargs)
+
+
+def test_an_identity_that_may_not_list_gpuclusters_still_reads_a_cluster_policy_and_is_told_otherwise() -> None:
+    """A ClusterPolicy rules a GPUCluster out (the operator refuses both), so an older grant still reads it; with no
+    ClusterPolicy the line names the missing grant instead of a missing ClusterPolicy."""
+    fake = NoGpuClusterGrant()
+    _operator(fake, cluster_policy=True, gpu_cluster=False)
+    assert discover(fake).mode == "NVIDIADriver" and operator_release(fake) == "v26.7.0"
+
+    fake = NoGpuClusterGrant()
+    _operator(fake, cluster_policy=False, gpu_cluster=True)
+    with pytest.raises(EnvError, match="no ClusterPolicy, and this identity may not list GPUClusters"):
+        discover(fake)
