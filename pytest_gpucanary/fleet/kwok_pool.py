@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import yaml
 
-from pytest_gpucanary.canary import dra
+from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, POOL_ELIGIBLE_LABEL, Pool
 from pytest_gpucanary.canary.preflight import Permission
 from pytest_gpucanary.cluster import ClusterInfo
@@ -78,14 +77,19 @@ class KwokPool:
         """Until every node shows its GPUs: the driver pod Ready, then the device plugin or, in GPUCluster mode, the DRA
         kubelet plugin (fleet/node_agent.py)."""
         if self.dra:
-            deadline = time.monotonic() + timeout_s
-            while not dra.offer_gpus(self.kube, tuple(self.nodes)):
-                if time.monotonic() > deadline:
-                    raise EnvError(
-                        f"pool {self.name} offers no {GPU_DRIVER} ResourceSlices on every node after {timeout_s:.0f} s",
-                        hint="are the GPU Operator and the fleet's node agent running? see `gpucanary fleet status`",
-                    )
-                time.sleep(1.0)
+            wanted = set(self.nodes)
+            try:
+                self.kube.watch_until(
+                    *RESOURCE_SLICE,
+                    lambda slices: True if wanted <= {s["spec"].get("nodeName") for s in slices.values()} else None,
+                    timeout_s=timeout_s,
+                    field_selector=f"spec.driver={GPU_DRIVER}",
+                )
+            except TimeoutError:
+                raise EnvError(
+                    f"pool {self.name} offers no {GPU_DRIVER} ResourceSlices on every node after {timeout_s:.0f} s",
+                    hint="are the GPU Operator and the fleet's node agent running? see `gpucanary fleet status`",
+                ) from None
             return
         for name in self.nodes:
             try:

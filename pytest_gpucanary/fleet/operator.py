@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from pytest_gpucanary import gpu_operator as op
 from pytest_gpucanary.canary.dra import RESOURCE_SLICE
 from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL, HANDOVER_ELIGIBLE_LABEL, POOL_ELIGIBLE_LABEL
 from pytest_gpucanary.errors import EnvError
@@ -35,7 +36,7 @@ UPGRADE_ONLY_NOT_READY = "ClusterPolicy is not ready; NVIDIADriver upgrade has n
 READY_APPS = ("nvidia-driver", "nvidia-device-plugin-daemonset", VALIDATOR_APP)
 # GPUCluster mode: the DRA kubelet plugin instead of the device plugin; the DRA validator's pods carry VALIDATOR_APP
 GPU_CLUSTER_READY_APPS = ("nvidia-driver", DRA_KUBELET_PLUGIN_APP, VALIDATOR_APP)
-GPU_CLUSTER = ("nvidia.com/v1alpha1", "GPUCluster", "gpu-cluster")
+GPU_CLUSTER_NAME = "gpu-cluster"  # fixtures/fleet/gpucluster.yaml, as the chart names it
 READY_TIMEOUT_S = 240
 
 
@@ -226,9 +227,7 @@ def wait_ready(kube: Kube, gpu_nodes: list[str], progress: Callable[[str], None]
                 progress=progress,
                 what=f"{GPU_DRIVER} ResourceSlices (the DRA kubelet plugin's GPUs)",
             )
-            kube.wait_for(
-                *GPU_CLUSTER, lambda cr: cr.get("status", {}).get("state") == "ready", timeout_s=remaining_s()
-            )
+            kube.wait_for(*op.GPU_CLUSTER, GPU_CLUSTER_NAME, _state_ready, timeout_s=remaining_s())
             return
         waits.wait_all(
             kube,
@@ -252,6 +251,10 @@ def gpus_allocatable(node: dict) -> bool:
     """The node shows as many GPUs as GPU Feature Discovery counted (the device plugin registered them)."""
     count = node["metadata"].get("labels", {}).get(GPU_COUNT_LABEL)
     return count is not None and node.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE) == count
+
+
+def _state_ready(cr: dict) -> bool:
+    return cr.get("status", {}).get("state") == "ready"
 
 
 def policy_ready(policy: dict) -> bool:
