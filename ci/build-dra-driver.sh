@@ -7,7 +7,9 @@
 # a compile-only stand-in (reached only behind the Fabric Manager feature gate, off by default). cgo: it dlopens
 # libnvidia-ml.so.1 through go-nvml. Stamped with the module version through the -X internal/info.version its
 # Makefile sets. The cache directory is keyed by go.mod, go.sum, the stand-in and this script, so a warm run
-# builds nothing (2 to 4 minutes cold on 2 cores, about 870 MiB peak memory).
+# builds nothing (2 to 4 minutes cold on 2 cores, about 870 MiB peak memory). Beside it, nvidia-cdi-hook from the
+# NVIDIA Container Toolkit version the driver requires, which NVIDIA's plugin image carries at /usr/bin and the plugin
+# copies to the node for the CDI specs it writes (the Dockerfile takes it from that toolkit's image).
 # Prints the output directory on stdout; progress goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,7 +34,11 @@ echo "building gpu-kubelet-plugin $version ($MOD, 2 to 4 minutes cold on 2 cores
 # go-nvml's cgo preamble declares all of nvml.h, whose deprecated calls would each print a warning
 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" go build -pgo=off \
   -ldflags "-s -w -X $MOD/internal/info.version=$version" -o "$tmp/gpu-kubelet-plugin" "$MOD/cmd/gpu-kubelet-plugin"
-[ -x "$tmp/gpu-kubelet-plugin" ] || { echo "build produced no gpu-kubelet-plugin" >&2; exit 1; }
+CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" go build -pgo=off -ldflags "-s -w" -o "$tmp/nvidia-cdi-hook" \
+  github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
+for bin in gpu-kubelet-plugin nvidia-cdi-hook; do
+  [ -x "$tmp/$bin" ] || { echo "build produced no $bin" >&2; exit 1; }
+done
 echo "built in $(( $(date +%s) - start ))s" >&2
 rm -rf "$out"; mv "$tmp" "$out"; touch "$out/.complete"
 echo "$out"

@@ -58,6 +58,16 @@ DEVICE_PLUGIN = Build(
     ("nvidia-device-plugin", "gpu-feature-discovery"),
     "k8s-device-plugin-",
 )
+# NVIDIA's DRA kubelet plugin, unmodified, with the nvidia-cdi-hook its image carries: a kubelet pool node's GPUs in
+# GPUCluster mode
+DRA_DRIVER = Build(
+    "dra_driver_dir", "build-dra-driver.sh", ("gpu-kubelet-plugin", "nvidia-cdi-hook"), "dra-driver-nvidia-gpu-"
+)
+# containerd 2, which applies the CDI devices the kubelet passes for a prepared claim: a kubelet node's runtime in
+# GPUCluster mode (Debian's containerd 1.6 elsewhere)
+CONTAINERD = Build(
+    "containerd_dir", "build-containerd.sh", ("containerd", "containerd-shim-runc-v2", "ctr"), "containerd-"
+)
 
 
 def find_bin_dir(build: Build, progress: Callable[[str], None], *args: str) -> Path:

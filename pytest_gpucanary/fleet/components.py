@@ -79,7 +79,7 @@ def control_plane(layout: FleetLayout, bin_dir: Path) -> list[Component]:
                 f"--service-account-key-file={pki / 'admin.key'}",
                 f"--service-account-signing-key-file={pki / 'admin.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--service-cluster-ip-range=10.96.0.0/12",
+                "--service-cluster-ip-range=10.96.0.0/12",  # the kubernetes Service: pki.KUBERNETES_SERVICE_IP
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 "--authorization-mode=Node,RBAC",

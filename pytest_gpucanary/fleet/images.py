@@ -35,6 +35,7 @@ BUSYBOX = "/bin/busybox"
 PAUSE_IMAGE = "localhost/gpucanary/pause:1"
 BUSYBOX_IMAGES = ("localhost/gpucanary/busybox:1", "docker.io/library/busybox:1.36", "docker.io/library/busybox:latest")
 ALLREDUCE_IMAGE = "localhost/gpucanary/allreduce:1"
+_BASH = ("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n')  # for an operand's `bash -c` entrypoint script
 _BASE_DIRS = ("bin", "etc", "dev", "proc", "sys", "run", "var", "root")  # in every image, with /tmp
 _PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
 
@@ -187,10 +188,24 @@ def operator_plugin_images(*, device_plugin: str, plugin_dir: Path) -> list[Imag
             (device_plugin,),
             ("/bin/nvidia-device-plugin",),
             files=(*((f"/bin/{b.name}", b) for b in binaries), *libraries.items()),
-            data=(("/bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n'),),
+            data=(_BASH,),
             env=("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"),
         ),
     ]
+
+
+def dra_plugin_image(name: str, dra_dir: Path) -> ImageSpec:
+    """The image of the GPU Operator's DRA kubelet plugin DaemonSet pods (GPUCluster mode), under the GPUCluster's
+    draDriver name: NVIDIA's gpu-kubelet-plugin and the nvidia-cdi-hook it copies to the node (both cgo, with the C
+    library they link), and busybox for the DaemonSet's `bash -c` script."""
+    binaries = [dra_dir / "gpu-kubelet-plugin", dra_dir / "nvidia-cdi-hook"]
+    libraries = dict(library for binary in binaries for library in shared_libraries(binary))
+    return _busybox(
+        (name,),
+        ("/usr/bin/gpu-kubelet-plugin",),
+        files=(*((f"/usr/bin/{b.name}", b) for b in binaries), *libraries.items()),
+        data=(_BASH,),
+    )
 
 
 # The driver container: `nvidia-driver init` loads the driver. Here that is /sys/module/nvidia/refcnt
@@ -217,8 +232,17 @@ fi
 # there): its nvidia-smi and libnvidia-ml.so.1, each renamed into place (a plugin may have the library mapped),
 # which the driver manager removes when it unloads the driver
 root=/run/nvidia/driver
-mkdir -p $root/usr/bin $root/usr/lib64
+mkdir -p $root/usr/bin $root/usr/lib64 $root/dev
+# and its /dev, where the real container's module load makes the GPUs' device nodes (major 195): NVIDIA's CDI
+# generator (the DRA kubelet plugin's) takes them from there for each prepared GPU; nothing opens them
+for i in GPU_INDEXES; do [ -e $root/dev/nvidia$i ] || mknod -m 0666 $root/dev/nvidia$i c 195 $i; done
+[ -e $root/dev/nvidiactl ] || mknod -m 0666 $root/dev/nvidiactl c 195 255
 cp /usr/lib64/libnvidia-ml.so.1 $root/usr/lib64/.libnvidia-ml.so.1 && mv -f $root/usr/lib64/.libnvidia-ml.so.1 $root/usr/lib64/libnvidia-ml.so.1
+# the versioned libraries by which NVIDIA's CDI generator (the DRA kubelet plugin's) finds the driver's library
+# directory and what to mount from it (libcuda.so.<version>); the stand-in's NVML is the only library there
+for lib in libcuda libnvidia-ml; do
+  cp /usr/lib64/libnvidia-ml.so.1 $root/usr/lib64/.$lib && mv -f $root/usr/lib64/.$lib $root/usr/lib64/$lib.so.$(cat /etc/driver-version)
+done
 cp /etc/driver-root/nvidia-smi $root/usr/bin/.nvidia-smi && mv -f $root/usr/bin/.nvidia-smi $root/usr/bin/nvidia-smi
 echo 1 > /sys/module/nvidia/refcnt
 cat /etc/driver-version > /run/nvidia/gpucanary-driver-loaded
@@ -229,6 +253,7 @@ while :; do sleep 1; done
 GPU_PRODUCT = "NVIDIA H100 80GB HBM3"  # the KWOK GPU nodes' (fixtures/fleet/gpu-node.yaml: GFD's gpu.product)
 GPU_MEMORY_MIB = 81559  # its total memory as NVML reports it (GFD's nvidia.com/gpu.memory)
 GPU_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")  # the PCI bus of each of a node's eight GPUs
+_DRIVER = _DRIVER.replace(b"GPU_INDEXES", " ".join(str(i) for i in range(len(GPU_BUSES))).encode())
 NVML_STATE_PATH = "/run/nvidia/gpucanary-nvml.env"  # where the driver above writes it (the shim's default)
 # What the node's NVML stand-in (ci/node/nvml-shim) answers while this driver is loaded: the driver's
 # GPUs (`nvml_gpus`) and eight devices, their UUIDs derived from the node's name, written whole and then
@@ -331,7 +356,7 @@ def pool_operand_images(
     bin_dir: Path,
     apiserver_url: str,
     *,
-    validator: str,
+    validator: tuple[str, ...],
     validator_bin: Path,
     nvml_shim: Path,
     driver_manager: str,
@@ -349,7 +374,7 @@ def pool_operand_images(
     validator's nvidia-smi check fails with the message and retries ("unvalidated")."""
     faults = faults or {}
     specs = [
-        _busybox((validator,), files=(("/bin/nvidia-validator", validator_bin),)),
+        _busybox(validator, files=(("/bin/nvidia-validator", validator_bin),)),
         _busybox(
             (driver_manager,),
             ("/bin/driver-manager",),
@@ -391,18 +416,21 @@ def node_images(bin_dir: Path) -> list[ImageSpec]:
     ]
 
 
-def import_images(specs: list[ImageSpec], *, directory: Path, address: Path, enter: tuple[str, ...] = ()) -> None:
+def import_images(
+    specs: list[ImageSpec], *, directory: Path, address: Path, enter: tuple[str, ...] = (), ctr: Path | None = None
+) -> None:
     """Write each image's tar under `directory` and import it into containerd's k8s.io namespace;
-    `enter` prefixes ctr's command line (nsenter into the namespace where `address` is)."""
-    ctr = shutil.which("ctr")
-    if ctr is None:
+    `enter` prefixes ctr's command line (nsenter into the namespace where `address` is); `ctr` is the runtime's own
+    (Debian's on PATH when None)."""
+    found = str(ctr) if ctr else shutil.which("ctr")
+    if found is None:
         raise EnvError("ctr is not installed", hint="apt-get install containerd (ci/install-node-deps.sh)")
     directory.mkdir(parents=True, exist_ok=True)
     for spec in specs:
         path = directory / (spec.names[0].rsplit("/", 1)[1].replace(":", "-") + ".tar")
         write_oci_tar(spec, path)
         result = subprocess.run(
-            [*enter, ctr, f"--address={address}", "--namespace=k8s.io", "images", "import", str(path)],
+            [*enter, found, f"--address={address}", "--namespace=k8s.io", "images", "import", str(path)],
             capture_output=True,
             text=True,
             timeout=120,

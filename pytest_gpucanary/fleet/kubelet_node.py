@@ -157,6 +157,12 @@ def operator_images() -> dict[str, str]:
     return names
 
 
+def dra_plugin_image_name() -> str:
+    """The image of the DRA kubelet plugin in the fleet's GPUCluster."""
+    spec = yaml.safe_load((FLEET_FIXTURES / "gpucluster.yaml").read_text())["spec"]["draDriver"]
+    return f"{spec['repository']}/{spec['image']}:{spec['version']}"
+
+
 def fleet_driver_version() -> str:
     """The driver version of the fleet's ClusterPolicy and NVIDIADriver."""
     return str(yaml.safe_load((FLEET_FIXTURES / "clusterpolicy.yaml").read_text())["spec"]["driver"]["version"])
@@ -180,6 +186,7 @@ class KubeletNode:
     layout: FleetLayout
     index: int
     bin_dir: Path
+    runtime_dir: Path | None = None  # containerd 2 (ci/build-containerd.sh) in GPUCluster mode; else Debian's
 
     @property
     def name(self) -> str:
@@ -243,11 +250,17 @@ class KubeletNode:
                     "-c",
                     _NAMESPACE_SETUP,
                     str(self.dir),
-                    shutil.which("containerd") or "containerd",
+                    str(self.runtime_dir / "containerd")
+                    if self.runtime_dir
+                    else shutil.which("containerd") or "containerd",
                     f"--config={self.dir / 'containerd' / 'config.toml'}",
                 ),
                 f"http://{HOST}:{metrics}/v1/metrics",
                 metrics,
+                # containerd finds its runc shim on PATH
+                env=(("PATH", f"{self.runtime_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"),)
+                if self.runtime_dir
+                else (),
             ),
             Component(
                 kubelet,

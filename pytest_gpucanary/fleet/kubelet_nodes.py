@@ -20,13 +20,14 @@ from pathlib import Path
 from pytest_gpucanary.config import GPU_JOB_IMAGE, PROBE_IMAGE, SERVICE_IMAGE
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet import images, node_cgroups, processes
-from pytest_gpucanary.fleet.binaries import DEVICE_PLUGIN, NVML_SHIM, Build, find_bin_dir
-from pytest_gpucanary.fleet.components import Component
+from pytest_gpucanary.fleet.binaries import CONTAINERD, DEVICE_PLUGIN, DRA_DRIVER, NVML_SHIM, Build, find_bin_dir
+from pytest_gpucanary.fleet.components import VALIDATOR_IMAGE, Component
 from pytest_gpucanary.fleet.kubelet_node import (
     DEBIAN_LOOPBACK_PLUGIN,
     DRIVER_FAULTS,
     GPUS_PER_NODE,
     KubeletNode,
+    dra_plugin_image_name,
     driver_images,
     gpu_labels,
     hosts_text,
@@ -117,8 +118,8 @@ class KubeletNodes:
         except (OSError, ValueError, KeyError):
             return None
 
-    def nodes(self) -> list[KubeletNode]:
-        return [KubeletNode(self.layout, i, self.bin_dir) for i in range(self.count)]
+    def nodes(self, runtime_dir: Path | None = None) -> list[KubeletNode]:
+        return [KubeletNode(self.layout, i, self.bin_dir, runtime_dir) for i in range(self.count)]
 
     def components(self) -> list[Component]:
         return [part for node in self.nodes() for part in node.components()]
@@ -131,6 +132,9 @@ class KubeletNodes:
         specs = images.node_images(self.bin_dir)
         plugin_dir = find_bin_dir(DEVICE_PLUGIN, progress)
         nvml_shim = find_bin_dir(NVML_SHIM, progress) / "libnvidia-ml.so.1"
+        # GPUCluster mode: NVIDIA's DRA kubelet plugin, whose claims reach containers as CDI devices, which
+        # containerd 2 applies (layout.check: every kubelet node is then a pool)
+        runtime_dir = find_bin_dir(CONTAINERD, progress) if self.layout.dra else None
         if self.layout.kubelet_pool:
             names = operator_images()
             validator = operator_bin_dir / "nvidia-validator"
@@ -139,11 +143,15 @@ class KubeletNodes:
                     f"the GPU Operator build in {operator_bin_dir} has no nvidia-validator, which a kubelet pool runs",
                     hint="rebuild it: bash ci/build-operator.sh <release>",
                 )
-            specs += images.operator_plugin_images(device_plugin=names["devicePlugin"], plugin_dir=plugin_dir)
+            if self.layout.dra:
+                specs.append(images.dra_plugin_image(dra_plugin_image_name(), find_bin_dir(DRA_DRIVER, progress)))
+            else:
+                specs += images.operator_plugin_images(device_plugin=names["devicePlugin"], plugin_dir=plugin_dir)
             specs += images.pool_operand_images(
                 self.bin_dir,
                 self.layout.apiserver_url,
-                validator=names["validator"],
+                # in GPUCluster mode the operator names NVIDIA's validator by its VALIDATOR_IMAGE
+                validator=(names["validator"], f"{VALIDATOR_IMAGE}:{self.layout.operator_release}"),
                 validator_bin=validator,
                 nvml_shim=nvml_shim,
                 driver_manager=names["driverManager"],
@@ -165,7 +173,7 @@ class KubeletNodes:
                 device_plugin=plugin_dir / "nvidia-device-plugin",
                 nvml_shim=nvml_shim,
             )
-            for node in self.nodes()
+            for node in self.nodes(runtime_dir)
         }
         state = {"bin_dir": str(self.bin_dir), "count": self.count, "start_s": started}
         _state_file(self.layout).write_text(json.dumps(state, indent=2) + "\n")
@@ -194,6 +202,7 @@ class KubeletNodes:
             directory=node.dir / "images",
             address=node.containerd_socket,
             enter=("nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"),
+            ctr=node.runtime_dir / "ctr" if node.runtime_dir else None,
         )
         _start(self.layout, kubelet, progress)
         for part in plugin:
@@ -212,8 +221,8 @@ class KubeletNodes:
 
     def wait_operator_gpus(self, kubectl: Kubectl, progress: Progress) -> None:
         """On pool nodes: wait until the operator's device-plugin pod has advertised the GPUs and GFD's labels,
-        through nfd-master, name them."""
-        if not self.layout.kubelet_pool:
+        through nfd-master, name them. (In GPUCluster mode the operator's wait covers pool nodes: their slices.)"""
+        if not self.layout.kubelet_pool or self.layout.dra:
             return
         for node in self.nodes():
             progress(f"fleet: waiting for the GPU Operator's device plugin and GFD on {node.name}")

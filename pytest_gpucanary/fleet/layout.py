@@ -112,7 +112,7 @@ class FleetSettings:
         False,
         "GPUCluster mode (v26.7): the operator deploys NVIDIA's DRA driver and DRA validator, no device plugin, and "
         "the KWOK GPU nodes offer their GPUs as gpu.nvidia.com ResourceSlices while the plugin pod is Ready on a "
-        "loaded driver (the node agent's); KWOK GPU nodes only",
+        "loaded driver (the node agent's); on kubelet nodes NVIDIA's DRA kubelet plugin runs, under containerd 2",
         env_only=True,
     )
 
@@ -135,6 +135,12 @@ class FleetSettings:
     nfd_master_dir: Path | None = knob(None, "A prebuilt nfd-master instead of ci/build-nfd-master.sh's", env_only=True)
     device_plugin_dir: Path | None = knob(
         None, "A prebuilt NVIDIA device plugin and GFD instead of ci/build-device-plugin.sh's", env_only=True
+    )
+    dra_driver_dir: Path | None = knob(
+        None, "A prebuilt NVIDIA DRA kubelet plugin instead of ci/build-dra-driver.sh's", env_only=True
+    )
+    containerd_dir: Path | None = knob(
+        None, "A prebuilt containerd 2 instead of ci/build-containerd.sh's", env_only=True
     )
 
     def __post_init__(self) -> None:
@@ -279,9 +285,9 @@ class FleetLayout:
 
 
 def _check_gpu_cluster(layout: FleetLayout) -> None:
-    """GPUCluster mode needs a release that has it, NVIDIADriver mode (the operator reconciles no NVIDIADriver beside a
-    ClusterPolicy that keeps the driver) and no kubelet nodes: NVIDIA's DRA kubelet plugin needs CDI from the node's
-    container runtime, which the kubelet node's containerd 1.6 does not have."""
+    """GPUCluster mode needs a release that has it and NVIDIADriver mode (the operator reconciles no NVIDIADriver
+    beside a ClusterPolicy that keeps the driver); its kubelet nodes are canary pools, where the operator runs NVIDIA's
+    DRA kubelet plugin (a node with the device plugin as a fleet process has no place in it)."""
     if layout.operator_release not in GPU_CLUSTER_RELEASES:
         raise ConfigError(
             f"GPU Operator {layout.operator_release} has no GPUCluster (GPUCANARY_FLEET_DRA=1)",
@@ -292,9 +298,9 @@ def _check_gpu_cluster(layout: FleetLayout) -> None:
             "GPUCluster mode (GPUCANARY_FLEET_DRA=1) takes its drivers from NVIDIADriver CRs",
             hint="use GPUCANARY_FLEET_DRIVER_MODE=nvidiadriver",
         )
-    if layout.kubelet_nodes:
+    if layout.kubelet_nodes and not layout.kubelet_pool:
         raise ConfigError(
-            "GPUCluster mode (GPUCANARY_FLEET_DRA=1) runs on KWOK GPU nodes only: NVIDIA's DRA kubelet plugin needs "
-            "CDI from the node's container runtime, which the kubelet node's containerd 1.6 does not have",
-            hint="set GPUCANARY_FLEET_KUBELET_NODES=0",
+            "in GPUCluster mode (GPUCANARY_FLEET_DRA=1) the kubelet nodes are canary pools, where the operator runs "
+            "NVIDIA's DRA kubelet plugin",
+            hint="unset GPUCANARY_FLEET_KUBELET_POOL, or set GPUCANARY_FLEET_KUBELET_NODES=0",
         )

@@ -13,6 +13,7 @@ from typing import Protocol
 from pytest_gpucanary.errors import EnvError
 from pytest_gpucanary.fleet.images import PAUSE_IMAGE
 from pytest_gpucanary.fleet.layout import HOST, FleetLayout
+from pytest_gpucanary.fleet.pki import KUBERNETES_SERVICE_IP
 
 
 class KubeletNode(Protocol):
@@ -51,6 +52,19 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def cni_config(node: KubeletNode) -> dict:
+    """In GPUCluster mode the pods reach the apiserver as the kubernetes Service (ci/node/netns-cni): NVIDIA's DRA
+    kubelet plugin and the validator in its init container use in-cluster config, and the operator gives that
+    DaemonSet no host network."""
+    api = (
+        {
+            "apiServer": {
+                "service": f"{KUBERNETES_SERVICE_IP}:443",
+                "upstream": f"{HOST}:{node.layout.port('kube-apiserver')}",
+            }
+        }
+        if node.layout.dra
+        else {}
+    )
     return {
         "cniVersion": "1.0.0",
         "name": "gpucanary-netns",
@@ -59,6 +73,7 @@ def cni_config(node: KubeletNode) -> dict:
                 "type": "gpucanary-netns",
                 "subnet": f"10.245.{node.index}.0/24",
                 "dataDir": str(node.dir / "cni" / "ipam"),
+                **api,
             }
         ],
     }

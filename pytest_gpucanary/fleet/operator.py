@@ -165,6 +165,16 @@ def apply_policies(
     if gpu_cluster:
         cluster = yaml.safe_load((FLEET_FIXTURES / "gpucluster.yaml").read_text())
         cluster["metadata"].setdefault("labels", {}).update(release_labels(release))
+        if pool_nodes:
+            # NVIDIA's kubelet plugin on a kubelet node reads the NVML stand-in's state through the host root it
+            # mounts; no gRPC health probes, which the kubelet would send to the pod's address, which nothing on the
+            # machine routes to (ci/node/netns-cni), and which must not leave it
+            cluster["spec"]["draDriver"]["gpus"] = {
+                "kubeletPlugin": {
+                    "env": [{"name": "GPUCANARY_NVML_STATE", "value": "/host" + NVML_STATE_PATH}],
+                    "healthcheck": {"enabled": False},
+                }
+            }
         kubectl(*apply, "-", stdin=json.dumps(cluster))
     else:
         kubectl(*apply, "-", stdin=json.dumps(policy))

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from pytest_gpucanary.errors import EnvError
 
-_SAN = "subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default.svc"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the kubernetes Service's ClusterIP: the first of --service-cluster-ip-range
+# also the kubernetes Service's address, which pods that use in-cluster config dial (a kubelet node in GPUCluster mode)
+_SAN = f"subjectAltName=DNS:localhost,IP:127.0.0.1,IP:{KUBERNETES_SERVICE_IP},DNS:kubernetes,DNS:kubernetes.default.svc"
 _EXT = f"{_SAN}\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
 
 

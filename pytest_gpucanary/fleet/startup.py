@@ -159,7 +159,9 @@ def start_all(fleet: Fleet, binaries: Binaries, progress: Progress) -> None:
     )
     plugin = "DRA kubelet plugin" if fleet.layout.dra else "device-plugin"
     progress(f"fleet: waiting for the driver, {plugin} and validator pods on every GPU node")
-    operator.wait_ready(_kube(fleet), fleet.gpu_node_names(), progress, gpu_cluster=fleet.layout.dra)
+    # in GPUCluster mode a kubelet pool node's GPUs are its DRA kubelet plugin's slices, as on a KWOK node
+    gpu_nodes = fleet.gpu_node_names() + (list(_kubelet_pool_nodes(fleet, binaries)) if fleet.layout.dra else [])
+    operator.wait_ready(_kube(fleet), gpu_nodes, progress, gpu_cluster=fleet.layout.dra)
     _wait_series(fleet, progress)
     if binaries.kubelet_node is not None:
         KubeletNodes.planned(fleet.layout, binaries.kubelet_node).wait_operator_gpus(

@@ -244,14 +244,17 @@ def test_host_network_service_serves_on_loopback_at_the_given_port() -> None:
     assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget"}
 
 
-def test_gpucluster_mode_needs_v26_7_nvidiadriver_mode_and_kwok_gpu_nodes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpucluster_mode_needs_v26_7_nvidiadriver_mode_and_pool_kubelet_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("GPUCANARY_FLEET_KUBELET_POOL", "GPUCANARY_FLEET_DRIVER_MODE", "GPUCANARY_OPERATOR_RELEASE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GPUCANARY_FLEET_DRA", "1")
     monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_NODES", "0")
     assert FleetLayout.from_env().dra
+    monkeypatch.setenv("GPUCANARY_FLEET_KUBELET_NODES", "1")
+    layout = FleetLayout.from_env()
+    assert layout.dra and layout.kubelet_pool                        # a kubelet node is a pool, by default
     for env, refusal in (
-        ({"GPUCANARY_FLEET_KUBELET_NODES": "1"}, "runs on KWOK GPU nodes only: NVIDIA's DRA kubelet plugin needs CDI"),
+        ({"GPUCANARY_FLEET_KUBELET_POOL": "0"}, "in GPUCluster mode .* the kubelet nodes are canary pools"),
         ({"GPUCANARY_FLEET_DRIVER_MODE": "clusterpolicy"}, "takes its drivers from NVIDIADriver CRs"),
         ({"GPUCANARY_OPERATOR_RELEASE": "v26.3.3"}, r"GPU Operator v26.3.3 has no GPUCluster"),
     ):

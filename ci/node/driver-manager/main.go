@@ -12,6 +12,12 @@
 // crash-loops until that pod goes. It writes only to stderr, as k8s-driver-manager's logger does: two
 // streams reach the container log in no fixed order, and the last line must be the error.
 //
+// With NVIDIA's DRA driver on the node (the nvidia.com/gpu.deploy.dra-driver label, GPUCluster mode) it drains
+// the DRA kubelet plugin last, as k8s-driver-manager v0.12.0's evictKubeletPlugin does: the plugin unprepares
+// the claims of the pods drained before it, so it refuses while a pod on the node still holds an allocated
+// gpu.nvidia.com claim, and it also restarts the plugin when no driver is loaded (a plugin bound to the old
+// driver root could not prepare claims against the new one).
+//
 // It talks to the apiserver with the pod's own service account token (the driver pod runs with
 // hostNetwork). The apiserver's address is the file /etc/gpucanary/apiserver of the image:
 // in-cluster config would dial the kubernetes Service's ClusterIP, which nothing here routes.
@@ -46,6 +52,13 @@ const (
 var deployLabels = []string{"operator-validator", "container-toolkit", "device-plugin", "gpu-feature-discovery",
 	"dcgm-exporter", "dcgm", "mig-manager", "nvsm", "sandbox-validator", "sandbox-device-plugin",
 	"vgpu-device-manager", "client", "dra-validator", "dcgm-dra", "dcgm-exporter-dra"}
+
+const (
+	draDriverOperand = "dra-driver"
+	draPluginApp     = "nvidia-dra-driver-kubelet-plugin"
+	draDriverName    = "gpu.nvidia.com"
+)
+
 var operandApps = []string{"nvidia-operator-validator", "nvidia-container-toolkit-daemonset",
 	"nvidia-device-plugin-daemonset", "gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-dcgm",
 	"nvidia-dcgm-exporter-dra", "nvidia-dcgm-dra", "nvidia-mig-manager"}
@@ -129,9 +142,17 @@ type object struct {
 		RuntimeClassName string      `json:"runtimeClassName"`
 		Containers       []container `json:"containers"`
 		InitContainers   []container `json:"initContainers"`
+		ResourceClaims   []struct {
+			Name              string `json:"name"`
+			ResourceClaimName string `json:"resourceClaimName"`
+		} `json:"resourceClaims"`
 	} `json:"spec"`
 	Status struct {
-		Phase string `json:"phase"`
+		Phase                 string `json:"phase"`
+		ResourceClaimStatuses []struct {
+			Name              string `json:"name"`
+			ResourceClaimName string `json:"resourceClaimName"`
+		} `json:"resourceClaimStatuses"`
 	} `json:"status"`
 }
 
@@ -203,13 +224,13 @@ func restore(value string) string {
 	return strings.Trim(strings.ReplaceAll(value, "_"+paused, ""), "_")
 }
 
-func (c *client) setDeployLabels(name string, change func(string) string) error {
+func (c *client) setDeployLabels(name string, change func(string) string, operands ...string) error {
 	node, err := c.node(name)
 	if err != nil {
 		return err
 	}
 	changed := map[string]string{}
-	for _, operand := range deployLabels {
+	for _, operand := range operands {
 		key := "nvidia.com/gpu.deploy." + operand
 		if value, ok := node.Metadata.Labels[key]; ok && change(value) != value {
 			changed[key] = change(value)
@@ -222,33 +243,121 @@ func (c *client) setDeployLabels(name string, change func(string) string) error 
 	return c.do("PATCH", "/api/v1/nodes/"+name, "application/merge-patch+json", patch, nil)
 }
 
-func (c *client) operandPods(name string) (int, error) {
+func (c *client) podsOf(name string, apps []string) (int, error) {
 	query := url.Values{"fieldSelector": {"spec.nodeName=" + name},
-		"labelSelector": {"app in (" + strings.Join(operandApps, ",") + ")"}}
+		"labelSelector": {"app in (" + strings.Join(apps, ",") + ")"}}
 	var list struct{ Items []object }
 	err := c.do("GET", "/api/v1/pods?"+query.Encode(), "", nil, &list)
 	return len(list.Items), err
 }
 
+func (c *client) waitGone(name string, apps []string, what string) error {
+	deadline := time.Now().Add(evictTimeout)
+	for {
+		left, err := c.podsOf(name, apps)
+		if err != nil || left == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d %s pods still on %s after %s", left, what, name, evictTimeout)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func (c *client) draDeployed(name string) (bool, error) {
+	node, err := c.node(name)
+	_, ok := node.Metadata.Labels["nvidia.com/gpu.deploy."+draDriverOperand]
+	return ok, err
+}
+
+// claimHolders: the pods on the node, not finished, with an allocated gpu.nvidia.com claim.
+func (c *client) claimHolders(name string) ([]string, error) {
+	query := url.Values{"fieldSelector": {"spec.nodeName=" + name}}
+	var list struct{ Items []object }
+	if err := c.do("GET", "/api/v1/pods?"+query.Encode(), "", nil, &list); err != nil {
+		return nil, err
+	}
+	var holders []string
+	for _, pod := range list.Items {
+		if pod.Status.Phase == "Succeeded" || pod.Status.Phase == "Failed" {
+			continue
+		}
+		for _, ref := range pod.Spec.ResourceClaims {
+			claimName := ref.ResourceClaimName
+			for _, status := range pod.Status.ResourceClaimStatuses {
+				if claimName == "" && status.Name == ref.Name {
+					claimName = status.ResourceClaimName
+				}
+			}
+			if claimName == "" {
+				continue
+			}
+			var claim struct {
+				Status struct {
+					Allocation *struct {
+						Devices struct {
+							Results []struct {
+								Driver string `json:"driver"`
+							} `json:"results"`
+						} `json:"devices"`
+					} `json:"allocation"`
+				} `json:"status"`
+			}
+			path := "/apis/resource.k8s.io/v1/namespaces/" + pod.Metadata.Namespace + "/resourceclaims/" + claimName
+			if err := c.do("GET", path, "", nil, &claim); err != nil {
+				if strings.Contains(err.Error(), "404") {
+					continue
+				}
+				return nil, err
+			}
+			if allocation := claim.Status.Allocation; allocation != nil {
+				for _, result := range allocation.Devices.Results {
+					if result.Driver == draDriverName {
+						holders = append(holders, pod.Metadata.Namespace+"/"+pod.Metadata.Name)
+						break
+					}
+				}
+			}
+		}
+	}
+	return holders, nil
+}
+
+// evictKubeletPlugin pauses the DRA kubelet plugin's deploy label and waits for its pod to go.
+func (c *client) evictKubeletPlugin(name string) error {
+	if deployed, err := c.draDeployed(name); err != nil || !deployed {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "draining the DRA kubelet-plugin (last, after its claim-holding clients)")
+	if err := c.setDeployLabels(name, pause, draDriverOperand); err != nil {
+		return err
+	}
+	return c.waitGone(name, []string{draPluginApp}, "DRA kubelet-plugin")
+}
+
 func driverManager(c *client, name string) error {
 	if _, err := os.Stat(driverMarker); err == nil {
 		fmt.Fprintln(os.Stderr, "a driver is loaded: evicting the GPU Operator's operands from", name)
-		if err := c.setDeployLabels(name, pause); err != nil {
+		if err := c.setDeployLabels(name, pause, deployLabels...); err != nil {
 			return err
 		}
-		deadline := time.Now().Add(evictTimeout)
-		for {
-			left, err := c.operandPods(name)
-			if err != nil {
+		if err := c.waitGone(name, operandApps, "operand"); err != nil {
+			return err
+		}
+		holders, err := c.claimHolders(name)
+		if err != nil {
+			return err
+		}
+		if len(holders) > 0 {
+			if err := c.setDeployLabels(name, restore, allOperands()...); err != nil {
 				return err
 			}
-			if left == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%d operand pods still on %s after %s", left, name, evictTimeout)
-			}
-			time.Sleep(time.Second)
+			return fmt.Errorf("cannot drain the DRA kubelet-plugin: pod(s) still hold GPU resource claims: %s",
+				strings.Join(holders, ", "))
+		}
+		if err := c.evictKubeletPlugin(name); err != nil {
+			return err
 		}
 		fmt.Fprintln(os.Stderr, "operands gone: unloading the driver")
 		inUse, err := c.driverInUse(name)
@@ -258,7 +367,7 @@ func driverManager(c *client, name string) error {
 		if inUse {
 			fmt.Fprintln(os.Stderr, "Could not unload NVIDIA driver kernel modules, driver is in use")
 			fmt.Fprintln(os.Stderr, "rescheduling the GPU Operator's operands on", name)
-			if err := c.setDeployLabels(name, restore); err != nil {
+			if err := c.setDeployLabels(name, restore, allOperands()...); err != nil {
 				return err
 			}
 			return fmt.Errorf("failed to uninstall nvidia driver components: failed to unload driver: " +
@@ -282,9 +391,15 @@ func driverManager(c *client, name string) error {
 		if err := os.Remove(driverMarker); err != nil {
 			return err
 		}
+	} else if err := c.evictKubeletPlugin(name); err != nil {
+		return err
 	}
 	fmt.Fprintln(os.Stderr, "rescheduling the GPU Operator's operands on", name)
-	return c.setDeployLabels(name, restore)
+	return c.setDeployLabels(name, restore, allOperands()...)
+}
+
+func allOperands() []string {
+	return append(append([]string{}, deployLabels...), draDriverOperand)
 }
 
 func main() {

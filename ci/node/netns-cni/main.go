@@ -6,6 +6,12 @@
 // (allocated with one file per address under "dataDir", as host-local does), and nothing is linked
 // to the host, routed, bridged or NATed. DEL releases the address; the namespace takes the links
 // with it. It needs nsenter (util-linux) and ip (iproute2).
+//
+// With "apiServer" in its config it also stands in for kube-proxy's rule for the kubernetes Service,
+// which pods that use in-cluster config dial (NVIDIA's DRA kubelet plugin and the validator in its
+// init container): the Service's ClusterIP goes on the pod's lo, and a forwarder process listens
+// there, inside the pod's namespace, and carries each connection to the apiserver on the machine's
+// 127.0.0.1. No address or route of the machine changes; DEL stops the forwarder.
 package main
 
 import (
@@ -25,6 +31,10 @@ type netConf struct {
 	Name       string `json:"name"`
 	Subnet     string `json:"subnet"`
 	DataDir    string `json:"dataDir"`
+	APIServer  *struct {
+		Service  string `json:"service"`  // ClusterIP:port of the kubernetes Service
+		Upstream string `json:"upstream"` // the apiserver's 127.0.0.1:port
+	} `json:"apiServer"`
 }
 
 func fail(version string, err error) {
@@ -97,6 +107,12 @@ func add(conf netConf, id, netns, ifname string) {
 			fail(conf.CNIVersion, err)
 		}
 	}
+	if conf.APIServer != nil {
+		if err := startForwarder(conf, id, netns); err != nil {
+			release(conf, id)
+			fail(conf.CNIVersion, err)
+		}
+	}
 	json.NewEncoder(os.Stdout).Encode(map[string]any{
 		"cniVersion": conf.CNIVersion,
 		"interfaces": []map[string]string{{"name": ifname, "sandbox": netns}},
@@ -105,6 +121,13 @@ func add(conf netConf, id, netns, ifname string) {
 }
 
 func main() {
+	if len(os.Args) == 5 && os.Args[1] == "forward" {
+		if err := forward(os.Args[2], os.Args[3], os.Args[4]); err != nil {
+			fmt.Fprintln(os.Stderr, "forward:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	raw, _ := io.ReadAll(os.Stdin)
 	var conf netConf
 	if os.Getenv("CNI_COMMAND") != "VERSION" {
@@ -120,6 +143,7 @@ func main() {
 		if netns != "" {
 			_ = inNetns(netns, "link", "del", ifname) // gone already when the namespace was
 		}
+		stopForwarder(conf, id)
 		release(conf, id)
 	case "VERSION":
 		fmt.Println(`{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}`)
