@@ -138,6 +138,7 @@ BESIDE_SESSION = {
     "rdma": 2250,               # test_network_rung.py: the GPUDirect RDMA fleet
     "widen": 2350,              # test_widen_rollout.py: widen's four-node fleet
     "dra": 2450,                # test_dra_cluster.py: KWOK GPU nodes that offer their GPUs through DRA
+    "dra-kubelet": 2550,        # test_dra_cluster.py: a kubelet pool node with NVIDIA's DRA kubelet plugin
 }
 
 

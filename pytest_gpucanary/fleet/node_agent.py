@@ -29,7 +29,8 @@ GPU Feature Discovery's driver labels, and the device plugin's GPU count.
 - **Kubelet pool nodes** (real nodes, whose driver manager, driver, validator, device plugin and GFD are
   processes there, GFD's labels written by nfd-master): only what no process there does yet, DCGM series
   (at KUBELET_DCGM_PATH on the agent's port, which the fleet's Prometheus scrapes) as kwok serves them for
-  KWOK nodes, from the driver version in GFD's labels.
+  KWOK nodes, from the driver version in GFD's labels (in GPUCluster mode, which has no GFD, from the node's Ready
+  driver pod).
 
 This stands in for the node, never for the upgrade controller: it writes no upgrade-state label and
 deletes no pod. It writes nothing to a real kubelet node.
@@ -46,7 +47,8 @@ from pytest_gpucanary.canary.pool import DRIVER_POOL_LABEL
 from pytest_gpucanary.errors import GpucanaryError
 from pytest_gpucanary.fleet.collective_stand_in import utc_now
 from pytest_gpucanary.fleet.dra_slices import SlicePublisher
-from pytest_gpucanary.fleet.kubelet_node import NODE_KIND_LABEL
+from pytest_gpucanary.fleet.images import GPU_PRODUCT
+from pytest_gpucanary.fleet.kubelet_node import GPUS_PER_NODE, NODE_KIND_LABEL
 from pytest_gpucanary.kube import Kube
 from pytest_gpucanary.kube.waits import WatchEvent
 
@@ -265,8 +267,30 @@ class NodeAgent:
         self.gpus_shown[node] = registered
 
     def kubelet_pool_nodes(self) -> list[dict]:
+        """The kubelet pool nodes, each with the GFD labels its DCGM series read. In GPUCluster mode no GFD labels a
+        node: it gets the GPU count and product of the fleet's GPUs and the version of its Ready driver pod, as DCGM
+        reads them from the loaded driver (none while no driver is loaded)."""
         with self.lock:
-            return list(self.kubelet_pool.values())
+            return [self._with_gfd_labels(node) for node in self.kubelet_pool.values()]
+
+    def _with_gfd_labels(self, node: dict) -> dict:
+        labels = node["metadata"].get("labels") or {}
+        if op.GPU_COUNT_LABEL in labels:
+            return node
+        name = node["metadata"]["name"]
+        loaded = next(
+            (
+                p
+                for p in self.pods.values()
+                if p["spec"].get("nodeName") == name and op.is_driver_pod(_labels(p)) and _ready(p) and not _gone(p)
+            ),
+            None,
+        )
+        version = op.driver_version_of(loaded) if loaded else None
+        if not version:
+            return node
+        gfd = {op.GPU_COUNT_LABEL: str(GPUS_PER_NODE), "nvidia.com/gpu.product": GPU_PRODUCT} | driver_labels(version)
+        return {**node, "metadata": {**node["metadata"], "labels": labels | gfd}}
 
     # --- peermem lost, once the node is back in service --------------------------------------------
 

@@ -102,6 +102,50 @@ def test_a_dra_run_passes_with_the_pool_nodes_resource_slices_in_its_receipt(dra
     assert_claimed_through_dra(receipt, tmp_path / "reports")
 
 
+@pytest.fixture(scope="module")
+def dra_kubelet_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    yield from second_fleet("dra-kubelet", tmp_path_factory.mktemp("dra-kubelet-fleet"), gpucanary_fleet,
+                            GPUCANARY_FLEET_GPU_NODES="1", GPUCANARY_FLEET_KUBELET_NODES="1", GPUCANARY_FLEET_DRA="1")
+
+
+@pytest.mark.dra_variants
+@pytest.mark.slow
+def test_a_dra_run_on_a_kubelet_pool_node_passes_with_nvidias_kubelet_plugin_there(dra_kubelet_fleet: dict[str, str],
+                                                                                  tmp_path: Path) -> None:
+    """On the real kubelet node the operator's DaemonSet runs NVIDIA's DRA kubelet plugin (over the NVML stand-in,
+    under containerd 2): its slice is the plugin's, not the node agent's, the DRA validator's init container runs the
+    nvidia-smi that the plugin's CDI spec injects from the driver root, the GPU job's claim is prepared by it, and the
+    run passes with the slices going away with the plugin for the swap and coming back at the target."""
+    kube = Kube.connect(Path(dra_kubelet_fleet["KUBECONFIG_PATH"]))
+    on_node = {p["metadata"]["labels"].get("app"): p for p in kube.list("v1", "Pod", namespace="gpu-operator",
+                                                                        field_selector="spec.nodeName=gpu-kubelet-0")}
+    assert {"nvidia-dra-driver-kubelet-plugin", "nvidia-operator-validator"} <= set(on_node), sorted(on_node)
+    [slice_] = kube.list("resource.k8s.io/v1", "ResourceSlice", field_selector="spec.nodeName=gpu-kubelet-0")
+    assert slice_["spec"]["driver"] == "gpu.nvidia.com" and len(slice_["spec"]["devices"]) == 8, slice_["spec"]
+    writers = {m["manager"] for m in slice_["metadata"]["managedFields"]}
+    assert writers == {"gpu-kubelet-plugin"}, writers          # NVIDIA's plugin wrote it; the node agent never does
+    validator = on_node["nvidia-operator-validator"]["metadata"]["name"]
+    log = subprocess.run([str(Path(dra_kubelet_fleet["GPUCANARY_BIN_DIR"]) / "kubectl"),
+                          f"--kubeconfig={dra_kubelet_fleet['KUBECONFIG_PATH']}", "logs", "-n", "gpu-operator",
+                          validator, "-c", "gpu-validation"], capture_output=True, text=True, check=True).stdout
+    assert log.strip() == "NVIDIA-SMI 580.82.07   Driver Version: 580.82.07", log
+
+    result = gpucanary("run", f"--gpucanary-policy={FIXTURES / 'policies' / 'default.yaml'}",
+                       f"--gpucanary-driver-version={TARGET}", *FAST, env=dra_kubelet_fleet,
+                       reports=tmp_path / "reports")
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "pool gpu-kubelet-0 (kubelet)" in result.stdout + result.stderr
+    receipt = receipt_of(tmp_path / "reports")
+    device = next(v for v in receipt["verdicts"] if v["stage"] == "device")
+    assert device["outcome"] == "pass" and "gpu.nvidia.com ResourceSlices republished at the target on 1" \
+        in device["summary"], device["summary"]
+    offers = [e["text"] for e in device["evidence"] if e["kind"] == "ResourceSlice"]
+    before, back = (re.fullmatch(r"generation (\d+), 8 devices at driverVersion (\S+)", o) for o in (offers[0], offers[-1]))
+    assert before and back and before[2] == "580.82.7" and back[2] == "580.95.5", offers
+    assert_claimed_through_dra(receipt, tmp_path / "reports")
+
+
 def assert_claimed_through_dra(receipt: dict, reports: Path) -> None:
     """The GPU job claimed its GPU through DRA from the run's template, the real scheduler allocated it one of the pool
     node's devices, and the recorder counted it; the run speaks for claim-holding pods, so it does not say otherwise."""

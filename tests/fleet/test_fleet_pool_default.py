@@ -10,6 +10,7 @@ import pytest
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.fleet.kubelet_pool import KubeletPoolProvider
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
+from pytest_gpucanary.fleet.node_agent import NodeAgent
 from pytest_gpucanary.fleet.node_agent_process import dcgm_text
 from pytest_gpucanary.target import pool_provider as default_pool_provider
 from pytest_gpucanary.canary.pool.existing_node import ExistingNodeProvider
@@ -50,3 +51,26 @@ def test_dcgm_series_of_a_kubelet_node_follow_its_gfd_label_and_annotations() ->
         f'{name}{{gpu="{gpu}",UUID="GPU-gpu-kubelet-0-{gpu}",Hostname="gpu-kubelet-0",modelName="NVIDIA-H100-80GB-HBM3",'
         f'DCGM_FI_DRIVER_VERSION="580.95.05"}} {value}'
         for name, value in (("DCGM_FI_DEV_GPU_UTIL", 0), ("DCGM_FI_DEV_XID_ERRORS", 79)) for gpu in (0, 1)]
+
+
+def test_a_gpucluster_kubelet_nodes_dcgm_series_follow_its_ready_driver_pod() -> None:
+    """In GPUCluster mode no GFD labels the node: its series carry the GPUs of the fleet and the version of its Ready
+    driver pod, and there are none while no driver pod is Ready (DCGM has no driver to read)."""
+    node = {"metadata": {"name": "gpu-kubelet-0", "labels": {"gpucanary.io/node-kind": "kubelet"}}}
+    agent = NodeAgent(kube=None)  # type: ignore[arg-type]  # the series read no API
+    agent.kubelet_pool["gpu-kubelet-0"] = node
+
+    def driver(ready: bool, version: str, uid: str) -> dict:
+        return {"metadata": {"uid": uid, "labels": {"app.kubernetes.io/component": "nvidia-driver"}},
+                "spec": {"nodeName": "gpu-kubelet-0",
+                         "containers": [{"image": f"nvcr.io/nvidia/driver:{version}-ubuntu22.04"}]},
+                "status": {"phase": "Running", "containerStatuses": [{"ready": ready}]}}
+
+    assert [line for line in dcgm_text(agent.kubelet_pool_nodes()).splitlines() if not line.startswith("#")] == []
+    agent.pods = {"a": driver(False, "580.82.07", "a")}
+    assert [line for line in dcgm_text(agent.kubelet_pool_nodes()).splitlines() if not line.startswith("#")] == []
+    agent.pods = {"b": driver(True, "580.95.05", "b")}
+    lines = [line for line in dcgm_text(agent.kubelet_pool_nodes()).splitlines() if not line.startswith("#")]
+    assert len(lines) == 16 and all('DCGM_FI_DRIVER_VERSION="580.95.05"' in line for line in lines), lines
+    assert 'modelName="NVIDIA H100 80GB HBM3"' in lines[0] and 'gpu="7"' in lines[7], lines
+    assert "nvidia.com/gpu.count" not in node["metadata"]["labels"]          # the watched node is left as it was

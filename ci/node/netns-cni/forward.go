@@ -19,6 +19,10 @@ func pidFile(conf netConf, id string) string {
 	return filepath.Join(conf.DataDir, conf.Name, "forwarder-"+id+".pid")
 }
 
+func logFile(conf netConf, id string) string {
+	return filepath.Join(conf.DataDir, conf.Name, "forwarder-"+id+".log")
+}
+
 // startForwarder puts the Service's address on the pod's lo and starts `forward` as a process of its own,
 // detached from the runtime's pipes, which would otherwise wait for it.
 func startForwarder(conf netConf, id, netns string) error {
@@ -33,14 +37,13 @@ func startForwarder(conf netConf, id, netns string) error {
 	if err != nil {
 		return err
 	}
-	logFile, err := os.OpenFile(filepath.Join(conf.DataDir, conf.Name, "forwarder-"+id+".log"),
-		os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	log, err := os.OpenFile(logFile(conf, id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
-	defer logFile.Close()
+	defer log.Close()
 	cmd := exec.Command(self, "forward", netns, conf.APIServer.Service, conf.APIServer.Upstream)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return err
@@ -57,6 +60,7 @@ func stopForwarder(conf netConf, id string) {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
 	os.Remove(pidFile(conf, id))
+	os.Remove(logFile(conf, id))
 }
 
 // forward listens on `listen` inside the network namespace `netns` and carries each connection to `upstream`
