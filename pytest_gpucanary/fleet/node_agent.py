@@ -275,7 +275,7 @@ class NodeAgent:
 
     def _with_gfd_labels(self, node: dict) -> dict:
         labels = node["metadata"].get("labels") or {}
-        if op.GPU_COUNT_LABEL in labels:
+        if self.slices is None or op.GPU_COUNT_LABEL in labels:
             return node
         name = node["metadata"]["name"]
         loaded = next(

@@ -105,7 +105,8 @@ def test_a_dra_run_passes_with_the_pool_nodes_resource_slices_in_its_receipt(dra
 @pytest.fixture(scope="module")
 def dra_kubelet_fleet(gpucanary_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     yield from second_fleet("dra-kubelet", tmp_path_factory.mktemp("dra-kubelet-fleet"), gpucanary_fleet,
-                            GPUCANARY_FLEET_GPU_NODES="1", GPUCANARY_FLEET_KUBELET_NODES="1", GPUCANARY_FLEET_DRA="1")
+                            GPUCANARY_FLEET_GPU_NODES="1", GPUCANARY_FLEET_KUBELET_NODES="1", GPUCANARY_FLEET_KUBELET_POOL="1",
+                            GPUCANARY_FLEET_DRA="1")
 
 
 @pytest.mark.dra_variants

@@ -10,6 +10,7 @@ import pytest
 from pytest_gpucanary.config import Settings
 from pytest_gpucanary.fleet.kubelet_pool import KubeletPoolProvider
 from pytest_gpucanary.fleet.kwok_pool import KwokPoolProvider
+from pytest_gpucanary.fleet.dra_slices import SlicePublisher
 from pytest_gpucanary.fleet.node_agent import NodeAgent
 from pytest_gpucanary.fleet.node_agent_process import dcgm_text
 from pytest_gpucanary.target import pool_provider as default_pool_provider
@@ -57,7 +58,7 @@ def test_a_gpucluster_kubelet_nodes_dcgm_series_follow_its_ready_driver_pod() ->
     """In GPUCluster mode no GFD labels the node: its series carry the GPUs of the fleet and the version of its Ready
     driver pod, and there are none while no driver pod is Ready (DCGM has no driver to read)."""
     node = {"metadata": {"name": "gpu-kubelet-0", "labels": {"gpucanary.io/node-kind": "kubelet"}}}
-    agent = NodeAgent(kube=None)  # type: ignore[arg-type]  # the series read no API
+    agent = NodeAgent(kube=None, slices=SlicePublisher(kube=None))  # type: ignore[arg-type]  # no API here
     agent.kubelet_pool["gpu-kubelet-0"] = node
 
     def driver(ready: bool, version: str, uid: str) -> dict:
@@ -74,3 +75,5 @@ def test_a_gpucluster_kubelet_nodes_dcgm_series_follow_its_ready_driver_pod() ->
     assert len(lines) == 16 and all('DCGM_FI_DRIVER_VERSION="580.95.05"' in line for line in lines), lines
     assert 'modelName="NVIDIA H100 80GB HBM3"' in lines[0] and 'gpu="7"' in lines[7], lines
     assert "nvidia.com/gpu.count" not in node["metadata"]["labels"]          # the watched node is left as it was
+    agent.slices = None                                          # ClusterPolicy mode: GFD's labels or no series
+    assert [line for line in dcgm_text(agent.kubelet_pool_nodes()).splitlines() if not line.startswith("#")] == []

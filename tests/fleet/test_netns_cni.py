@@ -82,7 +82,14 @@ def test_a_pod_reaches_the_apiserver_at_the_services_address_and_nothing_else_ch
     before = _machine_network()
 
     added = _cni(plugin, "ADD", pod_netns, config)
+    try:
+        _reaches_the_apiserver(plugin, pod_netns, config, added, before, tmp_path)
+    finally:
+        _cni(plugin, "DEL", pod_netns, config)  # again, harmless: nothing of the test's outlives it
 
+
+def _reaches_the_apiserver(plugin: Path, pod_netns: str, config: dict, added: subprocess.CompletedProcess[str],
+                           before: tuple[str, str], tmp_path: Path) -> None:
     assert added.returncode == 0, added.stdout + added.stderr
     assert json.loads(added.stdout)["ips"] == [{"address": "10.245.7.2/32", "interface": 0}]
     fetch = ("import urllib.request; print(urllib.request.urlopen('http://" + SERVICE + "/', timeout=5).read().decode())")
