@@ -271,8 +271,12 @@ func (c *client) draDeployed(name string) (bool, error) {
 	return ok, err
 }
 
-// claimHolders: the pods on the node, not finished, with an allocated gpu.nvidia.com claim.
+// claimHolders: the pods on the node, not finished, with an allocated gpu.nvidia.com claim, where the DRA driver
+// is deployed (k8s-driver-manager asks only there).
 func (c *client) claimHolders(name string) ([]string, error) {
+	if deployed, err := c.draDeployed(name); err != nil || !deployed {
+		return nil, err
+	}
 	query := url.Values{"fieldSelector": {"spec.nodeName=" + name}}
 	var list struct{ Items []object }
 	if err := c.do("GET", "/api/v1/pods?"+query.Encode(), "", nil, &list); err != nil {
