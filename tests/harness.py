@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from pytest_gpucanary.fleet.binaries import CI_DIR
 from pytest_gpucanary.fleet.kubelet_node import TAINT_KEY, node_name
 from pytest_gpucanary.fleet.layout import DEFAULT_PORT_BASE
 from pytest_gpucanary.shipped import FIXTURES
@@ -79,6 +81,15 @@ def eventually(seen: Callable[[], T], *, timeout_s: float, every_s: float = 1,
     while not (value := seen()) and not stop.is_set() and time.monotonic() < deadline:
         stop.wait(every_s)
     return value
+
+
+def go_built(package: str, out: Path) -> Path:
+    """ci/<package> (a stand-in of the kubelet node's), built static from this checkout into `out`."""
+    if shutil.which("go") is None:
+        raise AssertionError("go is not installed (ci/install-deps.sh installs it)")
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+    subprocess.run(["go", "build", "-o", str(out), f"./{package}"], cwd=CI_DIR, env=env, check=True)
+    return out
 
 
 def receipt_of(reports: Path) -> dict:

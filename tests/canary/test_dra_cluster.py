@@ -88,14 +88,9 @@ def test_a_dra_run_passes_with_the_pool_nodes_resource_slices_in_its_receipt(dra
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "operator in GPUCluster mode, namespace gpu-operator, release v26.7.0" in result.stdout + result.stderr
     receipt = receipt_of(tmp_path / "reports")
-    device = next(v for v in receipt["verdicts"] if v["stage"] == "device")
-    assert device["outcome"] == "pass" and "gpu.nvidia.com ResourceSlices republished at the target on 1" \
-        in device["summary"], device["summary"]
+    device, offers = assert_slices_back_at_target(receipt)
     assert f"driver {TARGET} Ready, then validator and DRA kubelet plugin Ready" in device["summary"], device["summary"]
-    offers = [e["text"] for e in device["evidence"] if e["kind"] == "ResourceSlice"]
     # gone with the plugin pod for the swap, then published again onto the empty pool (generation 1) at the target
-    before, back = (re.fullmatch(r"generation (\d+), 8 devices at driverVersion (\S+)", o) for o in (offers[0], offers[-1]))
-    assert before and back and before[2] == "580.82.7" and back[2] == "580.95.5", offers
     assert "no slice: the DRA kubelet plugin is not registered" in offers, offers
     assert "not proven: 1 node(s) offer GPUs through DRA (gpu.nvidia.com ResourceSlices: gpu-node-0" \
         in result.stdout + result.stderr
@@ -138,13 +133,20 @@ def test_a_dra_run_on_a_kubelet_pool_node_passes_with_nvidias_kubelet_plugin_the
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "pool gpu-kubelet-0 (kubelet)" in result.stdout + result.stderr
     receipt = receipt_of(tmp_path / "reports")
+    assert_slices_back_at_target(receipt)
+    assert_claimed_through_dra(receipt, tmp_path / "reports")
+
+
+def assert_slices_back_at_target(receipt: dict) -> tuple[dict, list[str]]:
+    """The device rung passed with the pool node's slices offering the fleet's driver before and the target at the end;
+    the rung's verdict and its ResourceSlice evidence, in order."""
     device = next(v for v in receipt["verdicts"] if v["stage"] == "device")
     assert device["outcome"] == "pass" and "gpu.nvidia.com ResourceSlices republished at the target on 1" \
         in device["summary"], device["summary"]
     offers = [e["text"] for e in device["evidence"] if e["kind"] == "ResourceSlice"]
     before, back = (re.fullmatch(r"generation (\d+), 8 devices at driverVersion (\S+)", o) for o in (offers[0], offers[-1]))
     assert before and back and before[2] == "580.82.7" and back[2] == "580.95.5", offers
-    assert_claimed_through_dra(receipt, tmp_path / "reports")
+    return device, offers
 
 
 def assert_claimed_through_dra(receipt: dict, reports: Path) -> None:

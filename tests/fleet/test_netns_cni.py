@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -16,20 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness import go_built
 
-from pytest_gpucanary.fleet.binaries import CI_DIR
 
 SERVICE = "10.96.0.1:443"
 
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("go") is None:
-        pytest.fail("go is not installed (ci/install-deps.sh installs it)")
-    out = tmp_path_factory.mktemp("cni") / "gpucanary-netns"
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
-    subprocess.run(["go", "build", "-o", str(out), "./node/netns-cni"], cwd=CI_DIR, env=env, check=True)
-    return out
+    return go_built("node/netns-cni", tmp_path_factory.mktemp("cni") / "gpucanary-netns")
 
 
 @pytest.fixture

@@ -6,14 +6,12 @@ unchanged; with no driver in the root the create fails as nvidia-container-cli's
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from harness import go_built
 
-from pytest_gpucanary.fleet.binaries import CI_DIR
 
 NVML_DEST = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 RECORDING_RUNC = """#!/bin/sh
@@ -23,12 +21,7 @@ printf '%s\\n' "$@" > "$RECORD"
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("go") is None:
-        pytest.fail("go is not installed (ci/install-deps.sh installs it)")
-    out = tmp_path_factory.mktemp("runtime") / "nvidia-container-runtime"
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
-    subprocess.run(["go", "build", "-o", str(out), "./node/nvidia-runtime"], cwd=CI_DIR, env=env, check=True)
-    return out
+    return go_built("node/nvidia-runtime", tmp_path_factory.mktemp("runtime") / "nvidia-container-runtime")
 
 
 def _node(tmp_path: Path, *, driver: bool) -> dict[str, str]:
